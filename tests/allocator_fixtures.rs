@@ -7,7 +7,11 @@ use vramscope::allocator::{replay_snapshot, AllocatorConfig};
 
 fn replay(name: &str) -> vramscope::allocator::ReplayReport {
     let s = common::load(name);
-    let cfg = s.allocator_settings.as_ref().map(AllocatorConfig::from_settings).unwrap_or_default();
+    let cfg = s
+        .allocator_settings
+        .as_ref()
+        .map(AllocatorConfig::from_settings)
+        .unwrap_or_default();
     let (_, rep) = replay_snapshot(&s, 0, &cfg);
     eprintln!(
         "{name}: segment_alloc {}/{} ({:.1}%, {} extra), alloc addresses {}/{} ({:.1}%), final blocks {}/{} ({:.1}%)",

@@ -24,9 +24,17 @@ pub enum ConfError {
     #[error("PYTORCH_CUDA_ALLOC_CONF: unknown option `{0}`")]
     UnknownOption(String),
     #[error("PYTORCH_CUDA_ALLOC_CONF: expected `{expected}` after `{after}`, found `{found}`")]
-    Syntax { after: String, expected: &'static str, found: String },
+    Syntax {
+        after: String,
+        expected: &'static str,
+        found: String,
+    },
     #[error("PYTORCH_CUDA_ALLOC_CONF: bad value `{value}` for {key}: {why}")]
-    BadValue { key: &'static str, value: String, why: &'static str },
+    BadValue {
+        key: &'static str,
+        value: String,
+        why: &'static str,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -126,17 +134,32 @@ impl AllocatorConfig {
         let split = self.max_split_size.map_or(-1, |v| v as i64);
         AllocatorSettings {
             entries: vec![
-                ("PYTORCH_CUDA_ALLOC_CONF".into(), SettingValue::Str(self.conf.clone())),
+                (
+                    "PYTORCH_CUDA_ALLOC_CONF".into(),
+                    SettingValue::Str(self.conf.clone()),
+                ),
                 ("max_split_size".into(), SettingValue::Int(split)),
                 (
                     "garbage_collection_threshold".into(),
                     SettingValue::Float(self.garbage_collection_threshold),
                 ),
-                ("expandable_segments".into(), SettingValue::Bool(self.expandable_segments)),
+                (
+                    "expandable_segments".into(),
+                    SettingValue::Bool(self.expandable_segments),
+                ),
                 ("pinned_num_register_threads".into(), SettingValue::Int(1)),
-                ("release_lock_on_cudamalloc".into(), SettingValue::Bool(false)),
-                ("pinned_use_cuda_host_register".into(), SettingValue::Bool(false)),
-                ("roundup_power2_divisions".into(), SettingValue::Dict(divisions)),
+                (
+                    "release_lock_on_cudamalloc".into(),
+                    SettingValue::Bool(false),
+                ),
+                (
+                    "pinned_use_cuda_host_register".into(),
+                    SettingValue::Bool(false),
+                ),
+                (
+                    "roundup_power2_divisions".into(),
+                    SettingValue::Dict(divisions),
+                ),
             ],
         }
     }
@@ -145,7 +168,10 @@ impl AllocatorConfig {
     /// `max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4]`.
     pub fn parse_conf(s: &str) -> Result<Self, ConfError> {
         let toks = lex(s);
-        let mut cfg = AllocatorConfig { conf: s.to_string(), ..Default::default() };
+        let mut cfg = AllocatorConfig {
+            conf: s.to_string(),
+            ..Default::default()
+        };
         let mut p = Tokens { toks: &toks, i: 0 };
         while let Some(key) = p.next() {
             p.expect(key, ":")?;
@@ -159,7 +185,11 @@ impl AllocatorConfig {
                     let v = p.value(key)?;
                     let mb: u64 = parse_num(name, v)?;
                     if mb <= LARGE_BUFFER / MIB {
-                        return Err(ConfError::BadValue { key: name, value: v.into(), why: "must be > 20" });
+                        return Err(ConfError::BadValue {
+                            key: name,
+                            value: v.into(),
+                            why: "must be > 20",
+                        });
                     }
                     let bytes = mb.saturating_mul(MIB);
                     if key == "max_split_size_mb" {
@@ -202,7 +232,11 @@ impl AllocatorConfig {
             }
             if let Some(t) = p.next() {
                 if t != "," {
-                    return Err(ConfError::Syntax { after: key.into(), expected: ",", found: t.into() });
+                    return Err(ConfError::Syntax {
+                        after: key.into(),
+                        expected: ",",
+                        found: t.into(),
+                    });
                 }
             }
         }
@@ -217,7 +251,11 @@ impl AllocatorConfig {
             // One value for every interval (the older syntax).
             let d: u64 = parse_num(KEY, first)?;
             if !d.is_power_of_two() {
-                return Err(ConfError::BadValue { key: KEY, value: first.into(), why: "divisions must be a power of two" });
+                return Err(ConfError::BadValue {
+                    key: KEY,
+                    value: first.into(),
+                    why: "divisions must be a power of two",
+                });
             }
             t = [d; ROUNDUP_INTERVALS];
             self.set_division_table(&t);
@@ -234,7 +272,11 @@ impl AllocatorConfig {
             let dv = p.value(KEY)?;
             let d: u64 = parse_num(KEY, dv)?;
             if d != 0 && !d.is_power_of_two() {
-                return Err(ConfError::BadValue { key: KEY, value: dv.into(), why: "divisions must be 0 or a power of two" });
+                return Err(ConfError::BadValue {
+                    key: KEY,
+                    value: dv.into(),
+                    why: "divisions must be 0 or a power of two",
+                });
             }
             if k == ">" {
                 // Everything from the last named interval up takes this value.
@@ -242,7 +284,11 @@ impl AllocatorConfig {
             } else {
                 let mb: u64 = parse_num(KEY, k)?;
                 if !mb.is_power_of_two() {
-                    return Err(ConfError::BadValue { key: KEY, value: k.into(), why: "interval must be a power of two (MiB)" });
+                    return Err(ConfError::BadValue {
+                        key: KEY,
+                        value: k.into(),
+                        why: "interval must be a power of two (MiB)",
+                    });
                 }
                 let idx = (63 - mb.leading_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
                 if !seen_first {
@@ -256,7 +302,13 @@ impl AllocatorConfig {
             match p.value(KEY)? {
                 "," => {}
                 "]" => break,
-                other => return Err(ConfError::Syntax { after: dv.into(), expected: ", or ]", found: other.into() }),
+                other => {
+                    return Err(ConfError::Syntax {
+                        after: dv.into(),
+                        expected: ", or ]",
+                        found: other.into(),
+                    })
+                }
             }
         }
         self.set_division_table(&t);
@@ -318,13 +370,21 @@ impl<'a> Tokens<'a> {
         match self.value(key)? {
             "True" => Ok(true),
             "False" => Ok(false),
-            other => Err(ConfError::Syntax { after: key.into(), expected: "True or False", found: other.into() }),
+            other => Err(ConfError::Syntax {
+                after: key.into(),
+                expected: "True or False",
+                found: other.into(),
+            }),
         }
     }
 }
 
 fn parse_num<T: std::str::FromStr>(key: &'static str, v: &str) -> Result<T, ConfError> {
-    v.parse().map_err(|_| ConfError::BadValue { key, value: v.into(), why: "not a number" })
+    v.parse().map_err(|_| ConfError::BadValue {
+        key,
+        value: v.into(),
+        why: "not a number",
+    })
 }
 
 /// Block size PyTorch hands out for a request of `size` bytes.
@@ -361,5 +421,108 @@ pub fn segment_size(rounded: u64) -> u64 {
         LARGE_BUFFER
     } else {
         rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NONE: [u64; ROUNDUP_INTERVALS] = [0; ROUNDUP_INTERVALS];
+
+    #[test]
+    fn requests_round_to_512_byte_multiples() {
+        assert_eq!(round_size(1, &NONE), 512);
+        assert_eq!(round_size(512, &NONE), 512);
+        assert_eq!(round_size(513, &NONE), 1024);
+        assert_eq!(round_size(1000, &NONE), 1024);
+        assert_eq!(round_size(MIB + 1, &NONE), MIB + 512);
+    }
+
+    #[test]
+    fn power2_divisions_round_to_the_next_step() {
+        let four = [4; ROUNDUP_INTERVALS];
+        assert_eq!(round_size(1200 * MIB, &four), 1280 * MIB);
+        assert_eq!(round_size(1024 * MIB, &four), 1024 * MIB);
+        assert_eq!(round_size(1281 * MIB, &four), 1536 * MIB);
+        // At most 512·divisions bytes the plain 512 rounding applies.
+        assert_eq!(round_size(1000, &four), 1024);
+        let cfg = AllocatorConfig::parse_conf("roundup_power2_divisions:[1024:4]").unwrap();
+        let t = cfg.division_table();
+        assert_eq!(round_size(1200 * MIB, &t), 1280 * MIB);
+    }
+
+    #[test]
+    fn segment_sizes_follow_the_request_class() {
+        assert_eq!(segment_size(1024), 2 * MIB);
+        assert_eq!(segment_size(MIB), 2 * MIB);
+        assert_eq!(segment_size(MIB + 512), 20 * MIB);
+        assert_eq!(segment_size(10 * MIB - 512), 20 * MIB);
+        assert_eq!(segment_size(10 * MIB), 10 * MIB);
+        assert_eq!(segment_size(11 * MIB + 512), 12 * MIB);
+    }
+
+    #[test]
+    fn parses_pytorch_conf_strings() {
+        let c = AllocatorConfig::parse_conf("max_split_size_mb:128,roundup_power2_divisions:4")
+            .unwrap();
+        assert_eq!(c.max_split_size, Some(128 * MIB));
+        assert_eq!(c.division_table(), [4; ROUNDUP_INTERVALS]);
+        assert_eq!(c.roundup_power2_divisions.first(), Some(&(MIB, 4)));
+
+        let c = AllocatorConfig::parse_conf(
+            "roundup_power2_divisions:[256:1,512:2,1024:4,>:8], expandable_segments:True",
+        )
+        .unwrap();
+        let t = c.division_table();
+        // The first interval's value also covers the ones below it; `>` starts at the
+        // last named interval (PyTorch overwrites 1024:4 with 8 there too).
+        assert_eq!(&t[..9], &[1; 9]);
+        assert_eq!(t[9], 2);
+        assert_eq!(&t[10..], &[8; 6]);
+        assert!(c.expandable_segments);
+    }
+
+    #[test]
+    fn rejects_bad_conf_strings() {
+        assert!(matches!(
+            AllocatorConfig::parse_conf("max_split_size_mb:20"),
+            Err(ConfError::BadValue { .. })
+        ));
+        assert_eq!(
+            AllocatorConfig::parse_conf("frobnicate:1"),
+            Err(ConfError::UnknownOption("frobnicate".into()))
+        );
+        assert!(matches!(
+            AllocatorConfig::parse_conf("roundup_power2_divisions:3"),
+            Err(ConfError::BadValue { .. })
+        ));
+        assert!(matches!(
+            AllocatorConfig::parse_conf("max_split_size_mb"),
+            Err(ConfError::Syntax { .. })
+        ));
+        assert!(matches!(
+            AllocatorConfig::parse_conf("roundup_power2_divisions:[256:2"),
+            Err(ConfError::Syntax { .. })
+        ));
+    }
+
+    #[test]
+    fn settings_round_trip() {
+        let c = AllocatorConfig::parse_conf(
+            "max_split_size_mb:256,roundup_power2_divisions:[512:2,>:4]",
+        )
+        .unwrap();
+        let s = c.to_settings();
+        assert_eq!(s.get("max_split_size"), Some(&SettingValue::Int(256 << 20)));
+        let SettingValue::Dict(d) = s.get("roundup_power2_divisions").unwrap() else {
+            panic!()
+        };
+        assert_eq!(d.len(), 16);
+        assert_eq!(d[9], ("512".to_string(), SettingValue::Int(4)));
+        assert_eq!(AllocatorConfig::from_settings(&s), c);
+        let unset = AllocatorConfig::default().to_settings();
+        assert_eq!(unset.get("max_split_size"), Some(&SettingValue::Int(-1)));
+        assert_eq!(AllocatorConfig::from_settings(&unset).max_split_size, None);
     }
 }

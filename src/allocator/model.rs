@@ -3,17 +3,34 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
-use super::config::{round_size, segment_size, AllocatorConfig, ROUNDUP_INTERVALS, ROUND_LARGE, SMALL_SIZE, MIN_BLOCK_SIZE};
+use super::config::{
+    round_size, segment_size, AllocatorConfig, MIN_BLOCK_SIZE, ROUNDUP_INTERVALS, ROUND_LARGE,
+    SMALL_SIZE,
+};
 use crate::snapshot::model::{Block, BlockState, Segment, SegmentType, StackId};
 
 /// What the model did, in the order the real allocator's trace would record it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelOp {
-    SegmentAlloc { addr: u64, size: u64 },
-    SegmentFree { addr: u64, size: u64 },
+    SegmentAlloc {
+        addr: u64,
+        size: u64,
+    },
+    SegmentFree {
+        addr: u64,
+        size: u64,
+    },
     /// `size` is the request, `block_size` what the block occupies.
-    Alloc { addr: u64, size: u64, block_size: u64 },
-    Free { addr: u64, size: u64, block_size: u64 },
+    Alloc {
+        addr: u64,
+        size: u64,
+        block_size: u64,
+    },
+    Free {
+        addr: u64,
+        size: u64,
+        block_size: u64,
+    },
 }
 
 /// Counters in the sense of `torch.cuda.memory_stats` (aggregated over pools).
@@ -111,7 +128,15 @@ impl CachingAllocatorModel {
         for s in sorted {
             let pool = m.pool_index(s.stream, s.segment_type == SegmentType::Small);
             let seg = m.segs.len() as u32;
-            m.segs.push(Seg { addr: s.address, size: s.total_size, stream: s.stream, pool, head: NIL, frames: s.frames, live: true });
+            m.segs.push(Seg {
+                addr: s.address,
+                size: s.total_size,
+                stream: s.stream,
+                pool,
+                head: NIL,
+                frames: s.frames,
+                live: true,
+            });
             m.stats.reserved_bytes += s.total_size;
             m.stats.segments += 1;
             let mut prev = NIL;
@@ -181,7 +206,14 @@ impl CachingAllocatorModel {
 
     /// `key` identifies the allocation for its free (a CPU pointer, or a trace address).
     /// A key that is still live is freed first: its free was lost.
-    pub fn malloc(&mut self, key: u64, size: u64, stream: i64, frames: StackId, out: &mut Vec<ModelOp>) {
+    pub fn malloc(
+        &mut self,
+        key: u64,
+        size: u64,
+        stream: i64,
+        frames: StackId,
+        out: &mut Vec<ModelOp>,
+    ) {
         if self.live.contains_key(&key) {
             self.free(key, out);
         }
@@ -196,7 +228,11 @@ impl CachingAllocatorModel {
             None => self.new_segment(pool, stream, segment_size(rounded), frames, out),
         };
         let remaining = self.nodes[idx as usize].size - rounded;
-        let split = if small { remaining >= MIN_BLOCK_SIZE } else { rounded < self.max_split && remaining > SMALL_SIZE };
+        let split = if small {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            rounded < self.max_split && remaining > SMALL_SIZE
+        };
         if split {
             let n = &self.nodes[idx as usize];
             let rest = Node {
@@ -226,7 +262,11 @@ impl CachingAllocatorModel {
         let (addr, block_size) = (n.addr, n.size);
         self.live.insert(key, idx);
         self.count_alloc(block_size, size);
-        out.push(ModelOp::Alloc { addr, size, block_size });
+        out.push(ModelOp::Alloc {
+            addr,
+            size,
+            block_size,
+        });
     }
 
     /// Unknown keys are ignored (returns false).
@@ -244,7 +284,11 @@ impl CachingAllocatorModel {
         s.active_bytes -= block_size;
         s.requested_bytes -= size;
         s.blocks -= 1;
-        out.push(ModelOp::Free { addr, size, block_size });
+        out.push(ModelOp::Free {
+            addr,
+            size,
+            block_size,
+        });
         for neighbour in [self.nodes[idx as usize].prev, self.nodes[idx as usize].next] {
             if neighbour != NIL && !self.nodes[neighbour as usize].allocated {
                 self.pool_remove(neighbour);
@@ -270,7 +314,10 @@ impl CachingAllocatorModel {
             s.live = false;
             self.stats.reserved_bytes -= s.size;
             self.stats.segments -= 1;
-            out.push(ModelOp::SegmentFree { addr: s.addr, size: s.size });
+            out.push(ModelOp::SegmentFree {
+                addr: s.addr,
+                size: s.size,
+            });
             self.spare_nodes.push(idx);
         }
     }
@@ -303,7 +350,11 @@ impl CachingAllocatorModel {
                     address: n.addr,
                     size: n.size,
                     requested_size: n.requested,
-                    state: if n.allocated { BlockState::ActiveAllocated } else { BlockState::Inactive },
+                    state: if n.allocated {
+                        BlockState::ActiveAllocated
+                    } else {
+                        BlockState::Inactive
+                    },
                     frames: n.frames,
                 });
                 cur = n.next;
@@ -316,7 +367,11 @@ impl CachingAllocatorModel {
                 active_size: allocated,
                 requested_size: requested,
                 stream: s.stream,
-                segment_type: if self.pools[s.pool as usize].small { SegmentType::Small } else { SegmentType::Large },
+                segment_type: if self.pools[s.pool as usize].small {
+                    SegmentType::Small
+                } else {
+                    SegmentType::Large
+                },
                 segment_pool_id: (0, 0),
                 is_expandable: false,
                 frames: s.frames,
@@ -339,11 +394,18 @@ impl CachingAllocatorModel {
 
     /// Largest cached free block, the biggest request served without a new segment.
     pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().filter_map(|p| p.free.last().map(|e| e.0)).max().unwrap_or(0)
+        self.pools
+            .iter()
+            .filter_map(|p| p.free.last().map(|e| e.0))
+            .max()
+            .unwrap_or(0)
     }
 
     fn best_fit(&self, pool: u32, rounded: u64) -> Option<u32> {
-        let &(size, _, idx) = self.pools[pool as usize].free.range((rounded, 0, 0)..).next()?;
+        let &(size, _, idx) = self.pools[pool as usize]
+            .free
+            .range((rounded, 0, 0)..)
+            .next()?;
         // Oversize blocks serve only oversize requests, and only ones close to their size.
         if rounded < self.max_split && size >= self.max_split {
             return None;
@@ -354,12 +416,38 @@ impl CachingAllocatorModel {
         Some(idx)
     }
 
-    fn new_segment(&mut self, pool: u32, stream: i64, size: u64, frames: StackId, out: &mut Vec<ModelOp>) -> u32 {
+    fn new_segment(
+        &mut self,
+        pool: u32,
+        stream: i64,
+        size: u64,
+        frames: StackId,
+        out: &mut Vec<ModelOp>,
+    ) -> u32 {
         let addr = self.queued_addrs.pop_front().unwrap_or(self.next_addr);
-        self.next_addr = self.next_addr.max((addr + size).div_ceil(ROUND_LARGE) * ROUND_LARGE);
+        self.next_addr = self
+            .next_addr
+            .max((addr + size).div_ceil(ROUND_LARGE) * ROUND_LARGE);
         let seg = self.segs.len() as u32;
-        let idx = self.new_node(Node { addr, size, requested: 0, segment: seg, prev: NIL, next: NIL, frames, allocated: false });
-        self.segs.push(Seg { addr, size, stream, pool, head: idx, frames, live: true });
+        let idx = self.new_node(Node {
+            addr,
+            size,
+            requested: 0,
+            segment: seg,
+            prev: NIL,
+            next: NIL,
+            frames,
+            allocated: false,
+        });
+        self.segs.push(Seg {
+            addr,
+            size,
+            stream,
+            pool,
+            head: idx,
+            frames,
+            live: true,
+        });
         let s = &mut self.stats;
         s.reserved_bytes += size;
         s.segments += 1;
@@ -417,10 +505,18 @@ impl CachingAllocatorModel {
     }
 
     fn pool_index(&mut self, stream: i64, small: bool) -> u32 {
-        if let Some(i) = self.pools.iter().position(|p| p.stream == stream && p.small == small) {
+        if let Some(i) = self
+            .pools
+            .iter()
+            .position(|p| p.stream == stream && p.small == small)
+        {
             return i as u32;
         }
-        self.pools.push(Pool { stream, small, free: BTreeSet::new() });
+        self.pools.push(Pool {
+            stream,
+            small,
+            free: BTreeSet::new(),
+        });
         (self.pools.len() - 1) as u32
     }
 
@@ -445,5 +541,299 @@ impl CachingAllocatorModel {
         s.blocks += 1;
         s.peak_allocated_bytes = s.peak_allocated_bytes.max(s.allocated_bytes);
         s.peak_active_bytes = s.peak_active_bytes.max(s.active_bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn model(conf: &str) -> CachingAllocatorModel {
+        CachingAllocatorModel::new(AllocatorConfig::parse_conf(conf).unwrap())
+    }
+
+    fn alloc(m: &mut CachingAllocatorModel, key: u64, size: u64, stream: i64) -> Vec<ModelOp> {
+        let mut ops = Vec::new();
+        m.malloc(key, size, stream, 7, &mut ops);
+        ops
+    }
+
+    fn free(m: &mut CachingAllocatorModel, key: u64) -> Vec<ModelOp> {
+        let mut ops = Vec::new();
+        assert!(m.free(key, &mut ops));
+        ops
+    }
+
+    fn block_sizes(m: &CachingAllocatorModel) -> Vec<Vec<(u64, bool)>> {
+        m.segments(0)
+            .iter()
+            .map(|s| {
+                s.blocks
+                    .iter()
+                    .map(|b| (b.size, b.state.is_active()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn small_requests_share_a_2mib_segment() {
+        let mut m = model("");
+        let b = MODEL_BASE_ADDR;
+        assert_eq!(
+            alloc(&mut m, 1, 1000, 0),
+            vec![
+                ModelOp::SegmentAlloc {
+                    addr: b,
+                    size: 2 * MIB
+                },
+                ModelOp::Alloc {
+                    addr: b,
+                    size: 1000,
+                    block_size: 1024
+                }
+            ]
+        );
+        assert_eq!(
+            alloc(&mut m, 2, 100, 0),
+            vec![ModelOp::Alloc {
+                addr: b + 1024,
+                size: 100,
+                block_size: 512
+            }]
+        );
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(1024, true), (512, true), (2 * MIB - 1536, false)]]
+        );
+        let st = m.stats();
+        assert_eq!(
+            (st.allocated_bytes, st.requested_bytes, st.reserved_bytes),
+            (1536, 1100, 2 * MIB)
+        );
+        assert_eq!(st.inactive_split_bytes, 2 * MIB - 1536);
+    }
+
+    #[test]
+    fn just_over_1mib_goes_to_a_20mib_large_segment_and_splits() {
+        let mut m = model("");
+        let ops = alloc(&mut m, 1, MIB + 1, 0);
+        assert_eq!(
+            ops[0],
+            ModelOp::SegmentAlloc {
+                addr: MODEL_BASE_ADDR,
+                size: 20 * MIB
+            }
+        );
+        assert_eq!(
+            ops[1],
+            ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR,
+                size: MIB + 1,
+                block_size: MIB + 512
+            }
+        );
+        assert_eq!(m.segments(0)[0].segment_type, SegmentType::Large);
+        // A small request never uses the large pool's free remainder.
+        let ops = alloc(&mut m, 2, 4096, 0);
+        assert!(matches!(ops[0], ModelOp::SegmentAlloc { size, .. } if size == 2 * MIB));
+    }
+
+    #[test]
+    fn large_remainder_of_1mib_or_less_is_not_split() {
+        let mut m = model("");
+        alloc(&mut m, 1, 19 * MIB + MIB / 2, 0);
+        assert_eq!(block_sizes(&m), vec![vec![(20 * MIB, true)]]);
+        let mut m = model("");
+        alloc(&mut m, 1, 19 * MIB, 0);
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(20 * MIB, true)]],
+            "exactly 1 MiB left: no split"
+        );
+        let mut m = model("");
+        alloc(&mut m, 1, 5 * MIB, 0);
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(5 * MIB, true), (15 * MIB, false)]]
+        );
+    }
+
+    #[test]
+    fn freed_neighbours_merge_and_empty_cache_releases_whole_segments() {
+        let mut m = model("");
+        for k in 1..=3 {
+            alloc(&mut m, k, 4 * MIB, 0);
+        }
+        assert_eq!(
+            free(&mut m, 2),
+            vec![ModelOp::Free {
+                addr: MODEL_BASE_ADDR + 4 * MIB,
+                size: 4 * MIB,
+                block_size: 4 * MIB
+            }]
+        );
+        free(&mut m, 1);
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(8 * MIB, false), (4 * MIB, true), (8 * MIB, false)]]
+        );
+        let mut ops = Vec::new();
+        m.empty_cache(&mut ops);
+        assert!(ops.is_empty(), "a segment with a live block stays");
+        free(&mut m, 3);
+        assert_eq!(block_sizes(&m), vec![vec![(20 * MIB, false)]]);
+        assert_eq!(m.stats().inactive_split_bytes, 0);
+        m.empty_cache(&mut ops);
+        assert_eq!(
+            ops,
+            vec![ModelOp::SegmentFree {
+                addr: MODEL_BASE_ADDR,
+                size: 20 * MIB
+            }]
+        );
+        let st = m.stats();
+        assert_eq!(
+            (
+                st.reserved_bytes,
+                st.segments,
+                st.peak_reserved_bytes,
+                st.peak_allocated_bytes
+            ),
+            (0, 0, 20 * MIB, 12 * MIB)
+        );
+        assert!(!m.free(3, &mut ops), "unknown keys are ignored");
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_block_that_fits() {
+        let mut m = model("");
+        // Segment: [4][a 2][6][b 2][rest 6]
+        for (k, s) in [(1, 4), (2, 2), (3, 6), (4, 2)] {
+            alloc(&mut m, k, s * MIB, 0);
+        }
+        free(&mut m, 1);
+        free(&mut m, 3);
+        let ops = alloc(&mut m, 5, 3 * MIB, 0);
+        assert_eq!(
+            ops,
+            vec![ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR,
+                size: 3 * MIB,
+                block_size: 4 * MIB
+            }]
+        );
+        let ops = alloc(&mut m, 6, 5 * MIB, 0);
+        assert_eq!(
+            ops,
+            vec![ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR + 6 * MIB,
+                size: 5 * MIB,
+                block_size: 6 * MIB
+            }]
+        );
+    }
+
+    #[test]
+    fn max_split_size_keeps_oversize_blocks_whole() {
+        let mut m = model("max_split_size_mb:40");
+        alloc(&mut m, 1, 100 * MIB, 0);
+        free(&mut m, 1);
+        // Under max_split_size: the oversize block is not used.
+        let ops = alloc(&mut m, 2, 10 * MIB, 0);
+        assert!(matches!(ops[0], ModelOp::SegmentAlloc { size, .. } if size == 10 * MIB));
+        // Oversize but more than 20 MiB smaller than the block: not used either.
+        let ops = alloc(&mut m, 3, 70 * MIB, 0);
+        assert!(matches!(ops[0], ModelOp::SegmentAlloc { size, .. } if size == 70 * MIB));
+        // Oversize and within 20 MiB: takes the whole block, unsplit.
+        let ops = alloc(&mut m, 4, 90 * MIB, 0);
+        assert_eq!(
+            ops,
+            vec![ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR,
+                size: 90 * MIB,
+                block_size: 100 * MIB
+            }]
+        );
+    }
+
+    #[test]
+    fn streams_have_their_own_pools() {
+        let mut m = model("");
+        alloc(&mut m, 1, 4096, 0);
+        let ops = alloc(&mut m, 2, 4096, 1);
+        assert!(
+            matches!(ops[0], ModelOp::SegmentAlloc { addr, .. } if addr == MODEL_BASE_ADDR + 2 * MIB)
+        );
+        let segs = m.segments(3);
+        assert_eq!(
+            segs.iter()
+                .map(|s| (s.stream, s.device))
+                .collect::<Vec<_>>(),
+            vec![(0, 3), (1, 3)]
+        );
+    }
+
+    #[test]
+    fn segments_report_contiguous_blocks_and_sizes() {
+        let mut m = model("");
+        alloc(&mut m, 1, 3 * MIB + 5, 0);
+        alloc(&mut m, 2, 700, 0);
+        for s in m.segments(0) {
+            let mut addr = s.address;
+            for b in &s.blocks {
+                assert_eq!(b.address, addr);
+                addr += b.size;
+            }
+            assert_eq!(addr, s.address + s.total_size);
+            assert_eq!(
+                s.allocated_size,
+                s.blocks
+                    .iter()
+                    .filter(|b| b.state.is_active())
+                    .map(|b| b.size)
+                    .sum::<u64>()
+            );
+        }
+        let st = m.stats();
+        assert_eq!(st.allocated_bytes, 3 * MIB + 512 + 1024);
+        assert!(
+            (m.fragmentation() - (1.0 - st.allocated_bytes as f64 / (22 * MIB) as f64)).abs()
+                < 1e-12
+        );
+        assert_eq!(m.largest_free_block(), 20 * MIB - (3 * MIB + 512));
+    }
+
+    #[test]
+    fn starts_from_snapshot_segments() {
+        let mut m = model("");
+        alloc(&mut m, 1, 4 * MIB, 0);
+        alloc(&mut m, 2, 4 * MIB, 0);
+        free(&mut m, 1);
+        let mut again =
+            CachingAllocatorModel::from_segments(AllocatorConfig::default(), &m.segments(0));
+        assert_eq!(again.stats().allocated_bytes, 4 * MIB);
+        let ops = alloc(&mut again, 9, 4 * MIB, 0);
+        assert_eq!(
+            ops,
+            vec![ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR,
+                size: 4 * MIB,
+                block_size: 4 * MIB
+            }]
+        );
+        // Live blocks are keyed by their address.
+        assert!(again.free(MODEL_BASE_ADDR + 4 * MIB, &mut Vec::new()));
+        // New segments do not overlap the loaded ones.
+        let ops = alloc(&mut again, 10, 30 * MIB, 0);
+        assert_eq!(
+            ops[0],
+            ModelOp::SegmentAlloc {
+                addr: MODEL_BASE_ADDR + 20 * MIB,
+                size: 30 * MIB
+            }
+        );
     }
 }

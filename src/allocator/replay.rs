@@ -41,7 +41,11 @@ pub fn state_before_trace(s: &Snapshot, device: usize, cfg: &AllocatorConfig) ->
                     active_size: 0,
                     requested_size: 0,
                     stream: e.stream,
-                    segment_type: if small { SegmentType::Small } else { SegmentType::Large },
+                    segment_type: if small {
+                        SegmentType::Small
+                    } else {
+                        SegmentType::Large
+                    },
                     segment_pool_id: (0, 0),
                     is_expandable: false,
                     frames: e.frames,
@@ -79,7 +83,11 @@ pub fn state_before_trace(s: &Snapshot, device: usize, cfg: &AllocatorConfig) ->
             .collect();
         let lo = alive_unallocated.partition_point(|a| a.0 < seg.address);
         let hi = alive_unallocated.partition_point(|a| a.0 < end);
-        alive.extend(alive_unallocated[lo..hi].iter().map(|&(a, r, f)| (a, None, r, f)));
+        alive.extend(
+            alive_unallocated[lo..hi]
+                .iter()
+                .map(|&(a, r, f)| (a, None, r, f)),
+        );
         alive.sort_by_key(|a| a.0);
         let mut blocks = Vec::new();
         let mut cursor = seg.address;
@@ -91,25 +99,53 @@ pub fn state_before_trace(s: &Snapshot, device: usize, cfg: &AllocatorConfig) ->
             let size = size.unwrap_or_else(|| {
                 let rounded = round_size(requested, &divisions).min(bound - addr);
                 let gap = bound - addr - rounded;
-                let keeps_gap = if small { gap < MIN_BLOCK_SIZE } else { gap <= SMALL_SIZE };
-                if keeps_gap { rounded + gap } else { rounded }
+                let keeps_gap = if small {
+                    gap < MIN_BLOCK_SIZE
+                } else {
+                    gap <= SMALL_SIZE
+                };
+                if keeps_gap {
+                    rounded + gap
+                } else {
+                    rounded
+                }
             });
-            blocks.push(Block { address: addr, size, requested_size: requested, state: BlockState::ActiveAllocated, frames });
+            blocks.push(Block {
+                address: addr,
+                size,
+                requested_size: requested,
+                state: BlockState::ActiveAllocated,
+                frames,
+            });
             cursor = addr + size;
         }
         if cursor < end {
             blocks.push(free_block(cursor, end - cursor));
         }
-        seg.allocated_size = blocks.iter().filter(|b| b.state.is_active()).map(|b| b.size).sum();
+        seg.allocated_size = blocks
+            .iter()
+            .filter(|b| b.state.is_active())
+            .map(|b| b.size)
+            .sum();
         seg.active_size = seg.allocated_size;
-        seg.requested_size = blocks.iter().filter(|b| b.state.is_active()).map(|b| b.requested_size).sum();
+        seg.requested_size = blocks
+            .iter()
+            .filter(|b| b.state.is_active())
+            .map(|b| b.requested_size)
+            .sum();
         seg.blocks = blocks;
     }
     out
 }
 
 fn free_block(address: u64, size: u64) -> Block {
-    Block { address, size, requested_size: 0, state: BlockState::Inactive, frames: 0 }
+    Block {
+        address,
+        size,
+        requested_size: 0,
+        state: BlockState::Inactive,
+        frames: 0,
+    }
 }
 
 /// How well the model reproduced a recorded trace.
@@ -151,8 +187,13 @@ impl ReplayReport {
 
 /// Replays `device`'s trace from `state_before_trace`, with segment addresses taken from
 /// the trace, and compares each step and the final state with the recording.
-pub fn replay_snapshot(s: &Snapshot, device: usize, cfg: &AllocatorConfig) -> (CachingAllocatorModel, ReplayReport) {
-    let mut model = CachingAllocatorModel::from_segments(cfg.clone(), &state_before_trace(s, device, cfg));
+pub fn replay_snapshot(
+    s: &Snapshot,
+    device: usize,
+    cfg: &AllocatorConfig,
+) -> (CachingAllocatorModel, ReplayReport) {
+    let mut model =
+        CachingAllocatorModel::from_segments(cfg.clone(), &state_before_trace(s, device, cfg));
     let mut rep = ReplayReport::default();
     let mut expected: Vec<(u64, u64)> = Vec::new();
     let mut ops = Vec::new();

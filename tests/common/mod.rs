@@ -20,7 +20,9 @@ pub fn python() -> PathBuf {
 }
 
 pub fn fixture_path(name: &str) -> PathBuf {
-    repo().join("../shared/fixtures/snapshots").join(format!("{name}.pickle"))
+    repo()
+        .join("../shared/fixtures/snapshots")
+        .join(format!("{name}.pickle"))
 }
 
 /// Loads a fixture through scripts/snapshot_to_json.py (cached under the target dir).
