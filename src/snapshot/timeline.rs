@@ -208,8 +208,10 @@ impl TimelineBuilder {
     }
 
     /// One trace event; actions other than alloc/free only break a free_requested /
-    /// free_completed pair, as in memory_viz.
+    /// free_completed pair, as in memory_viz. `category` indexes the names given to `new`;
+    /// an index past them adds names `category N`.
     pub fn feed(&mut self, action: Action, addr: u64, size: u64, stack: StackId, category: u16) {
+        self.ensure_category(category);
         let pos = self.fed;
         self.fed += 1;
         let pending = self.pending_free.take();
@@ -227,6 +229,7 @@ impl TimelineBuilder {
     /// A block alive from before the first event to after the last (the final snapshot's
     /// active blocks that the trace never allocated). Later calls stack lower.
     pub fn add_alive_throughout(&mut self, addr: u64, size: u64, stack: StackId, category: u16) {
+        self.ensure_category(category);
         let tl = &mut self.tl;
         let ordinal = tl
             .stack_keys
@@ -255,6 +258,18 @@ impl TimelineBuilder {
 
     pub fn finish(self) -> Timeline {
         self.tl
+    }
+
+    fn ensure_category(&mut self, category: u16) {
+        let tl = &mut self.tl;
+        let need = category as usize + 1;
+        while tl.categories.len() < need {
+            tl.categories.push(format!("category {}", tl.categories.len()));
+        }
+        if tl.cat_current.len() < need {
+            tl.cat_current.resize(need, 0);
+            tl.cat_base.resize(need, 0);
+        }
     }
 
     fn begin_step(&mut self, alloc: u32, free: bool, pos: usize) -> usize {
@@ -327,6 +342,9 @@ impl TimelineBuilder {
         });
         tl.stack_keys.push(-(i as i64) - 1);
         for cp in &mut tl.cat_checkpoints {
+            if cp.len() <= category as usize {
+                cp.resize(category as usize + 1, 0);
+            }
             cp[category as usize] += size;
         }
         let during = tl.current;
@@ -759,6 +777,17 @@ mod tests {
             layout(&t.stack_at(&v, 1)),
             vec![(2, 0, 1024), (0, 1024, 2048), (1, 2048, 2560)]
         );
+    }
+
+    #[test]
+    fn unnamed_categories_are_added_on_first_use() {
+        let mut b = TimelineBuilder::new(Vec::new());
+        b.feed(Alloc, 1, 10, 0, 2);
+        b.feed(Alloc, 2, 5, 0, 0);
+        let t = b.finish();
+        assert_eq!(t.categories.len(), 3);
+        assert_eq!(t.category_totals_at(1), vec![5, 0, 10]);
+        assert_eq!(t.category_series(0, 2, 2), vec![vec![0, 0, 10], vec![5, 0, 10]]);
     }
 
     /// Deterministic pseudo-random trace with late frees of unknown blocks and categories.
