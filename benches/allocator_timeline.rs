@@ -37,13 +37,13 @@ fn stream(n: usize) -> Vec<(bool, u64, u64)> {
     let mut out = Vec::with_capacity(n);
     let mut key = 0;
     while out.len() < n {
-        let grow = live.len() < 64 || (live.len() < 4000 && r.next() % 2 == 0);
+        let grow = live.len() < 64 || (live.len() < 4000 && r.next().is_multiple_of(2));
         if grow {
             key += 1;
             live.push(key);
             out.push((true, key, request(&mut r)));
         } else {
-            let i = if r.next() % 4 == 0 { (r.next() as usize) % live.len() } else { live.len() - 1 };
+            let i = if r.next().is_multiple_of(4) { (r.next() as usize) % live.len() } else { live.len() - 1 };
             out.push((false, live.swap_remove(i), 0));
         }
     }

@@ -120,11 +120,11 @@ impl MaxPyramid {
         let mut lvl = 0;
         while a < b {
             let level = &self.levels[lvl];
-            while a < b && a % FANOUT != 0 {
+            while a < b && !a.is_multiple_of(FANOUT) {
                 consider(level[a], lvl, a);
                 a += 1;
             }
-            while a < b && b % FANOUT != 0 {
+            while a < b && !b.is_multiple_of(FANOUT) {
                 b -= 1;
                 consider(level[b], lvl, b);
             }
@@ -275,7 +275,7 @@ impl TimelineBuilder {
     fn begin_step(&mut self, alloc: u32, free: bool, pos: usize) -> usize {
         let tl = &mut self.tl;
         let i = tl.steps.len();
-        if i % CHECKPOINT == 0 {
+        if i.is_multiple_of(CHECKPOINT) {
             tl.cat_checkpoints.push(tl.cat_current.clone());
         }
         tl.steps.push(Step { alloc, free });
@@ -803,7 +803,7 @@ mod tests {
             if x % 5 < 3 || live.is_empty() {
                 b.feed(Alloc, k + 1_000_000, 1 + x % 1000, 0, cat);
                 live.push(k + 1_000_000);
-            } else if x % 17 == 0 {
+            } else if x.is_multiple_of(17) {
                 b.feed(FreeCompleted, k, 1 + x % 5000, 0, cat);
             } else {
                 let addr = live.swap_remove((x as usize / 7) % live.len());
