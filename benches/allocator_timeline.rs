@@ -43,7 +43,11 @@ fn stream(n: usize) -> Vec<(bool, u64, u64)> {
             live.push(key);
             out.push((true, key, request(&mut r)));
         } else {
-            let i = if r.next().is_multiple_of(4) { (r.next() as usize) % live.len() } else { live.len() - 1 };
+            let i = if r.next().is_multiple_of(4) {
+                (r.next() as usize) % live.len()
+            } else {
+                live.len() - 1
+            };
             out.push((false, live.swap_remove(i), 0));
         }
     }
@@ -90,15 +94,27 @@ fn bench_timeline() {
     }
     let tl = b.finish();
     let build = t.elapsed().as_secs_f64();
-    println!("timeline build: {} actions in {:.1} ms ({:.1} ns/action)", tl.total_events, build * 1e3, build * 1e9 / tl.total_events as f64);
+    println!(
+        "timeline build: {} actions in {:.1} ms ({:.1} ns/action)",
+        tl.total_events,
+        build * 1e3,
+        build * 1e9 / tl.total_events as f64
+    );
     let n = tl.total_events;
-    for &(label, from, to) in &[("full range", 0, n), ("1% window", n / 2, n / 2 + n / 100), ("zoomed past 1/bucket", n / 2, n / 2 + 100)] {
+    for &(label, from, to) in &[
+        ("full range", 0, n),
+        ("1% window", n / 2, n / 2 + n / 100),
+        ("zoomed past 1/bucket", n / 2, n / 2 + 100),
+    ] {
         let reps = 1000;
         let t = Instant::now();
         for k in 0..reps {
             black_box(tl.series(from + k % 7, to, 240));
         }
-        println!("series({label}, 240 buckets): {:.1} µs/call", t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+        println!(
+            "series({label}, 240 buckets): {:.1} µs/call",
+            t.elapsed().as_secs_f64() * 1e6 / reps as f64
+        );
     }
     let t = Instant::now();
     let view = tl.detail(15_000);
@@ -108,12 +124,18 @@ fn bench_timeline() {
     for k in 0..reps {
         black_box(tl.stacks(&view, k, n, 240));
     }
-    println!("stacks(full range, 240 buckets, 15000 drawn): {:.2} ms/call", t.elapsed().as_secs_f64() * 1e3 / reps as f64);
+    println!(
+        "stacks(full range, 240 buckets, 15000 drawn): {:.2} ms/call",
+        t.elapsed().as_secs_f64() * 1e3 / reps as f64
+    );
     let t = Instant::now();
     for k in 0..reps {
         black_box(tl.category_series(k, n, 240));
     }
-    println!("category_series(full range, 240 buckets): {:.1} µs/call", t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+    println!(
+        "category_series(full range, 240 buckets): {:.1} µs/call",
+        t.elapsed().as_secs_f64() * 1e6 / reps as f64
+    );
 }
 
 fn main() {

@@ -264,7 +264,8 @@ impl TimelineBuilder {
         let tl = &mut self.tl;
         let need = category as usize + 1;
         while tl.categories.len() < need {
-            tl.categories.push(format!("category {}", tl.categories.len()));
+            tl.categories
+                .push(format!("category {}", tl.categories.len()));
         }
         if tl.cat_current.len() < need {
             tl.cat_current.resize(need, 0);
@@ -787,7 +788,10 @@ mod tests {
         let t = b.finish();
         assert_eq!(t.categories.len(), 3);
         assert_eq!(t.category_totals_at(1), vec![5, 0, 10]);
-        assert_eq!(t.category_series(0, 2, 2), vec![vec![0, 0, 10], vec![5, 0, 10]]);
+        assert_eq!(
+            t.category_series(0, 2, 2),
+            vec![vec![0, 0, 10], vec![5, 0, 10]]
+        );
     }
 
     /// Deterministic pseudo-random trace with late frees of unknown blocks and categories.
