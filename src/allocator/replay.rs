@@ -277,33 +277,21 @@ mod tests {
     use super::*;
     use crate::snapshot::model::TraceEntry;
 
-    fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
-        TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: 0,
-            frames: 0,
-            category: None,
-            compile_context: None,
-            user_metadata: None,
-        }
-    }
-
     fn record(ops: &[ModelOp], trace: &mut Vec<TraceEntry>) {
         for op in ops {
             match *op {
                 ModelOp::SegmentAlloc { addr, size } => {
-                    trace.push(entry(Action::SegmentAlloc, addr, size))
+                    trace.push(TraceEntry::new(Action::SegmentAlloc, addr, size))
                 }
                 ModelOp::SegmentFree { addr, size } => {
-                    trace.push(entry(Action::SegmentFree, addr, size))
+                    trace.push(TraceEntry::new(Action::SegmentFree, addr, size))
                 }
-                ModelOp::Alloc { addr, size, .. } => trace.push(entry(Action::Alloc, addr, size)),
+                ModelOp::Alloc { addr, size, .. } => {
+                    trace.push(TraceEntry::new(Action::Alloc, addr, size))
+                }
                 ModelOp::Free { addr, size, .. } => {
-                    trace.push(entry(Action::FreeRequested, addr, size));
-                    trace.push(entry(Action::FreeCompleted, addr, size));
+                    trace.push(TraceEntry::new(Action::FreeRequested, addr, size));
+                    trace.push(TraceEntry::new(Action::FreeCompleted, addr, size));
                 }
             }
         }
@@ -343,7 +331,7 @@ mod tests {
             ops.clear();
             if k == 3000 {
                 m.empty_cache(&mut ops);
-            } else if live.len() < 8 || x % 3 != 0 {
+            } else if live.len() < 8 || !x.is_multiple_of(3) {
                 let size = match x % 10 {
                     0..=5 => 1 + (x >> 8) % 200_000,
                     6..=8 => (1 << 20) + (x >> 8) % (6 << 20),

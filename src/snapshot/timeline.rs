@@ -724,17 +724,6 @@ mod tests {
 
     #[test]
     fn active_blocks_of_the_final_state_sit_at_the_bottom() {
-        let entry = |action, addr, size| TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: 0,
-            frames: 0,
-            category: None,
-            compile_context: None,
-            user_metadata: None,
-        };
         let block = |address, size, state| Block {
             address,
             size,
@@ -762,9 +751,9 @@ mod tests {
                 ],
             }],
             device_traces: vec![vec![
-                entry(Alloc, 0x1400, 1024),
-                entry(Alloc, 0x1800, 512),
-                entry(FreeCompleted, 0x1800, 512),
+                TraceEntry::new(Alloc, 0x1400, 1024),
+                TraceEntry::new(Alloc, 0x1800, 512),
+                TraceEntry::new(FreeCompleted, 0x1800, 512),
             ]],
             ..Default::default()
         };
