@@ -84,8 +84,16 @@ pub fn cut(
             stream: e.stream,
             time_us: time_us(e.t_ns),
             frames: tracker.stack_of.get(&(e.scope, e.phase)).copied().unwrap_or(0),
-            category: matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted)
-                .then(|| e.category.as_str().to_string()),
+            // Segment events get "unknown": memory_viz throws on a trace whose categories
+            // do not include it (a typo in its fallback), and they have no category anyway.
+            category: Some(
+                if matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+                    e.category.as_str()
+                } else {
+                    "unknown"
+                }
+                .to_string(),
+            ),
             compile_context: None,
             user_metadata: None,
         })

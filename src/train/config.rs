@@ -87,6 +87,7 @@ impl Preset {
 macro_rules! choice_enum {
     ($name:ident, $what:literal, { $($var:ident => $s:literal),+ $(,)? }) => {
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "lowercase")]
         pub enum $name { $($var),+ }
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$var),+];

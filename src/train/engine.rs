@@ -657,14 +657,11 @@ impl Worker {
             "{}_ctx{}_{}_{}_step{}.pickle",
             c.model_name, c.ctx, c.precision, c.mode, self.step
         );
-        let path = self.opts.snapshot_dir.join(name);
+        let dir = self.opts.snapshot_dir.clone();
         let step = self.step;
         let tx = self.rep_tx.clone();
         let h = std::thread::Builder::new().name("vramscope-snapshot".into()).spawn(move || {
-            let path = crate::snapshot::writer::unique_path(
-                path.parent().unwrap_or(std::path::Path::new(".")),
-                path.file_stem().and_then(|s| s.to_str()).unwrap_or("snapshot"),
-            );
+            let path = crate::snapshot::writer::unique_path(&dir, &name);
             let r = match save_snapshot_atomic(&snap, &path) {
                 Ok(p) => Report::SnapshotSaved { step, path: p },
                 Err(e) => Report::SnapshotFailed { step, error: e.to_string() },
