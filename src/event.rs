@@ -89,7 +89,10 @@ impl Category {
     }
 
     pub fn from_u8(v: u8) -> Category {
-        Category::ALL.get(v as usize).copied().unwrap_or(Category::Unknown)
+        Category::ALL
+            .get(v as usize)
+            .copied()
+            .unwrap_or(Category::Unknown)
     }
 
     /// The category an allocation gets when it is made, before the loop knows more:

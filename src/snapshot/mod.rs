@@ -2,3 +2,4 @@
 //! and memory_viz's Active Memory Timeline computation.
 
 pub mod model;
+pub mod timeline;

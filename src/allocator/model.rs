@@ -1,0 +1,839 @@
+//! The caching allocator itself: segments split into blocks, per-(stream, pool) free lists
+//! ordered by (size, address) for best fit, merge of free neighbours on free.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use super::config::{
+    round_size, segment_size, AllocatorConfig, MIN_BLOCK_SIZE, ROUNDUP_INTERVALS, ROUND_LARGE,
+    SMALL_SIZE,
+};
+use crate::snapshot::model::{Block, BlockState, Segment, SegmentType, StackId};
+
+/// What the model did, in the order the real allocator's trace would record it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelOp {
+    SegmentAlloc {
+        addr: u64,
+        size: u64,
+    },
+    SegmentFree {
+        addr: u64,
+        size: u64,
+    },
+    /// `size` is the request, `block_size` what the block occupies.
+    Alloc {
+        addr: u64,
+        size: u64,
+        block_size: u64,
+    },
+    Free {
+        addr: u64,
+        size: u64,
+        block_size: u64,
+    },
+}
+
+/// Counters in the sense of `torch.cuda.memory_stats` (aggregated over pools).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorStats {
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Equal to `allocated_bytes`: the model frees blocks at once (no pending stream uses).
+    pub active_bytes: u64,
+    pub requested_bytes: u64,
+    /// Free bytes in segments that are split (cached but fragmented).
+    pub inactive_split_bytes: u64,
+    pub segments: u64,
+    /// Allocated blocks.
+    pub blocks: u64,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub peak_active_bytes: u64,
+}
+
+/// Modelled addresses start here, segment after segment, each rounded to 2 MiB.
+pub const MODEL_BASE_ADDR: u64 = 0x7f00_0000_0000;
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Node {
+    addr: u64,
+    size: u64,
+    requested: u64,
+    segment: u32,
+    prev: u32,
+    next: u32,
+    frames: StackId,
+    allocated: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Seg {
+    addr: u64,
+    size: u64,
+    stream: i64,
+    pool: u32,
+    head: u32,
+    frames: StackId,
+    live: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Pool {
+    stream: i64,
+    small: bool,
+    free: BTreeSet<(u64, u64, u32)>,
+}
+
+#[derive(Clone, Debug)]
+pub struct CachingAllocatorModel {
+    cfg: AllocatorConfig,
+    divisions: [u64; ROUNDUP_INTERVALS],
+    max_split: u64,
+    nodes: Vec<Node>,
+    spare_nodes: Vec<u32>,
+    segs: Vec<Seg>,
+    pools: Vec<Pool>,
+    live: HashMap<u64, u32>,
+    next_addr: u64,
+    queued_addrs: VecDeque<u64>,
+    empty_stack: StackId,
+    stats: AllocatorStats,
+}
+
+impl CachingAllocatorModel {
+    pub fn new(cfg: AllocatorConfig) -> Self {
+        CachingAllocatorModel {
+            divisions: cfg.division_table(),
+            max_split: cfg.max_split_size.unwrap_or(u64::MAX),
+            cfg,
+            nodes: Vec::new(),
+            spare_nodes: Vec::new(),
+            segs: Vec::new(),
+            pools: Vec::new(),
+            live: HashMap::new(),
+            next_addr: MODEL_BASE_ADDR,
+            queued_addrs: VecDeque::new(),
+            empty_stack: 0,
+            stats: AllocatorStats::default(),
+        }
+    }
+
+    /// Starts from existing segments (a snapshot's state). Active blocks become live
+    /// allocations keyed by their address; inactive blocks go to the free lists.
+    pub fn from_segments(cfg: AllocatorConfig, segments: &[Segment]) -> Self {
+        let mut m = Self::new(cfg);
+        let mut sorted: Vec<&Segment> = segments.iter().collect();
+        sorted.sort_by_key(|s| s.address);
+        for s in sorted {
+            let pool = m.pool_index(s.stream, s.segment_type == SegmentType::Small);
+            let seg = m.segs.len() as u32;
+            m.segs.push(Seg {
+                addr: s.address,
+                size: s.total_size,
+                stream: s.stream,
+                pool,
+                head: NIL,
+                frames: s.frames,
+                live: true,
+            });
+            m.stats.reserved_bytes += s.total_size;
+            m.stats.segments += 1;
+            let mut prev = NIL;
+            for b in &s.blocks {
+                let allocated = b.state.is_active();
+                let idx = m.new_node(Node {
+                    addr: b.address,
+                    size: b.size,
+                    requested: b.requested_size,
+                    segment: seg,
+                    prev,
+                    next: NIL,
+                    frames: b.frames,
+                    allocated,
+                });
+                if prev == NIL {
+                    m.segs[seg as usize].head = idx;
+                } else {
+                    m.nodes[prev as usize].next = idx;
+                }
+                prev = idx;
+            }
+            let mut cur = m.segs[seg as usize].head;
+            while cur != NIL {
+                let n = &m.nodes[cur as usize];
+                let next = n.next;
+                if n.allocated {
+                    let (addr, size, req) = (n.addr, n.size, n.requested);
+                    m.live.insert(addr, cur);
+                    m.count_alloc(size, req);
+                } else {
+                    m.pool_insert(cur);
+                }
+                cur = next;
+            }
+            let end = (s.address + s.total_size).div_ceil(ROUND_LARGE) * ROUND_LARGE;
+            m.next_addr = m.next_addr.max(end);
+        }
+        m.reset_peaks();
+        m
+    }
+
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.cfg
+    }
+
+    /// The stack id reported for inactive blocks by `segments` (the caller's empty stack).
+    pub fn set_empty_stack(&mut self, id: StackId) {
+        self.empty_stack = id;
+    }
+
+    /// Replaying a recording: the next segments the model creates take these addresses in
+    /// order, so modelled addresses equal the recorded ones.
+    pub fn queue_segment_address(&mut self, addr: u64) {
+        self.queued_addrs.push_back(addr);
+    }
+
+    /// Drops queued addresses the model did not use.
+    pub fn clear_queued_segment_addresses(&mut self) {
+        self.queued_addrs.clear();
+    }
+
+    /// Rounded block size for a request under this configuration.
+    pub fn block_size(&self, size: u64) -> u64 {
+        round_size(size, &self.divisions)
+    }
+
+    /// `key` identifies the allocation for its free (a CPU pointer, or a trace address).
+    /// A key that is still live is freed first: its free was lost.
+    pub fn malloc(
+        &mut self,
+        key: u64,
+        size: u64,
+        stream: i64,
+        frames: StackId,
+        out: &mut Vec<ModelOp>,
+    ) {
+        if self.live.contains_key(&key) {
+            self.free(key, out);
+        }
+        let rounded = round_size(size, &self.divisions);
+        let small = rounded <= SMALL_SIZE;
+        let pool = self.pool_index(stream, small);
+        let idx = match self.best_fit(pool, rounded) {
+            Some(idx) => {
+                self.pool_remove(idx);
+                idx
+            }
+            None => self.new_segment(pool, stream, segment_size(rounded), frames, out),
+        };
+        let remaining = self.nodes[idx as usize].size - rounded;
+        let split = if small {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            rounded < self.max_split && remaining > SMALL_SIZE
+        };
+        if split {
+            let n = &self.nodes[idx as usize];
+            let rest = Node {
+                addr: n.addr + rounded,
+                size: remaining,
+                requested: 0,
+                segment: n.segment,
+                prev: idx,
+                next: n.next,
+                frames: self.empty_stack,
+                allocated: false,
+            };
+            let r = self.new_node(rest);
+            let old_next = self.nodes[idx as usize].next;
+            if old_next != NIL {
+                self.nodes[old_next as usize].prev = r;
+            }
+            let n = &mut self.nodes[idx as usize];
+            n.next = r;
+            n.size = rounded;
+            self.pool_insert(r);
+        }
+        let n = &mut self.nodes[idx as usize];
+        n.allocated = true;
+        n.requested = size;
+        n.frames = frames;
+        let (addr, block_size) = (n.addr, n.size);
+        self.live.insert(key, idx);
+        self.count_alloc(block_size, size);
+        out.push(ModelOp::Alloc {
+            addr,
+            size,
+            block_size,
+        });
+    }
+
+    /// Unknown keys are ignored (returns false).
+    pub fn free(&mut self, key: u64, out: &mut Vec<ModelOp>) -> bool {
+        let Some(idx) = self.live.remove(&key) else {
+            return false;
+        };
+        let n = &mut self.nodes[idx as usize];
+        n.allocated = false;
+        let (addr, size, block_size) = (n.addr, n.requested, n.size);
+        n.requested = 0;
+        n.frames = self.empty_stack;
+        let s = &mut self.stats;
+        s.allocated_bytes -= block_size;
+        s.active_bytes -= block_size;
+        s.requested_bytes -= size;
+        s.blocks -= 1;
+        out.push(ModelOp::Free {
+            addr,
+            size,
+            block_size,
+        });
+        for neighbour in [self.nodes[idx as usize].prev, self.nodes[idx as usize].next] {
+            if neighbour != NIL && !self.nodes[neighbour as usize].allocated {
+                self.pool_remove(neighbour);
+                self.absorb(idx, neighbour);
+            }
+        }
+        self.pool_insert(idx);
+        true
+    }
+
+    /// Releases every segment that is entirely free, like `torch.cuda.empty_cache()`.
+    pub fn empty_cache(&mut self, out: &mut Vec<ModelOp>) {
+        let whole: Vec<u32> = self
+            .pools
+            .iter()
+            .flat_map(|p| p.free.iter().map(|&(_, _, i)| i))
+            .filter(|&i| self.nodes[i as usize].prev == NIL && self.nodes[i as usize].next == NIL)
+            .collect();
+        for idx in whole {
+            self.pool_remove(idx);
+            let seg = self.nodes[idx as usize].segment as usize;
+            let s = &mut self.segs[seg];
+            s.live = false;
+            self.stats.reserved_bytes -= s.size;
+            self.stats.segments -= 1;
+            out.push(ModelOp::SegmentFree {
+                addr: s.addr,
+                size: s.size,
+            });
+            self.spare_nodes.push(idx);
+        }
+    }
+
+    pub fn stats(&self) -> AllocatorStats {
+        self.stats
+    }
+
+    pub fn reset_peaks(&mut self) {
+        let s = &mut self.stats;
+        s.peak_allocated_bytes = s.allocated_bytes;
+        s.peak_reserved_bytes = s.reserved_bytes;
+        s.peak_active_bytes = s.active_bytes;
+    }
+
+    /// Segments in address order with their blocks, as a snapshot's `segments` list.
+    pub fn segments(&self, device: i64) -> Vec<Segment> {
+        let mut out: Vec<Segment> = Vec::with_capacity(self.stats.segments as usize);
+        for s in self.segs.iter().filter(|s| s.live) {
+            let mut blocks = Vec::new();
+            let (mut allocated, mut requested) = (0, 0);
+            let mut cur = s.head;
+            while cur != NIL {
+                let n = &self.nodes[cur as usize];
+                if n.allocated {
+                    allocated += n.size;
+                    requested += n.requested;
+                }
+                blocks.push(Block {
+                    address: n.addr,
+                    size: n.size,
+                    requested_size: n.requested,
+                    state: if n.allocated {
+                        BlockState::ActiveAllocated
+                    } else {
+                        BlockState::Inactive
+                    },
+                    frames: n.frames,
+                });
+                cur = n.next;
+            }
+            out.push(Segment {
+                device,
+                address: s.addr,
+                total_size: s.size,
+                allocated_size: allocated,
+                active_size: allocated,
+                requested_size: requested,
+                stream: s.stream,
+                segment_type: if self.pools[s.pool as usize].small {
+                    SegmentType::Small
+                } else {
+                    SegmentType::Large
+                },
+                segment_pool_id: (0, 0),
+                is_expandable: false,
+                frames: s.frames,
+                blocks,
+            });
+        }
+        out.sort_by_key(|s| s.address);
+        out
+    }
+
+    /// Share of reserved memory not holding allocations: `1 - allocated / reserved`
+    /// (0 when nothing is reserved).
+    pub fn fragmentation(&self) -> f64 {
+        if self.stats.reserved_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.stats.allocated_bytes as f64 / self.stats.reserved_bytes as f64
+        }
+    }
+
+    /// Largest cached free block, the biggest request served without a new segment.
+    pub fn largest_free_block(&self) -> u64 {
+        self.pools
+            .iter()
+            .filter_map(|p| p.free.last().map(|e| e.0))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn best_fit(&self, pool: u32, rounded: u64) -> Option<u32> {
+        let &(size, _, idx) = self.pools[pool as usize]
+            .free
+            .range((rounded, 0, 0)..)
+            .next()?;
+        // Oversize blocks serve only oversize requests, and only ones close to their size.
+        if rounded < self.max_split && size >= self.max_split {
+            return None;
+        }
+        if rounded >= self.max_split && size >= rounded + self.cfg.max_non_split_rounding_size {
+            return None;
+        }
+        Some(idx)
+    }
+
+    fn new_segment(
+        &mut self,
+        pool: u32,
+        stream: i64,
+        size: u64,
+        frames: StackId,
+        out: &mut Vec<ModelOp>,
+    ) -> u32 {
+        let addr = self.queued_addrs.pop_front().unwrap_or(self.next_addr);
+        self.next_addr = self
+            .next_addr
+            .max((addr + size).div_ceil(ROUND_LARGE) * ROUND_LARGE);
+        let seg = self.segs.len() as u32;
+        let idx = self.new_node(Node {
+            addr,
+            size,
+            requested: 0,
+            segment: seg,
+            prev: NIL,
+            next: NIL,
+            frames,
+            allocated: false,
+        });
+        self.segs.push(Seg {
+            addr,
+            size,
+            stream,
+            pool,
+            head: idx,
+            frames,
+            live: true,
+        });
+        let s = &mut self.stats;
+        s.reserved_bytes += size;
+        s.segments += 1;
+        s.peak_reserved_bytes = s.peak_reserved_bytes.max(s.reserved_bytes);
+        out.push(ModelOp::SegmentAlloc { addr, size });
+        idx
+    }
+
+    /// Folds free neighbour `other` into `idx` and unlinks it.
+    fn absorb(&mut self, idx: u32, other: u32) {
+        let o = self.nodes[other as usize].clone();
+        let n = &mut self.nodes[idx as usize];
+        n.size += o.size;
+        if o.next == idx {
+            // `other` precedes `idx`: the merged block starts at its address.
+            n.addr = o.addr;
+            n.prev = o.prev;
+            if o.prev == NIL {
+                self.segs[o.segment as usize].head = idx;
+            } else {
+                self.nodes[o.prev as usize].next = idx;
+            }
+        } else {
+            n.next = o.next;
+            if o.next != NIL {
+                self.nodes[o.next as usize].prev = idx;
+            }
+        }
+        self.spare_nodes.push(other);
+    }
+
+    fn is_split(&self, idx: u32) -> bool {
+        let n = &self.nodes[idx as usize];
+        n.prev != NIL || n.next != NIL
+    }
+
+    fn pool_insert(&mut self, idx: u32) {
+        let n = &self.nodes[idx as usize];
+        let (size, addr) = (n.size, n.addr);
+        let pool = self.segs[n.segment as usize].pool;
+        if self.is_split(idx) {
+            self.stats.inactive_split_bytes += size;
+        }
+        self.pools[pool as usize].free.insert((size, addr, idx));
+    }
+
+    fn pool_remove(&mut self, idx: u32) {
+        let n = &self.nodes[idx as usize];
+        let (size, addr) = (n.size, n.addr);
+        let pool = self.segs[n.segment as usize].pool;
+        if self.is_split(idx) {
+            self.stats.inactive_split_bytes -= size;
+        }
+        self.pools[pool as usize].free.remove(&(size, addr, idx));
+    }
+
+    fn pool_index(&mut self, stream: i64, small: bool) -> u32 {
+        if let Some(i) = self
+            .pools
+            .iter()
+            .position(|p| p.stream == stream && p.small == small)
+        {
+            return i as u32;
+        }
+        self.pools.push(Pool {
+            stream,
+            small,
+            free: BTreeSet::new(),
+        });
+        (self.pools.len() - 1) as u32
+    }
+
+    fn new_node(&mut self, n: Node) -> u32 {
+        match self.spare_nodes.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = n;
+                i
+            }
+            None => {
+                self.nodes.push(n);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn count_alloc(&mut self, block_size: u64, requested: u64) {
+        let s = &mut self.stats;
+        s.allocated_bytes += block_size;
+        s.active_bytes += block_size;
+        s.requested_bytes += requested;
+        s.blocks += 1;
+        s.peak_allocated_bytes = s.peak_allocated_bytes.max(s.allocated_bytes);
+        s.peak_active_bytes = s.peak_active_bytes.max(s.active_bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn model(conf: &str) -> CachingAllocatorModel {
+        CachingAllocatorModel::new(AllocatorConfig::parse_conf(conf).unwrap())
+    }
+
+    fn alloc(m: &mut CachingAllocatorModel, key: u64, size: u64, stream: i64) -> Vec<ModelOp> {
+        let mut ops = Vec::new();
+        m.malloc(key, size, stream, 7, &mut ops);
+        ops
+    }
+
+    fn free(m: &mut CachingAllocatorModel, key: u64) -> Vec<ModelOp> {
+        let mut ops = Vec::new();
+        assert!(m.free(key, &mut ops));
+        ops
+    }
+
+    fn block_sizes(m: &CachingAllocatorModel) -> Vec<Vec<(u64, bool)>> {
+        m.segments(0)
+            .iter()
+            .map(|s| {
+                s.blocks
+                    .iter()
+                    .map(|b| (b.size, b.state.is_active()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn small_requests_share_a_2mib_segment() {
+        let mut m = model("");
+        let b = MODEL_BASE_ADDR;
+        assert_eq!(
+            alloc(&mut m, 1, 1000, 0),
+            vec![
+                ModelOp::SegmentAlloc {
+                    addr: b,
+                    size: 2 * MIB
+                },
+                ModelOp::Alloc {
+                    addr: b,
+                    size: 1000,
+                    block_size: 1024
+                }
+            ]
+        );
+        assert_eq!(
+            alloc(&mut m, 2, 100, 0),
+            vec![ModelOp::Alloc {
+                addr: b + 1024,
+                size: 100,
+                block_size: 512
+            }]
+        );
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(1024, true), (512, true), (2 * MIB - 1536, false)]]
+        );
+        let st = m.stats();
+        assert_eq!(
+            (st.allocated_bytes, st.requested_bytes, st.reserved_bytes),
+            (1536, 1100, 2 * MIB)
+        );
+        assert_eq!(st.inactive_split_bytes, 2 * MIB - 1536);
+    }
+
+    #[test]
+    fn just_over_1mib_goes_to_a_20mib_large_segment_and_splits() {
+        let mut m = model("");
+        let ops = alloc(&mut m, 1, MIB + 1, 0);
+        assert_eq!(
+            ops[0],
+            ModelOp::SegmentAlloc {
+                addr: MODEL_BASE_ADDR,
+                size: 20 * MIB
+            }
+        );
+        assert_eq!(
+            ops[1],
+            ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR,
+                size: MIB + 1,
+                block_size: MIB + 512
+            }
+        );
+        assert_eq!(m.segments(0)[0].segment_type, SegmentType::Large);
+        // A small request never uses the large pool's free remainder.
+        let ops = alloc(&mut m, 2, 4096, 0);
+        assert!(matches!(ops[0], ModelOp::SegmentAlloc { size, .. } if size == 2 * MIB));
+    }
+
+    #[test]
+    fn large_remainder_of_1mib_or_less_is_not_split() {
+        let mut m = model("");
+        alloc(&mut m, 1, 19 * MIB + MIB / 2, 0);
+        assert_eq!(block_sizes(&m), vec![vec![(20 * MIB, true)]]);
+        let mut m = model("");
+        alloc(&mut m, 1, 19 * MIB, 0);
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(20 * MIB, true)]],
+            "exactly 1 MiB left: no split"
+        );
+        let mut m = model("");
+        alloc(&mut m, 1, 5 * MIB, 0);
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(5 * MIB, true), (15 * MIB, false)]]
+        );
+    }
+
+    #[test]
+    fn freed_neighbours_merge_and_empty_cache_releases_whole_segments() {
+        let mut m = model("");
+        for k in 1..=3 {
+            alloc(&mut m, k, 4 * MIB, 0);
+        }
+        assert_eq!(
+            free(&mut m, 2),
+            vec![ModelOp::Free {
+                addr: MODEL_BASE_ADDR + 4 * MIB,
+                size: 4 * MIB,
+                block_size: 4 * MIB
+            }]
+        );
+        free(&mut m, 1);
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(8 * MIB, false), (4 * MIB, true), (8 * MIB, false)]]
+        );
+        let mut ops = Vec::new();
+        m.empty_cache(&mut ops);
+        assert!(ops.is_empty(), "a segment with a live block stays");
+        free(&mut m, 3);
+        assert_eq!(block_sizes(&m), vec![vec![(20 * MIB, false)]]);
+        assert_eq!(m.stats().inactive_split_bytes, 0);
+        m.empty_cache(&mut ops);
+        assert_eq!(
+            ops,
+            vec![ModelOp::SegmentFree {
+                addr: MODEL_BASE_ADDR,
+                size: 20 * MIB
+            }]
+        );
+        let st = m.stats();
+        assert_eq!(
+            (
+                st.reserved_bytes,
+                st.segments,
+                st.peak_reserved_bytes,
+                st.peak_allocated_bytes
+            ),
+            (0, 0, 20 * MIB, 12 * MIB)
+        );
+        assert!(!m.free(3, &mut ops), "unknown keys are ignored");
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_block_that_fits() {
+        let mut m = model("");
+        // Segment: [4][a 2][6][b 2][rest 6]
+        for (k, s) in [(1, 4), (2, 2), (3, 6), (4, 2)] {
+            alloc(&mut m, k, s * MIB, 0);
+        }
+        free(&mut m, 1);
+        free(&mut m, 3);
+        let ops = alloc(&mut m, 5, 3 * MIB, 0);
+        assert_eq!(
+            ops,
+            vec![ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR,
+                size: 3 * MIB,
+                block_size: 4 * MIB
+            }]
+        );
+        let ops = alloc(&mut m, 6, 5 * MIB, 0);
+        assert_eq!(
+            ops,
+            vec![ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR + 6 * MIB,
+                size: 5 * MIB,
+                block_size: 6 * MIB
+            }]
+        );
+    }
+
+    #[test]
+    fn max_split_size_keeps_oversize_blocks_whole() {
+        let mut m = model("max_split_size_mb:40");
+        alloc(&mut m, 1, 100 * MIB, 0);
+        free(&mut m, 1);
+        // Under max_split_size: the oversize block is not used.
+        let ops = alloc(&mut m, 2, 10 * MIB, 0);
+        assert!(matches!(ops[0], ModelOp::SegmentAlloc { size, .. } if size == 10 * MIB));
+        // Oversize but more than 20 MiB smaller than the block: not used either.
+        let ops = alloc(&mut m, 3, 70 * MIB, 0);
+        assert!(matches!(ops[0], ModelOp::SegmentAlloc { size, .. } if size == 70 * MIB));
+        // Oversize and within 20 MiB: takes the whole block, unsplit.
+        let ops = alloc(&mut m, 4, 90 * MIB, 0);
+        assert_eq!(
+            ops,
+            vec![ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR,
+                size: 90 * MIB,
+                block_size: 100 * MIB
+            }]
+        );
+    }
+
+    #[test]
+    fn streams_have_their_own_pools() {
+        let mut m = model("");
+        alloc(&mut m, 1, 4096, 0);
+        let ops = alloc(&mut m, 2, 4096, 1);
+        assert!(
+            matches!(ops[0], ModelOp::SegmentAlloc { addr, .. } if addr == MODEL_BASE_ADDR + 2 * MIB)
+        );
+        let segs = m.segments(3);
+        assert_eq!(
+            segs.iter()
+                .map(|s| (s.stream, s.device))
+                .collect::<Vec<_>>(),
+            vec![(0, 3), (1, 3)]
+        );
+    }
+
+    #[test]
+    fn segments_report_contiguous_blocks_and_sizes() {
+        let mut m = model("");
+        alloc(&mut m, 1, 3 * MIB + 5, 0);
+        alloc(&mut m, 2, 700, 0);
+        for s in m.segments(0) {
+            let mut addr = s.address;
+            for b in &s.blocks {
+                assert_eq!(b.address, addr);
+                addr += b.size;
+            }
+            assert_eq!(addr, s.address + s.total_size);
+            assert_eq!(
+                s.allocated_size,
+                s.blocks
+                    .iter()
+                    .filter(|b| b.state.is_active())
+                    .map(|b| b.size)
+                    .sum::<u64>()
+            );
+        }
+        let st = m.stats();
+        assert_eq!(st.allocated_bytes, 3 * MIB + 512 + 1024);
+        assert!(
+            (m.fragmentation() - (1.0 - st.allocated_bytes as f64 / (22 * MIB) as f64)).abs()
+                < 1e-12
+        );
+        assert_eq!(m.largest_free_block(), 20 * MIB - (3 * MIB + 512));
+    }
+
+    #[test]
+    fn starts_from_snapshot_segments() {
+        let mut m = model("");
+        alloc(&mut m, 1, 4 * MIB, 0);
+        alloc(&mut m, 2, 4 * MIB, 0);
+        free(&mut m, 1);
+        let mut again =
+            CachingAllocatorModel::from_segments(AllocatorConfig::default(), &m.segments(0));
+        assert_eq!(again.stats().allocated_bytes, 4 * MIB);
+        let ops = alloc(&mut again, 9, 4 * MIB, 0);
+        assert_eq!(
+            ops,
+            vec![ModelOp::Alloc {
+                addr: MODEL_BASE_ADDR,
+                size: 4 * MIB,
+                block_size: 4 * MIB
+            }]
+        );
+        // Live blocks are keyed by their address.
+        assert!(again.free(MODEL_BASE_ADDR + 4 * MIB, &mut Vec::new()));
+        // New segments do not overlap the loaded ones.
+        let ops = alloc(&mut again, 10, 30 * MIB, 0);
+        assert_eq!(
+            ops[0],
+            ModelOp::SegmentAlloc {
+                addr: MODEL_BASE_ADDR + 20 * MIB,
+                size: 30 * MIB
+            }
+        );
+    }
+}

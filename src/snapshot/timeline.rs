@@ -1,0 +1,844 @@
+//! memory_viz's Active Memory Timeline, built one event at a time.
+//!
+//! Semantics follow MemoryViz.js: each `alloc` pairs with the next free of its address (a
+//! `free_requested` directly followed by the `free_completed` of the same address is one
+//! free, at the `free_requested`; a lone `free_completed` frees too; a lone
+//! `free_requested` does not). A free with no alloc is a block alive at the start; active
+//! blocks of the final `segments` never allocated are alive at the start too, below
+//! everything. Bands stack in allocation order and a freed band's upper neighbours slide
+//! down. The x axis is the index of these alloc/free actions.
+//!
+//! The value at action `i` is the stacked total *during* it: an allocation made at `i`
+//! and one freed at `i` both count (memory_viz's `max_at_time`), so the peak is the top of
+//! the plot. memory_viz's slide-down animation steps are not x positions here.
+
+use std::collections::HashMap;
+
+use super::model::{Action, Snapshot, StackId};
+
+/// One band of the timeline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimelineAlloc {
+    pub addr: u64,
+    /// Action index of the alloc (0 and `alive_at_start` for blocks older than the trace).
+    pub start: usize,
+    /// Action index of the free; None = alive at the end.
+    pub end: Option<usize>,
+    /// Requested bytes.
+    pub size: u64,
+    pub stack: StackId,
+    /// Index into `Timeline::categories`.
+    pub category: u16,
+    pub alive_at_start: bool,
+}
+
+impl TimelineAlloc {
+    /// Whether the band is drawn at action `i`.
+    pub fn alive_at(&self, i: usize) -> bool {
+        (self.alive_at_start || self.start <= i) && self.end.is_none_or(|e| i <= e)
+    }
+}
+
+const FANOUT: usize = 16;
+
+/// Range-max over an append-only array: each level holds the maxima of FANOUT-wide groups
+/// of the level below, so a range costs at most 2·FANOUT reads per level.
+#[derive(Clone, Debug, Default)]
+struct MaxPyramid {
+    levels: Vec<Vec<u64>>,
+}
+
+impl MaxPyramid {
+    fn len(&self) -> usize {
+        self.levels.first().map_or(0, Vec::len)
+    }
+
+    fn get(&self, i: usize) -> u64 {
+        self.levels[0][i]
+    }
+
+    fn push(&mut self, v: u64) {
+        if self.levels.is_empty() {
+            self.levels.push(Vec::new());
+        }
+        let mut idx = self.levels[0].len();
+        self.levels[0].push(v);
+        let mut lvl = 0;
+        while self.levels[lvl].len() > 1 {
+            if lvl + 1 == self.levels.len() {
+                let first = self.levels[lvl][..FANOUT.min(self.levels[lvl].len())]
+                    .iter()
+                    .copied()
+                    .max()
+                    .unwrap_or(0);
+                self.levels.push(vec![first]);
+                break;
+            }
+            idx /= FANOUT;
+            let up = &mut self.levels[lvl + 1];
+            if idx == up.len() {
+                up.push(v);
+            } else if up[idx] < v {
+                up[idx] = v;
+            } else {
+                break;
+            }
+            lvl += 1;
+        }
+    }
+
+    /// Adds `v` to every value in `0..=last`.
+    fn add_prefix(&mut self, last: usize, v: u64) {
+        for x in &mut self.levels[0][..=last] {
+            *x += v;
+        }
+        let mut hi = last;
+        for lvl in 1..self.levels.len() {
+            hi /= FANOUT;
+            let (below, above) = self.levels.split_at_mut(lvl);
+            let src = &below[lvl - 1];
+            for (j, dst) in above[0][..=hi].iter_mut().enumerate() {
+                *dst = src[j * FANOUT..((j + 1) * FANOUT).min(src.len())]
+                    .iter()
+                    .copied()
+                    .max()
+                    .unwrap_or(0);
+            }
+        }
+    }
+
+    /// (max, the first index holding it) over `a..b`; None when empty.
+    fn range_max(&self, mut a: usize, mut b: usize) -> Option<(u64, usize)> {
+        // (value, level, index, first leaf): ties go to the leftmost.
+        let mut best: Option<(u64, usize, usize, usize)> = None;
+        let mut consider = |v: u64, lvl: usize, i: usize| {
+            let leaf = i * FANOUT.pow(lvl as u32);
+            if best.is_none_or(|(bv, _, _, bl)| v > bv || (v == bv && leaf < bl)) {
+                best = Some((v, lvl, i, leaf));
+            }
+        };
+        let mut lvl = 0;
+        while a < b {
+            let level = &self.levels[lvl];
+            while a < b && a % FANOUT != 0 {
+                consider(level[a], lvl, a);
+                a += 1;
+            }
+            while a < b && b % FANOUT != 0 {
+                b -= 1;
+                consider(level[b], lvl, b);
+            }
+            if a < b {
+                a /= FANOUT;
+                b /= FANOUT;
+                lvl += 1;
+            }
+        }
+        let (v, mut lvl, mut i, _) = best?;
+        while lvl > 0 {
+            lvl -= 1;
+            let level = &self.levels[lvl];
+            let lo = i * FANOUT;
+            i = (lo..(lo + FANOUT).min(level.len()))
+                .find(|&c| level[c] == v)
+                .unwrap_or(lo);
+        }
+        Some((v, i))
+    }
+}
+
+/// Per-category totals are checkpointed every this many actions.
+const CHECKPOINT: usize = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Step {
+    alloc: u32,
+    free: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    pub allocations: Vec<TimelineAlloc>,
+    /// Alloc/free actions on the x axis.
+    pub total_events: usize,
+    pub peak_bytes: u64,
+    pub peak_index: usize,
+    /// Category names (`TimelineAlloc::category` indexes this).
+    pub categories: Vec<String>,
+    /// Position of each action in the fed stream (the trace entry index for snapshots).
+    pub event_positions: Vec<usize>,
+    steps: Vec<Step>,
+    /// Stacked total during each action, without `base`.
+    totals: MaxPyramid,
+    /// Bytes alive during the whole timeline (blocks older than the trace never freed).
+    base: u64,
+    /// Running total after the last action, without `base`.
+    current: u64,
+    cat_base: Vec<u64>,
+    cat_current: Vec<u64>,
+    /// Per-category totals before action k·CHECKPOINT, without `cat_base`.
+    cat_checkpoints: Vec<Vec<u64>>,
+    /// Stacking order: blocks from `segments` lowest, then blocks freed without an alloc
+    /// (the last freed lowest), then allocations in order.
+    stack_keys: Vec<i64>,
+}
+
+/// Feeds events into a `Timeline`; totals, series and peak are usable at any time.
+#[derive(Clone, Debug, Default)]
+pub struct TimelineBuilder {
+    tl: Timeline,
+    open: HashMap<u64, u32>,
+    pending_free: Option<(u64, usize)>,
+    fed: usize,
+}
+
+const SEGMENT_BLOCK_KEY: i64 = -(1 << 48);
+
+impl TimelineBuilder {
+    pub fn new(categories: Vec<String>) -> Self {
+        let mut b = TimelineBuilder::default();
+        b.tl.cat_base = vec![0; categories.len().max(1)];
+        b.tl.cat_current = b.tl.cat_base.clone();
+        b.tl.categories = categories;
+        b
+    }
+
+    pub fn timeline(&self) -> &Timeline {
+        &self.tl
+    }
+
+    /// One trace event; actions other than alloc/free only break a free_requested /
+    /// free_completed pair, as in memory_viz.
+    pub fn feed(&mut self, action: Action, addr: u64, size: u64, stack: StackId, category: u16) {
+        let pos = self.fed;
+        self.fed += 1;
+        let pending = self.pending_free.take();
+        match action {
+            Action::Alloc => self.alloc(addr, size, stack, category, pos),
+            Action::FreeRequested => self.pending_free = Some((addr, pos)),
+            Action::FreeCompleted => {
+                let at = pending.filter(|p| p.0 == addr).map_or(pos, |p| p.1);
+                self.free(addr, size, stack, category, at);
+            }
+            _ => {}
+        }
+    }
+
+    /// A block alive from before the first event to after the last (the final snapshot's
+    /// active blocks that the trace never allocated). Later calls stack lower.
+    pub fn add_alive_throughout(&mut self, addr: u64, size: u64, stack: StackId, category: u16) {
+        let tl = &mut self.tl;
+        let ordinal = tl
+            .stack_keys
+            .iter()
+            .filter(|&&k| k <= SEGMENT_BLOCK_KEY)
+            .count() as i64;
+        tl.stack_keys.push(SEGMENT_BLOCK_KEY - ordinal);
+        tl.allocations.push(TimelineAlloc {
+            addr,
+            start: 0,
+            end: None,
+            size,
+            stack,
+            category,
+            alive_at_start: true,
+        });
+        tl.base += size;
+        tl.cat_base[category as usize] += size;
+        tl.peak_bytes += size;
+    }
+
+    /// Whether `addr` holds an allocation made in the fed events and not freed yet.
+    pub fn is_open(&self, addr: u64) -> bool {
+        self.open.contains_key(&addr)
+    }
+
+    pub fn finish(self) -> Timeline {
+        self.tl
+    }
+
+    fn begin_step(&mut self, alloc: u32, free: bool, pos: usize) -> usize {
+        let tl = &mut self.tl;
+        let i = tl.steps.len();
+        if i % CHECKPOINT == 0 {
+            tl.cat_checkpoints.push(tl.cat_current.clone());
+        }
+        tl.steps.push(Step { alloc, free });
+        tl.event_positions.push(pos);
+        tl.total_events = i + 1;
+        i
+    }
+
+    fn record_total(&mut self, i: usize, during: u64) {
+        let tl = &mut self.tl;
+        tl.totals.push(during);
+        if during + tl.base > tl.peak_bytes || i == 0 {
+            tl.peak_bytes = during + tl.base;
+            tl.peak_index = i;
+        }
+    }
+
+    fn alloc(&mut self, addr: u64, size: u64, stack: StackId, category: u16, pos: usize) {
+        let id = self.tl.allocations.len() as u32;
+        let i = self.begin_step(id, false, pos);
+        let tl = &mut self.tl;
+        tl.allocations.push(TimelineAlloc {
+            addr,
+            start: i,
+            end: None,
+            size,
+            stack,
+            category,
+            alive_at_start: false,
+        });
+        tl.stack_keys.push(i as i64);
+        tl.current += size;
+        tl.cat_current[category as usize] += size;
+        // An address allocated again without a free leaves the old band alive (memory_viz).
+        self.open.insert(addr, id);
+        let during = self.tl.current;
+        self.record_total(i, during);
+    }
+
+    fn free(&mut self, addr: u64, size: u64, stack: StackId, category: u16, pos: usize) {
+        if let Some(id) = self.open.remove(&addr) {
+            let i = self.begin_step(id, true, pos);
+            let tl = &mut self.tl;
+            let a = &mut tl.allocations[id as usize];
+            a.end = Some(i);
+            let during = tl.current;
+            tl.current -= a.size;
+            tl.cat_current[a.category as usize] -= a.size;
+            self.record_total(i, during);
+            return;
+        }
+        // Alive since before the trace: it raises every total up to and including now.
+        let id = self.tl.allocations.len() as u32;
+        let i = self.begin_step(id, true, pos);
+        let tl = &mut self.tl;
+        tl.allocations.push(TimelineAlloc {
+            addr,
+            start: 0,
+            end: Some(i),
+            size,
+            stack,
+            category,
+            alive_at_start: true,
+        });
+        tl.stack_keys.push(-(i as i64) - 1);
+        for cp in &mut tl.cat_checkpoints {
+            cp[category as usize] += size;
+        }
+        let during = tl.current;
+        tl.totals.push(during);
+        tl.totals.add_prefix(i, size);
+        let (peak, at) = tl.totals.range_max(0, i + 1).unwrap_or((0, 0));
+        tl.peak_bytes = peak + tl.base;
+        tl.peak_index = at;
+    }
+}
+
+/// One drawn band at one x position: bytes `y0..y1` of the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Band {
+    pub alloc: u32,
+    pub y0: u64,
+    pub y1: u64,
+}
+
+/// The stack at one x position: drawn bands bottom-up, then the summarized band on top.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackColumn {
+    pub index: usize,
+    pub bands: Vec<Band>,
+    pub summarized: (u64, u64),
+}
+
+/// Which allocations are drawn one by one (the N largest) and an index to find those
+/// alive at any x position in stacking order.
+#[derive(Clone, Debug)]
+pub struct DetailView {
+    /// Drawn allocation ids in stacking order.
+    pub drawn: Vec<u32>,
+    drawn_flag: Vec<bool>,
+    /// Effective start of each drawn band (-1 = before the trace), ascending.
+    starts: Vec<i64>,
+    /// Segment tree of the latest end (u64::MAX = never freed) over `drawn`.
+    max_end: Vec<u64>,
+}
+
+impl DetailView {
+    pub fn is_drawn(&self, alloc: u32) -> bool {
+        self.drawn_flag
+            .get(alloc as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    fn collect_alive(
+        &self,
+        node: usize,
+        lo: usize,
+        hi: usize,
+        limit: usize,
+        i: u64,
+        out: &mut Vec<u32>,
+    ) {
+        if lo >= limit || self.max_end[node] < i {
+            return;
+        }
+        if hi - lo == 1 {
+            out.push(self.drawn[lo]);
+            return;
+        }
+        let mid = (lo + hi) / 2;
+        self.collect_alive(2 * node, lo, mid, limit, i, out);
+        self.collect_alive(2 * node + 1, mid, hi, limit, i, out);
+    }
+}
+
+impl Timeline {
+    /// The timeline of `device`'s trace, with the final state's unallocated active blocks
+    /// alive throughout.
+    pub fn from_snapshot(s: &Snapshot, device: usize) -> Timeline {
+        let trace: &[_] = s.device_traces.get(device).map_or(&[], Vec::as_slice);
+        let mut names: Vec<String> = Vec::new();
+        for e in trace {
+            if let Some(c) = &e.category {
+                if !names.contains(c) {
+                    names.push(c.clone());
+                }
+            }
+        }
+        if !names.iter().any(|n| n == "unknown") {
+            names.push("unknown".into());
+        }
+        let unknown = names.iter().position(|n| n == "unknown").unwrap_or(0) as u16;
+        let cat = |c: &Option<String>| {
+            c.as_ref()
+                .and_then(|c| names.iter().position(|n| n == c))
+                .map_or(unknown, |i| i as u16)
+        };
+        let mut b = TimelineBuilder::new(names.clone());
+        for e in trace {
+            b.feed(e.action, e.addr, e.size, e.frames, cat(&e.category));
+        }
+        for seg in s.segments.iter().filter(|seg| seg.device == device as i64) {
+            for blk in &seg.blocks {
+                if blk.state == super::model::BlockState::ActiveAllocated && !b.is_open(blk.address)
+                {
+                    b.add_alive_throughout(blk.address, blk.requested_size, blk.frames, unknown);
+                }
+            }
+        }
+        b.finish()
+    }
+
+    /// Stacked bytes during action `index`.
+    pub fn totals_at(&self, index: usize) -> u64 {
+        if index < self.totals.len() {
+            self.totals.get(index) + self.base
+        } else {
+            self.base
+        }
+    }
+
+    fn bucket(&self, from: usize, to: usize, buckets: usize, k: usize) -> (usize, usize) {
+        let span = to - from;
+        let a = from + span * k / buckets;
+        (a, (from + span * (k + 1) / buckets).max(a + 1))
+    }
+
+    /// Highest stacked total in each of `buckets` equal slices of actions `from..to`
+    /// (an action covers several buckets when zoomed in past one action per bucket).
+    pub fn series(&self, from: usize, to: usize, buckets: usize) -> Vec<u64> {
+        self.sample(from, to, buckets)
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect()
+    }
+
+    /// (max total, action index where it is reached) per bucket.
+    fn sample(&self, from: usize, to: usize, buckets: usize) -> Vec<(u64, usize)> {
+        let to = to.min(self.total_events);
+        if from >= to || buckets == 0 {
+            return vec![(self.base, from); buckets];
+        }
+        (0..buckets)
+            .map(|k| {
+                let (a, b) = self.bucket(from, to, buckets, k);
+                let (v, i) = self.totals.range_max(a, b).unwrap_or((0, a));
+                (v + self.base, i)
+            })
+            .collect()
+    }
+
+    /// Bytes per category during action `index`.
+    pub fn category_totals_at(&self, index: usize) -> Vec<u64> {
+        let mut t = self.cat_base.clone();
+        if index >= self.total_events {
+            for (x, c) in t.iter_mut().zip(&self.cat_current) {
+                *x += c;
+            }
+            return t;
+        }
+        let k = index / CHECKPOINT;
+        for (x, c) in t.iter_mut().zip(&self.cat_checkpoints[k]) {
+            *x += c;
+        }
+        for s in &self.steps[k * CHECKPOINT..index] {
+            let a = &self.allocations[s.alloc as usize];
+            if s.free {
+                t[a.category as usize] -= a.size;
+            } else {
+                t[a.category as usize] += a.size;
+            }
+        }
+        // During an action both what it frees (still counted) and what it allocates count.
+        let s = self.steps[index];
+        if !s.free {
+            let a = &self.allocations[s.alloc as usize];
+            t[a.category as usize] += a.size;
+        }
+        t
+    }
+
+    /// Per bucket, the per-category bytes at the bucket's highest point (stack them in
+    /// `categories` order for a category-coloured area chart).
+    pub fn category_series(&self, from: usize, to: usize, buckets: usize) -> Vec<Vec<u64>> {
+        self.sample(from, to, buckets)
+            .into_iter()
+            .map(|(_, i)| self.category_totals_at(i))
+            .collect()
+    }
+
+    /// Which allocations are drawn one by one: the `max_entries` largest (ties: earlier
+    /// first), the rest are summarized. memory_viz's default is 15,000.
+    pub fn detail(&self, max_entries: usize) -> DetailView {
+        let n = self.allocations.len();
+        let mut ids: Vec<u32> = (0..n as u32).collect();
+        let by_size = |a: &u32, b: &u32| {
+            self.allocations[*b as usize]
+                .size
+                .cmp(&self.allocations[*a as usize].size)
+                .then(a.cmp(b))
+        };
+        if max_entries < n {
+            ids.select_nth_unstable_by(max_entries, by_size);
+            ids.truncate(max_entries);
+        }
+        let mut drawn_flag = vec![false; n];
+        for &i in &ids {
+            drawn_flag[i as usize] = true;
+        }
+        ids.sort_unstable_by_key(|&i| self.stack_keys[i as usize]);
+        let starts: Vec<i64> = ids
+            .iter()
+            .map(|&i| {
+                let a = &self.allocations[i as usize];
+                if a.alive_at_start {
+                    -1
+                } else {
+                    a.start as i64
+                }
+            })
+            .collect();
+        let size = ids.len().next_power_of_two().max(1);
+        let mut max_end = vec![0u64; 2 * size];
+        for (p, &i) in ids.iter().enumerate() {
+            max_end[size + p] = self.allocations[i as usize]
+                .end
+                .map_or(u64::MAX, |e| e as u64);
+        }
+        for node in (1..size).rev() {
+            max_end[node] = max_end[2 * node].max(max_end[2 * node + 1]);
+        }
+        DetailView {
+            drawn: ids,
+            drawn_flag,
+            starts,
+            max_end,
+        }
+    }
+
+    /// The stack at action `index`: drawn bands alive then, bottom-up with their byte
+    /// ranges, and the summarized rest on top.
+    pub fn stack_at(&self, view: &DetailView, index: usize) -> StackColumn {
+        let limit = view.starts.partition_point(|&s| s <= index as i64);
+        let mut ids = Vec::new();
+        if !view.drawn.is_empty() {
+            let size = view.max_end.len() / 2;
+            view.collect_alive(1, 0, size, limit, index as u64, &mut ids);
+        }
+        let mut y = 0;
+        let bands = ids
+            .into_iter()
+            .map(|alloc| {
+                let y0 = y;
+                y += self.allocations[alloc as usize].size;
+                Band { alloc, y0, y1: y }
+            })
+            .collect();
+        StackColumn {
+            index,
+            bands,
+            summarized: (y, self.totals_at(index).max(y)),
+        }
+    }
+
+    /// One stack per bucket of actions `from..to`, taken where the bucket peaks: what a
+    /// renderer draws for a visible window.
+    pub fn stacks(
+        &self,
+        view: &DetailView,
+        from: usize,
+        to: usize,
+        buckets: usize,
+    ) -> Vec<StackColumn> {
+        self.sample(from, to, buckets)
+            .into_iter()
+            .map(|(_, i)| self.stack_at(view, i))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::model::{Block, BlockState, Segment, SegmentType, Snapshot, TraceEntry};
+    use Action::{Alloc, FreeCompleted, FreeRequested, SegmentFree};
+
+    fn build(events: &[(Action, u64, u64)]) -> Timeline {
+        let mut b = TimelineBuilder::new(vec!["unknown".into()]);
+        for &(a, addr, size) in events {
+            b.feed(a, addr, size, 0, 0);
+        }
+        b.finish()
+    }
+
+    fn totals(t: &Timeline) -> Vec<u64> {
+        (0..t.total_events).map(|i| t.totals_at(i)).collect()
+    }
+
+    fn layout(c: &StackColumn) -> Vec<(u32, u64, u64)> {
+        c.bands.iter().map(|b| (b.alloc, b.y0, b.y1)).collect()
+    }
+
+    #[test]
+    fn free_requested_then_completed_is_one_free() {
+        let t = build(&[
+            (Alloc, 1, 100),
+            (Alloc, 2, 50),
+            (FreeRequested, 1, 100),
+            (FreeCompleted, 1, 100),
+            (Alloc, 3, 10),
+        ]);
+        assert_eq!(t.total_events, 4);
+        assert_eq!(t.event_positions, vec![0, 1, 2, 4]);
+        assert_eq!(totals(&t), vec![100, 150, 150, 60]);
+        assert_eq!(t.allocations[0].end, Some(2));
+        assert_eq!((t.peak_bytes, t.peak_index), (150, 1));
+    }
+
+    #[test]
+    fn lone_free_requested_does_not_free_but_a_later_completion_does() {
+        let t = build(&[
+            (Alloc, 1, 100),
+            (FreeRequested, 1, 100),
+            (SegmentFree, 9, 4096),
+            (Alloc, 2, 30),
+            (FreeCompleted, 1, 100),
+        ]);
+        assert_eq!(totals(&t), vec![100, 130, 130]);
+        assert_eq!(t.allocations[0].end, Some(2));
+        assert_eq!(t.event_positions[2], 4);
+    }
+
+    #[test]
+    fn free_without_alloc_is_alive_from_the_start() {
+        let t = build(&[(Alloc, 1, 100), (FreeCompleted, 7, 200), (Alloc, 2, 5)]);
+        let x = &t.allocations[1];
+        assert!(x.alive_at_start && x.start == 0 && x.end == Some(1));
+        assert_eq!(totals(&t), vec![300, 300, 105]);
+        assert_eq!((t.peak_bytes, t.peak_index), (300, 0));
+        // It stacks below every allocation of the trace.
+        let v = t.detail(15_000);
+        assert_eq!(layout(&t.stack_at(&v, 0)), vec![(1, 0, 200), (0, 200, 300)]);
+        assert_eq!(t.category_totals_at(0), vec![300]);
+        assert_eq!(t.category_totals_at(2), vec![105]);
+    }
+
+    #[test]
+    fn freed_band_lets_upper_bands_slide_down() {
+        let t = build(&[
+            (Alloc, 1, 100),
+            (Alloc, 2, 50),
+            (Alloc, 3, 25),
+            (FreeCompleted, 1, 100),
+            (Alloc, 4, 1),
+        ]);
+        let v = t.detail(15_000);
+        assert_eq!(
+            layout(&t.stack_at(&v, 3)),
+            vec![(0, 0, 100), (1, 100, 150), (2, 150, 175)]
+        );
+        assert_eq!(
+            layout(&t.stack_at(&v, 4)),
+            vec![(1, 0, 50), (2, 50, 75), (3, 75, 76)]
+        );
+    }
+
+    #[test]
+    fn only_the_largest_are_drawn_and_the_rest_is_summarized_on_top() {
+        let t = build(&[
+            (Alloc, 1, 25),
+            (Alloc, 2, 100),
+            (Alloc, 3, 50),
+            (Alloc, 4, 50),
+        ]);
+        let v = t.detail(2);
+        assert!(v.is_drawn(1) && v.is_drawn(2) && !v.is_drawn(3) && !v.is_drawn(0));
+        let c = t.stack_at(&v, 3);
+        assert_eq!(layout(&c), vec![(1, 0, 100), (2, 100, 150)]);
+        assert_eq!(c.summarized, (150, 225));
+    }
+
+    #[test]
+    fn active_blocks_of_the_final_state_sit_at_the_bottom() {
+        let entry = |action, addr, size| TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: 0,
+            frames: 0,
+            category: None,
+            compile_context: None,
+            user_metadata: None,
+        };
+        let block = |address, size, state| Block {
+            address,
+            size,
+            requested_size: size,
+            state,
+            frames: 0,
+        };
+        let snap = Snapshot {
+            segments: vec![Segment {
+                device: 0,
+                address: 0x1000,
+                total_size: 4096,
+                allocated_size: 2048,
+                active_size: 2048,
+                requested_size: 2048,
+                stream: 0,
+                segment_type: SegmentType::Small,
+                segment_pool_id: (0, 0),
+                is_expandable: false,
+                frames: 0,
+                blocks: vec![
+                    block(0x1000, 1024, BlockState::ActiveAllocated),
+                    block(0x1400, 1024, BlockState::ActiveAllocated),
+                    block(0x1800, 2048, BlockState::Inactive),
+                ],
+            }],
+            device_traces: vec![vec![
+                entry(Alloc, 0x1400, 1024),
+                entry(Alloc, 0x1800, 512),
+                entry(FreeCompleted, 0x1800, 512),
+            ]],
+            ..Default::default()
+        };
+        let t = Timeline::from_snapshot(&snap, 0);
+        assert_eq!(t.allocations.len(), 3);
+        assert!(t.allocations[2].alive_at_start && t.allocations[2].addr == 0x1000);
+        assert_eq!(totals(&t), vec![2048, 2560, 2560]);
+        assert_eq!(t.categories, vec!["unknown".to_string()]);
+        let v = t.detail(15_000);
+        assert_eq!(
+            layout(&t.stack_at(&v, 1)),
+            vec![(2, 0, 1024), (0, 1024, 2048), (1, 2048, 2560)]
+        );
+    }
+
+    /// Deterministic pseudo-random trace with late frees of unknown blocks and categories.
+    fn random_timeline(n: usize) -> Timeline {
+        let mut b = TimelineBuilder::new(vec!["a".into(), "b".into(), "c".into()]);
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        let mut live: Vec<u64> = Vec::new();
+        for k in 0..n as u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let cat = (x % 3) as u16;
+            if x % 5 < 3 || live.is_empty() {
+                b.feed(Alloc, k + 1_000_000, 1 + x % 1000, 0, cat);
+                live.push(k + 1_000_000);
+            } else if x % 17 == 0 {
+                b.feed(FreeCompleted, k, 1 + x % 5000, 0, cat);
+            } else {
+                let addr = live.swap_remove((x as usize / 7) % live.len());
+                b.feed(FreeRequested, addr, 0, 0, cat);
+                b.feed(FreeCompleted, addr, 0, 0, cat);
+            }
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn totals_series_and_categories_agree_with_a_brute_force_sweep() {
+        let t = random_timeline(3000);
+        let brute: Vec<u64> = (0..t.total_events)
+            .map(|i| {
+                t.allocations
+                    .iter()
+                    .filter(|a| a.alive_at(i))
+                    .map(|a| a.size)
+                    .sum()
+            })
+            .collect();
+        assert_eq!(totals(&t), brute);
+        let peak = *brute.iter().max().unwrap();
+        assert_eq!(
+            (t.peak_bytes, t.peak_index),
+            (peak, brute.iter().position(|&v| v == peak).unwrap())
+        );
+        for &(from, to, buckets) in &[
+            (0, t.total_events, 7),
+            (10, 900, 100),
+            (5, 9, 10),
+            (100, 1100, 1000),
+        ] {
+            let s = t.series(from, to, buckets);
+            assert_eq!(s.len(), buckets);
+            for (k, v) in s.iter().enumerate() {
+                let a = from + (to - from) * k / buckets;
+                let b = (from + (to - from) * (k + 1) / buckets).max(a + 1);
+                assert_eq!(
+                    *v,
+                    *brute[a..b].iter().max().unwrap(),
+                    "bucket {k} of {from}..{to}"
+                );
+            }
+        }
+        for i in [0, 1, 255, 256, 257, 1000, t.total_events - 1] {
+            let mut want = vec![0u64; 3];
+            for a in t.allocations.iter().filter(|a| a.alive_at(i)) {
+                want[a.category as usize] += a.size;
+            }
+            assert_eq!(t.category_totals_at(i), want, "categories at {i}");
+        }
+        let v = t.detail(100);
+        for i in [0, 500, 2000] {
+            let c = t.stack_at(&v, i);
+            let want: Vec<u32> = v
+                .drawn
+                .iter()
+                .copied()
+                .filter(|&id| t.allocations[id as usize].alive_at(i))
+                .collect();
+            assert_eq!(c.bands.iter().map(|b| b.alloc).collect::<Vec<_>>(), want);
+            assert_eq!(c.summarized.1, brute[i]);
+        }
+    }
+}
