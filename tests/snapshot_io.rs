@@ -219,6 +219,11 @@ fn written_files_load_in_python_and_memory_viz() {
         let path = save_snapshot_atomic(snap, &dir.path().join(name)).unwrap();
         assert_eq!(python_counts(&py, &path), rust_counts(snap), "{name}");
         for tool in ["stats", "trace"] {
+            // The SnapViewer fixture's blocks do not add up to its segment sizes, so
+            // `stats` rejects the original file as well.
+            if tool == "stats" && name.starts_with("SnapViewer") {
+                continue;
+            }
             let out = Command::new(&py)
                 .args(["-m", "torch.cuda._memory_viz", tool])
                 .arg(&path)
@@ -322,7 +327,7 @@ fn rejects_malformed_input() {
     assert!(err(b"\x80\x04\x8f.").contains("EMPTY_SET"));
     assert!(err(b"\x80\x05\x97.").contains("NEXT_BUFFER"));
     // A cycle: a list appended to itself, then used as the trace list.
-    let msg = err(b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]\x94h\x00h\x00au.");
+    let msg = err(b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]\x94h\x00au.");
     assert!(msg.contains("not a memory snapshot"), "{msg}");
 }
 
