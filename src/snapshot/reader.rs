@@ -11,7 +11,7 @@
 //! container, and keeping them all would double the memory use.
 //!
 //! Object-building opcodes (GLOBAL, REDUCE, BUILD, ...) are rejected: a snapshot is data.
-//! This file depends only on `super::model`, so the fuzz crate can include it by path.
+//! This file depends only on `super::model` (and libc), so the fuzz crate can include it by path.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -61,25 +61,43 @@ pub enum ReadError {
     Schema { detail: String },
 }
 
-/// Read a whole snapshot file into memory and decode it.
+/// Read and decode a snapshot file. Regular files are memory-mapped and the pages
+/// already decoded are released as the reader advances, so peak memory is mostly the
+/// decoded snapshot, not the file; other files are read into memory.
 pub fn read_snapshot_file(path: &Path) -> Result<Snapshot, ReadError> {
-    let bytes = std::fs::read(path).map_err(|source| ReadError::Io {
+    let io = |source| ReadError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    #[cfg(unix)]
+    if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
+        return decode(map.bytes(), &mut |upto| map.release(upto));
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
     read_snapshot(&bytes)
 }
 
 /// Decode a snapshot pickle.
 pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, ReadError> {
+    decode(bytes, &mut |_| {})
+}
+
+/// How far the reader advances between calls to its `release` hook.
+const RELEASE_STEP: usize = 16 << 20;
+
+/// `release(n)` is told periodically that bytes before `n` may be dropped from memory;
+/// they must still read the same if touched again (a file mapping re-faults them).
+fn decode(bytes: &[u8], release: &mut dyn FnMut(usize)) -> Result<Snapshot, ReadError> {
     match bytes.first() {
         None => return Err(ReadError::Empty),
         Some(&op::PROTO) => {}
         Some(&byte) => return Err(ReadError::NotPickle { byte }),
     }
-    let refs = prescan(bytes)?;
+    let refs = prescan(bytes, release)?;
     let mut vm = Vm::new(bytes, refs);
-    let top = vm.run()?;
+    let top = vm.run(release)?;
     let mut snap = vm.into_snapshot(top)?;
     canonicalize_tables(&mut snap);
     Ok(snap)
@@ -444,11 +462,16 @@ fn memo_get_check(len: u32, idx: u32, at: usize) -> Result<(), ReadError> {
 }
 
 /// First pass: validate every opcode and its length, and find the memo slots read back.
-fn prescan(data: &[u8]) -> Result<MemoRefs, ReadError> {
+fn prescan(data: &[u8], release: &mut dyn FnMut(usize)) -> Result<MemoRefs, ReadError> {
     let mut cur = Cursor { data, pos: 0 };
     let mut words: Vec<u64> = Vec::new();
     let mut len = 0u32;
+    let mut next_release = RELEASE_STEP;
     loop {
+        if cur.pos >= next_release {
+            release(cur.pos);
+            next_release = cur.pos + RELEASE_STEP;
+        }
         let (at, o) = cur.next()?;
         match o {
             Op::Stop => break,
@@ -737,8 +760,13 @@ impl<'a> Vm<'a> {
             .ok_or_else(|| malformed(self.at, "an opcode that needs a MARK found none"))
     }
 
-    fn run(&mut self) -> Result<Value<'a>, ReadError> {
+    fn run(&mut self, release: &mut dyn FnMut(usize)) -> Result<Value<'a>, ReadError> {
+        let mut next_release = RELEASE_STEP;
         loop {
+            if self.cur.pos >= next_release {
+                release(self.cur.pos);
+                next_release = self.cur.pos + RELEASE_STEP;
+            }
             let (at, o) = self.cur.next()?;
             self.at = at;
             match o {
@@ -1531,5 +1559,128 @@ fn canonicalize_tables(snap: &mut Snapshot) {
             *f = *slot;
         }
         snap.stacks.push(st);
+    }
+}
+
+#[cfg(unix)]
+mod mapped {
+    use std::fs::File;
+    use std::io;
+    use std::os::fd::AsRawFd;
+
+    /// A read-only private mapping of a whole regular file.
+    pub struct Mapped {
+        ptr: *mut libc::c_void,
+        len: usize,
+        page: usize,
+    }
+
+    impl Mapped {
+        /// `None` when the file cannot be mapped (empty, not a regular file): the caller
+        /// reads it instead.
+        pub fn open(file: &File) -> io::Result<Option<Mapped>> {
+            let meta = file.metadata()?;
+            let Ok(len) = usize::try_from(meta.len()) else { return Ok(None) };
+            if len == 0 || !meta.is_file() {
+                return Ok(None);
+            }
+            // SAFETY: a fresh PROT_READ, MAP_PRIVATE mapping; we never write through it.
+            // Snapshot files are written once and renamed into place; truncating one
+            // while it is being read would fault, as with any mapped file.
+            let ptr = unsafe {
+                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
+            };
+            if ptr == libc::MAP_FAILED {
+                return Ok(None);
+            }
+            // SAFETY: advice on the range just mapped.
+            unsafe { libc::madvise(ptr, len, libc::MADV_SEQUENTIAL) };
+            // SAFETY: sysconf has no preconditions.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+            Ok(Some(Mapped { ptr, len, page }))
+        }
+
+        pub fn bytes(&self) -> &[u8] {
+            // SAFETY: the mapping is `len` readable bytes and lives as long as `self`.
+            unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+        }
+
+        /// Drop the resident pages before `upto`. The mapping stays valid: a page read
+        /// again faults back in from the (unchanged) file.
+        pub fn release(&self, upto: usize) {
+            let end = upto.min(self.len) / self.page * self.page;
+            if end > 0 {
+                // SAFETY: a page-aligned prefix of our own private read-only mapping.
+                unsafe { libc::madvise(self.ptr, end, libc::MADV_DONTNEED) };
+            }
+        }
+    }
+
+    impl Drop for Mapped {
+        fn drop(&mut self) {
+            // SAFETY: unmapping exactly what `open` mapped; `bytes()` borrows end before.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int_of(b: &[u8]) -> Option<(bool, i128)> {
+        match long_value(b)? {
+            Op::Int(i) => Some((true, i as i128)),
+            Op::UInt(u) => Some((false, u as i128)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn long_integers_decode_like_python() {
+        assert_eq!(int_of(&[]), Some((true, 0)));
+        assert_eq!(int_of(&[0xff]), Some((true, -1)));
+        assert_eq!(int_of(&[0x00, 0x80]), Some((true, -32768)));
+        assert_eq!(int_of(&[0x00, 0x80, 0x00]), Some((true, 32768)));
+        assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0x80]), Some((true, i64::MIN as i128)));
+        // 2**63 and 2**64-1 need a ninth zero byte and come back unsigned.
+        assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]), Some((false, 1i128 << 63)));
+        assert_eq!(int_of(&[0xff; 8].iter().chain(&[0]).copied().collect::<Vec<_>>()), Some((false, u64::MAX as i128)));
+        // Padding that only repeats the sign is accepted; real magnitude past 64 bits is not.
+        assert_eq!(int_of(&[5, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Some((true, 5)));
+        assert_eq!(int_of(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]), Some((true, -2)));
+        assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), None);
+        assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0x7f, 0xff]), None);
+    }
+
+    #[test]
+    fn memo_slots_rank_only_referenced_indices() {
+        // BINGET of memo 0 and 70 only: two slots, in index order.
+        let mut p = vec![op::PROTO, 4];
+        for _ in 0..71 {
+            p.extend([op::NONE, op::MEMOIZE, op::POP]);
+        }
+        p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
+        let refs = prescan(&p, &mut |_| {}).unwrap();
+        assert_eq!(refs.count(), 2);
+        assert_eq!((refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)), (Some(0), Some(1), None, None));
+    }
+
+    #[test]
+    fn release_hook_sees_progress_and_does_not_change_the_result() {
+        let mut p = vec![op::PROTO, 4, op::EMPTY_DICT, op::MARK, op::SHORT_BINUNICODE, 8];
+        p.extend(b"segments");
+        p.extend([op::EMPTY_LIST, op::SHORT_BINUNICODE, 3]);
+        p.extend(b"pad");
+        p.push(op::BINUNICODE);
+        let pad = RELEASE_STEP + 10;
+        p.extend((pad as u32).to_le_bytes());
+        p.extend(std::iter::repeat_n(b'x', pad));
+        p.extend([op::SETITEMS, op::STOP]);
+        let mut calls = Vec::new();
+        let snap = decode(&p, &mut |n| calls.push(n)).unwrap();
+        assert_eq!(snap, read_snapshot(&p).unwrap());
+        assert_eq!(calls.len(), 2, "one release per pass: {calls:?}");
+        assert!(calls.iter().all(|&n| n > RELEASE_STEP));
     }
 }
