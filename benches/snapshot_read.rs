@@ -73,7 +73,10 @@ fn data_file() -> PathBuf {
     std::fs::create_dir_all(&dir).expect("create target/bench-data");
     let path = dir.join(format!("snapshot-{ENTRIES}.pickle"));
     if !path.exists() {
-        eprintln!("generating {} with Python (about a minute)...", path.display());
+        eprintln!(
+            "generating {} with Python (about a minute)...",
+            path.display()
+        );
         let st = Command::new(python())
             .args(["-c", GENERATOR])
             .arg(&path)
@@ -123,9 +126,21 @@ fn main() {
 
     let py = |mode: &str| {
         best_of(2, || {
-            let out = Command::new(python()).args(["-c", PY_LOAD]).arg(&path).arg(mode).output().expect("python");
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8_lossy(&out.stdout).trim().parse::<f64>().expect("python timing")
+            let out = Command::new(python())
+                .args(["-c", PY_LOAD])
+                .arg(&path)
+                .arg(mode)
+                .output()
+                .expect("python");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<f64>()
+                .expect("python timing")
         })
     };
     let py_gc = py("gc");
@@ -134,7 +149,8 @@ fn main() {
     let bytes = std::fs::read(&path).expect("read");
     let t = Instant::now();
     let v: serde_pickle::Value =
-        serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).expect("serde-pickle");
+        serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new())
+            .expect("serde-pickle");
     let serde = t.elapsed().as_secs_f64();
     drop(v);
     drop(bytes);
@@ -145,11 +161,21 @@ fn main() {
         .output()
         .expect("child");
     let child_out = String::from_utf8_lossy(&out.stdout);
-    let rss_kib: u64 = child_out.split_whitespace().next().and_then(|s| s.parse().ok()).expect("child RSS");
+    let rss_kib: u64 = child_out
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("child RSS");
     let rss = rss_kib as f64 * 1024.0;
 
-    println!("snapshot_read: {} ({mb:.1} MB, {ENTRIES} trace entries)", path.display());
-    println!("{:<34} {:>9} {:>10} {:>12}", "reader", "seconds", "MB/s", "vs ours");
+    println!(
+        "snapshot_read: {} ({mb:.1} MB, {ENTRIES} trace entries)",
+        path.display()
+    );
+    println!(
+        "{:<34} {:>9} {:>10} {:>12}",
+        "reader", "seconds", "MB/s", "vs ours"
+    );
     for (name, s) in [
         ("vramscope read_snapshot_file", ours),
         ("python pickle.load (gc on)", py_gc),

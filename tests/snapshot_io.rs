@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use vramscope::snapshot::model::{
-    Action, AllocatorSettings, Annotation, AnnotationStage, Block, BlockState, Frame, Segment, SegmentType,
-    SettingValue, Snapshot, StackInterner, TraceEntry,
+    Action, AllocatorSettings, Annotation, AnnotationStage, Block, BlockState, Frame, Segment,
+    SegmentType, SettingValue, Snapshot, StackInterner, TraceEntry,
 };
-use vramscope::snapshot::{read_snapshot, read_snapshot_file, save_snapshot_atomic, unique_path, write_snapshot};
+use vramscope::snapshot::{
+    read_snapshot, read_snapshot_file, save_snapshot_atomic, unique_path, write_snapshot,
+};
 
 const FIXTURES: [&str; 3] = [
     "MAGMA27_assignment2-systems_memory_snapshot.pickle",
@@ -18,7 +20,9 @@ const FIXTURES: [&str; 3] = [
 ];
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/snapshots").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/snapshots")
+        .join(name)
 }
 
 fn python() -> Option<PathBuf> {
@@ -26,7 +30,10 @@ fn python() -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        eprintln!("NOTICE: {} missing, skipping the Python cross-check", p.display());
+        eprintln!(
+            "NOTICE: {} missing, skipping the Python cross-check",
+            p.display()
+        );
         None
     }
 }
@@ -62,8 +69,18 @@ struct Counts {
 }
 
 fn python_counts(py: &Path, file: &Path) -> Counts {
-    let out = Command::new(py).arg("-c").arg(PY_COUNTS).arg(file).output().expect("run python");
-    assert!(out.status.success(), "python failed on {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(PY_COUNTS)
+        .arg(file)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "python failed on {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("python JSON")
 }
 
@@ -73,8 +90,11 @@ fn rust_counts(s: &Snapshot) -> Counts {
     for e in s.device_traces.iter().flatten() {
         *actions.entry(e.action.as_str().to_string()).or_insert(0) += 1;
     }
-    let mut settings_keys: Vec<String> =
-        s.allocator_settings.iter().flat_map(|a| a.entries.iter().map(|(k, _)| k.clone())).collect();
+    let mut settings_keys: Vec<String> = s
+        .allocator_settings
+        .iter()
+        .flat_map(|a| a.entries.iter().map(|(k, _)| k.clone()))
+        .collect();
     settings_keys.sort();
     Counts {
         segments: s.segments.len(),
@@ -82,7 +102,12 @@ fn rust_counts(s: &Snapshot) -> Counts {
         entries: s.device_traces.iter().map(Vec::len).collect(),
         active_bytes: blocks.filter(|b| b.state.is_active()).map(|b| b.size).sum(),
         actions,
-        frame_refs: s.device_traces.iter().flatten().map(|e| s.stacks[e.frames as usize].len()).sum(),
+        frame_refs: s
+            .device_traces
+            .iter()
+            .flatten()
+            .map(|e| s.stacks[e.frames as usize].len())
+            .sum(),
         annotations: s.external_annotations.len(),
         settings_keys,
     }
@@ -100,7 +125,10 @@ fn fixtures_agree_with_python_pickle() {
     for name in FIXTURES {
         let snap = read_snapshot_file(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let ours = rust_counts(&snap);
-        assert!(ours.segments > 0 && ours.entries.iter().sum::<usize>() > 0, "{name}: empty read");
+        assert!(
+            ours.segments > 0 && ours.entries.iter().sum::<usize>() > 0,
+            "{name}: empty read"
+        );
         assert_eq!(ours, python_counts(&py, &fixture(name)), "{name}");
     }
 }
@@ -110,10 +138,21 @@ fn fixture_schema_variants() {
     let magma = read_snapshot_file(&fixture(FIXTURES[0])).unwrap();
     let e = &magma.device_traces[0][0];
     assert!(e.compile_context.is_some() && e.user_metadata.is_some());
-    assert_eq!(magma.allocator_settings.as_ref().unwrap().get("max_split_size"), Some(&SettingValue::Int(-1)));
+    assert_eq!(
+        magma
+            .allocator_settings
+            .as_ref()
+            .unwrap()
+            .get("max_split_size"),
+        Some(&SettingValue::Int(-1))
+    );
     let old = read_snapshot_file(&fixture(FIXTURES[1])).unwrap();
-    assert!(old.device_traces[0].iter().all(|e| e.compile_context.is_none()));
-    assert!(old.device_traces[0].iter().any(|e| e.action == Action::SegmentAlloc));
+    assert!(old.device_traces[0]
+        .iter()
+        .all(|e| e.compile_context.is_none()));
+    assert!(old.device_traces[0]
+        .iter()
+        .any(|e| e.action == Action::SegmentAlloc));
     let synthetic = read_snapshot_file(&fixture(FIXTURES[2])).unwrap();
     assert!(synthetic.allocator_settings.is_none());
     assert!(synthetic.segments.iter().any(|s| s.is_expandable));
@@ -139,7 +178,11 @@ fn fixtures_round_trip() {
 fn synthetic() -> Snapshot {
     let mut s = Snapshot::default();
     let mut interner = StackInterner::default();
-    let f = |name: &str, line| Frame { name: name.into(), filename: "/src/train.py".into(), line };
+    let f = |name: &str, line| Frame {
+        name: name.into(),
+        filename: "/src/train.py".into(),
+        line,
+    };
     let f0 = interner.frame(&mut s, f("forward", 10));
     let f1 = interner.frame(&mut s, f("step", 99));
     let seg_stack = interner.stack(&mut s, vec![f0, f1]);
@@ -159,8 +202,20 @@ fn synthetic() -> Snapshot {
         is_expandable: true,
         frames: seg_stack,
         blocks: vec![
-            Block { address: base, size: 1 << 20, requested_size: 1_000_000, state: BlockState::ActiveAllocated, frames: seg_stack },
-            Block { address: base + (1 << 20), size: 1 << 20, requested_size: 0, state: BlockState::Inactive, frames: empty },
+            Block {
+                address: base,
+                size: 1 << 20,
+                requested_size: 1_000_000,
+                state: BlockState::ActiveAllocated,
+                frames: seg_stack,
+            },
+            Block {
+                address: base + (1 << 20),
+                size: 1 << 20,
+                requested_size: 0,
+                state: BlockState::Inactive,
+                frames: empty,
+            },
         ],
     });
     let entry = |action, addr, category: Option<&str>| TraceEntry {
@@ -184,17 +239,39 @@ fn synthetic() -> Snapshot {
         ],
     ];
     s.external_annotations = vec![
-        Annotation { name: "forward".into(), stage: AnnotationStage::Start, device: 1, time_us: 5 },
-        Annotation { name: "forward".into(), stage: AnnotationStage::End, device: 1, time_us: 9 },
+        Annotation {
+            name: "forward".into(),
+            stage: AnnotationStage::Start,
+            device: 1,
+            time_us: 5,
+        },
+        Annotation {
+            name: "forward".into(),
+            stage: AnnotationStage::End,
+            device: 1,
+            time_us: 9,
+        },
     ];
     s.allocator_settings = Some(AllocatorSettings {
         entries: vec![
-            ("PYTORCH_CUDA_ALLOC_CONF".into(), SettingValue::Str("expandable_segments:True".into())),
+            (
+                "PYTORCH_CUDA_ALLOC_CONF".into(),
+                SettingValue::Str("expandable_segments:True".into()),
+            ),
             ("max_split_size".into(), SettingValue::Int(-1)),
-            ("garbage_collection_threshold".into(), SettingValue::Float(0.5)),
+            (
+                "garbage_collection_threshold".into(),
+                SettingValue::Float(0.5),
+            ),
             ("expandable_segments".into(), SettingValue::Bool(true)),
             ("unset".into(), SettingValue::None),
-            ("roundup_power2_divisions".into(), SettingValue::Dict(vec![("1".into(), SettingValue::Int(4)), ("2".into(), SettingValue::Int(0))])),
+            (
+                "roundup_power2_divisions".into(),
+                SettingValue::Dict(vec![
+                    ("1".into(), SettingValue::Int(4)),
+                    ("2".into(), SettingValue::Int(0)),
+                ]),
+            ),
         ],
     });
     s
@@ -205,15 +282,20 @@ fn synthetic_round_trip() {
     let s = synthetic();
     let again = read_snapshot(&written(&s)).unwrap();
     assert_eq!(again, s);
-    assert_eq!(again.device_traces[1][3].addr, 123_456_789, "oom keeps device_free");
+    assert_eq!(
+        again.device_traces[1][3].addr, 123_456_789,
+        "oom keeps device_free"
+    );
 }
 
 #[test]
 fn written_files_load_in_python_and_memory_viz() {
     let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let mut cases: Vec<(String, Snapshot)> =
-        FIXTURES.iter().map(|n| (n.to_string(), read_snapshot_file(&fixture(n)).unwrap())).collect();
+    let mut cases: Vec<(String, Snapshot)> = FIXTURES
+        .iter()
+        .map(|n| (n.to_string(), read_snapshot_file(&fixture(n)).unwrap()))
+        .collect();
     cases.push(("synthetic.pickle".into(), synthetic()));
     for (name, snap) in &cases {
         let path = save_snapshot_atomic(snap, &dir.path().join(name)).unwrap();
@@ -230,8 +312,15 @@ fn written_files_load_in_python_and_memory_viz() {
                 .current_dir(dir.path())
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "memory_viz {tool} {name}: {}", String::from_utf8_lossy(&out.stderr));
-            assert!(!out.stdout.is_empty(), "memory_viz {tool} {name} printed nothing");
+            assert!(
+                out.status.success(),
+                "memory_viz {tool} {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                !out.stdout.is_empty(),
+                "memory_viz {tool} {name} printed nothing"
+            );
         }
     }
 }
@@ -246,10 +335,37 @@ print(json.dumps({'ops': ops, 'proto': proto}))
 "#;
 
 const MEMORY_VIZ_OPCODES: [&str; 31] = [
-    "PROTO", "FRAME", "STOP", "MARK", "APPEND", "APPENDS", "LIST", "TUPLE", "DICT", "SETITEM", "SETITEMS",
-    "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NEWTRUE", "NEWFALSE", "NONE",
-    "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "SHORT_BINUNICODE", "BINUNICODE", "BINGET",
-    "LONG_BINGET", "BINPUT", "LONG_BINPUT",
+    "PROTO",
+    "FRAME",
+    "STOP",
+    "MARK",
+    "APPEND",
+    "APPENDS",
+    "LIST",
+    "TUPLE",
+    "DICT",
+    "SETITEM",
+    "SETITEMS",
+    "EMPTY_DICT",
+    "EMPTY_LIST",
+    "EMPTY_TUPLE",
+    "TUPLE1",
+    "TUPLE2",
+    "TUPLE3",
+    "NEWTRUE",
+    "NEWFALSE",
+    "NONE",
+    "BININT",
+    "BININT1",
+    "BININT2",
+    "LONG1",
+    "BINFLOAT",
+    "SHORT_BINUNICODE",
+    "BINUNICODE",
+    "BINGET",
+    "LONG_BINGET",
+    "BINPUT",
+    "LONG_BINPUT",
 ];
 
 #[test]
@@ -262,13 +378,25 @@ fn written_opcodes_are_memory_viz_compatible() {
     for s in [synthetic(), big] {
         let path = dir.path().join("w.pickle");
         std::fs::write(&path, written(&s)).unwrap();
-        let out = Command::new(&py).arg("-c").arg(PY_OPCODES).arg(&path).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(&py)
+            .arg("-c")
+            .arg(PY_OPCODES)
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["proto"], 4);
         for op in v["ops"].as_array().unwrap() {
             let op = op.as_str().unwrap();
-            assert!(op == "MEMOIZE" || MEMORY_VIZ_OPCODES.contains(&op), "opcode {op} is not accepted by MemoryViz.js");
+            assert!(
+                op == "MEMOIZE" || MEMORY_VIZ_OPCODES.contains(&op),
+                "opcode {op} is not accepted by MemoryViz.js"
+            );
         }
         std::fs::remove_file(&path).unwrap();
     }
@@ -285,17 +413,29 @@ fn err(bytes: &[u8]) -> String {
 fn rejects_code_and_objects() {
     // Python's own pickles of a set (protocol 2: GLOBAL + REDUCE) and of a class instance.
     if let Some(py) = python() {
-        for expr in ["pickle.dumps({1, 2}, 2)", "pickle.dumps(fractions.Fraction(1, 3), 4)"] {
+        for expr in [
+            "pickle.dumps({1, 2}, 2)",
+            "pickle.dumps(fractions.Fraction(1, 3), 4)",
+        ] {
             let out = Command::new(&py)
-                .args(["-c", &format!("import pickle, fractions, sys; sys.stdout.buffer.write({expr})")])
+                .args([
+                    "-c",
+                    &format!("import pickle, fractions, sys; sys.stdout.buffer.write({expr})"),
+                ])
                 .output()
                 .unwrap();
             let msg = err(&out.stdout);
-            assert!(msg.contains("GLOBAL") && msg.contains("snapshots are plain data"), "{msg}");
+            assert!(
+                msg.contains("GLOBAL") && msg.contains("snapshots are plain data"),
+                "{msg}"
+            );
         }
     }
     let msg = err(b"\x80\x02cos\nsystem\n(S'echo hi'\ntR.");
-    assert_eq!(msg, "unsupported pickle opcode GLOBAL (0x63) at byte 2: snapshots are plain data");
+    assert_eq!(
+        msg,
+        "unsupported pickle opcode GLOBAL (0x63) at byte 2: snapshots are plain data"
+    );
     let msg = err(b"\x80\x04\x8c\x02os\x8c\x06system\x93.");
     assert!(msg.contains("STACK_GLOBAL (0x93) at byte 14"), "{msg}");
     let msg = err(b"\x80\x04]R.");
@@ -309,16 +449,25 @@ fn rejects_malformed_input() {
     assert!(err(b"\x80\x09}.").contains("protocol 9"));
     // A 2 GiB string length with 3 bytes behind it: an error, not an allocation.
     let msg = err(b"\x80\x04X\xff\xff\xff\x7fabc.");
-    assert!(msg.starts_with("truncated at byte 7: expected BINUNICODE text (2147483647 bytes, 4 left)"), "{msg}");
+    assert!(
+        msg.starts_with("truncated at byte 7: expected BINUNICODE text (2147483647 bytes, 4 left)"),
+        "{msg}"
+    );
     let msg = err(b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\xff.");
     assert!(msg.starts_with("truncated at byte 11"), "{msg}");
     let msg = err(b"\x80\x04X\x01");
-    assert!(msg.starts_with("truncated at byte 3: expected 4-byte length for BINUNICODE"), "{msg}");
+    assert!(
+        msg.starts_with("truncated at byte 3: expected 4-byte length for BINUNICODE"),
+        "{msg}"
+    );
     let msg = err(b"\x80\x04\x8b\xff\xff\xff\x7f\x00.");
     assert!(msg.starts_with("truncated at byte 7"), "{msg}");
     assert!(err(b"\x80\x04]h\x05.").contains("memo index 5 out of range (memo has 0 entries)"));
     assert!(err(b"\x80\x04]\x94j\x00\x00\x01\x00.").contains("memo index 65536 out of range"));
-    assert!(err(b"\x80\x04\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.").contains("outside the 64-bit range"));
+    assert!(
+        err(b"\x80\x04\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.")
+            .contains("outside the 64-bit range")
+    );
     assert!(err(b"\x80\x04}K\x01.").contains("STOP with 2 values"));
     assert!(err(b"\x80\x04e.").contains("needs a MARK"));
     assert!(err(b"\x80\x04K\x01K\x02a.").contains("expected a list"));
@@ -357,7 +506,10 @@ fn truncated_fixture_fails_cleanly_everywhere() {
     let step = (bytes.len() / 3000).max(1);
     for cut in (0..bytes.len()).filter(|c| *c < 400 || c % step == 0) {
         let msg = err(&bytes[..cut]);
-        assert!(msg.starts_with("truncated at byte") || cut == 0, "cut {cut}: {msg}");
+        assert!(
+            msg.starts_with("truncated at byte") || cut == 0,
+            "cut {cut}: {msg}"
+        );
     }
 }
 
@@ -399,18 +551,35 @@ fn atomic_save_refuses_overwrite_and_creates_dirs() {
     assert_eq!(save_snapshot_atomic(&s, &path).unwrap(), path);
     assert_eq!(read_snapshot_file(&path).unwrap(), s);
     let e = save_snapshot_atomic(&s, &path).unwrap_err().to_string();
-    assert_eq!(e, format!("refusing to overwrite existing file {}", path.display()));
+    assert_eq!(
+        e,
+        format!("refusing to overwrite existing file {}", path.display())
+    );
     let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().collect();
     assert_eq!(leftovers.len(), 1, "temp file left behind");
 
-    assert_eq!(unique_path(&dir.path().join("a/b"), "run.pickle"), dir.path().join("a/b/run-1.pickle"));
+    assert_eq!(
+        unique_path(&dir.path().join("a/b"), "run.pickle"),
+        dir.path().join("a/b/run-1.pickle")
+    );
     save_snapshot_atomic(&s, &dir.path().join("a/b/run-1.pickle")).unwrap();
-    assert_eq!(unique_path(&dir.path().join("a/b"), "run.pickle"), dir.path().join("a/b/run-2.pickle"));
+    assert_eq!(
+        unique_path(&dir.path().join("a/b"), "run.pickle"),
+        dir.path().join("a/b/run-2.pickle")
+    );
     assert_eq!(unique_path(dir.path(), "fresh"), dir.path().join("fresh"));
 
     // A regular file where a directory should be: a clear error naming it.
     let blocker = dir.path().join("file");
     std::fs::write(&blocker, b"x").unwrap();
-    let e = save_snapshot_atomic(&s, &blocker.join("sub/run.pickle")).unwrap_err().to_string();
-    assert!(e.starts_with(&format!("cannot create directory {}", blocker.join("sub").display())), "{e}");
+    let e = save_snapshot_atomic(&s, &blocker.join("sub/run.pickle"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "cannot create directory {}",
+            blocker.join("sub").display()
+        )),
+        "{e}"
+    );
 }

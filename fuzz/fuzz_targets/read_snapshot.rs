@@ -15,11 +15,17 @@ mod reader;
 mod writer;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(snap) = reader::read_snapshot(data) else { return };
+    let Ok(snap) = reader::read_snapshot(data) else {
+        return;
+    };
     let mut first = Vec::new();
-    writer::write_snapshot(&snap, &mut first).expect("a snapshot the reader built must be writable");
+    writer::write_snapshot(&snap, &mut first)
+        .expect("a snapshot the reader built must be writable");
     let again = reader::read_snapshot(&first).expect("the writer's output must read back");
     let mut second = Vec::new();
     writer::write_snapshot(&again, &mut second).expect("rewrite");
-    assert!(first == second, "write(read(write(s))) differs from write(s)");
+    assert!(
+        first == second,
+        "write(read(write(s))) differs from write(s)"
+    );
 });

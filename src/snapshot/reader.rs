@@ -35,7 +35,9 @@ pub enum ReadError {
     },
     #[error("not a pickle: the input is empty")]
     Empty,
-    #[error("not a pickle: first byte 0x{byte:02x} (a pickle of protocol 2 to 5 starts with 0x80)")]
+    #[error(
+        "not a pickle: first byte 0x{byte:02x} (a pickle of protocol 2 to 5 starts with 0x80)"
+    )]
     NotPickle { byte: u8 },
     #[error("unsupported pickle protocol {version} at byte {offset}: expected 2 to 5")]
     Protocol { version: u8, offset: usize },
@@ -103,7 +105,8 @@ fn decode(bytes: &[u8], release: &mut dyn FnMut(usize)) -> Result<Snapshot, Read
     Ok(snap)
 }
 
-mod op {
+/// Pickle opcodes (the writer uses the same table).
+pub(super) mod op {
     pub const MARK: u8 = b'(';
     pub const STOP: u8 = b'.';
     pub const POP: u8 = b'0';
@@ -328,7 +331,10 @@ impl<'a> Cursor<'a> {
             op::BINFLOAT => Op::Float(f64::from_be_bytes(self.fixed("float", "BINFLOAT")?)),
             op::SHORT_BINUNICODE => {
                 let n = self.fixed::<1>("length", "SHORT_BINUNICODE")?[0] as usize;
-                Op::Str("SHORT_BINUNICODE", self.take(n, &|| "SHORT_BINUNICODE text".into())?)
+                Op::Str(
+                    "SHORT_BINUNICODE",
+                    self.take(n, &|| "SHORT_BINUNICODE text".into())?,
+                )
             }
             op::BINUNICODE => {
                 let n = u32::from_le_bytes(self.fixed("length", "BINUNICODE")?) as u64;
@@ -369,15 +375,27 @@ impl<'a> Cursor<'a> {
             op::SETITEMS => Op::SetItems,
             op::MEMOIZE => Op::Memoize,
             op::BINPUT => Op::Put(self.fixed::<1>("memo index", "BINPUT")?[0] as u32),
-            op::LONG_BINPUT => Op::Put(u32::from_le_bytes(self.fixed("memo index", "LONG_BINPUT")?)),
+            op::LONG_BINPUT => {
+                Op::Put(u32::from_le_bytes(self.fixed("memo index", "LONG_BINPUT")?))
+            }
             op::BINGET => Op::Get(self.fixed::<1>("memo index", "BINGET")?[0] as u32),
-            op::LONG_BINGET => Op::Get(u32::from_le_bytes(self.fixed("memo index", "LONG_BINGET")?)),
+            op::LONG_BINGET => {
+                Op::Get(u32::from_le_bytes(self.fixed("memo index", "LONG_BINGET")?))
+            }
             _ => {
                 if let Some(name) = object_opcode_name(code) {
-                    return Err(ReadError::ObjectOpcode { name, code, offset: at });
+                    return Err(ReadError::ObjectOpcode {
+                        name,
+                        code,
+                        offset: at,
+                    });
                 }
                 if let Some(name) = unsupported_opcode_name(code) {
-                    return Err(ReadError::UnsupportedOpcode { name, code, offset: at });
+                    return Err(ReadError::UnsupportedOpcode {
+                        name,
+                        code,
+                        offset: at,
+                    });
                 }
                 return Err(ReadError::UnknownOpcode { code, offset: at });
             }
@@ -425,8 +443,9 @@ impl MemoRefs {
     fn slot(&self, idx: u32) -> Option<usize> {
         let w = *self.words.get((idx / 64) as usize)?;
         let bit = 1u64 << (idx % 64);
-        (w & bit != 0)
-            .then(|| self.ranks[(idx / 64) as usize] as usize + (w & (bit - 1)).count_ones() as usize)
+        (w & bit != 0).then(|| {
+            self.ranks[(idx / 64) as usize] as usize + (w & (bit - 1)).count_ones() as usize
+        })
     }
     fn count(&self) -> usize {
         self.ranks.last().copied().unwrap_or(0) as usize
@@ -747,7 +766,10 @@ impl<'a> Vm<'a> {
 
     fn pop(&mut self) -> Result<Value<'a>, ReadError> {
         if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
-            return Err(malformed(self.at, "a value is needed but the stack top is a MARK"));
+            return Err(malformed(
+                self.at,
+                "a value is needed but the stack top is a MARK",
+            ));
         }
         self.stack
             .pop()
@@ -798,11 +820,14 @@ impl<'a> Vm<'a> {
                     self.stack.truncate(m);
                 }
                 Op::Dup => {
-                    let top = self.stack.last().ok_or_else(|| malformed(at, "DUP on an empty stack"))?;
+                    let top = self
+                        .stack
+                        .last()
+                        .ok_or_else(|| malformed(at, "DUP on an empty stack"))?;
                     // Copying a container could multiply memory; no snapshot writer emits DUP.
-                    let v = top
-                        .cheap_copy()
-                        .ok_or_else(|| malformed(at, format!("DUP of {} is not supported", top.kind())))?;
+                    let v = top.cheap_copy().ok_or_else(|| {
+                        malformed(at, format!("DUP of {} is not supported", top.kind()))
+                    })?;
                     self.stack.push(v);
                 }
                 Op::None => self.stack.push(Value::None),
@@ -816,7 +841,9 @@ impl<'a> Vm<'a> {
                     self.stack.push(Value::Str(s));
                 }
                 Op::Bytes(b) => self.stack.push(Value::Bytes(b)),
-                Op::EmptyList => self.stack.push(Value::List(ListData::Values(Seq::default()))),
+                Op::EmptyList => self
+                    .stack
+                    .push(Value::List(ListData::Values(Seq::default()))),
                 Op::EmptyDict => self.stack.push(Value::Dict(Seq::default())),
                 Op::EmptyTuple => self.stack.push(Value::Tuple(Seq::default())),
                 Op::List => {
@@ -834,7 +861,10 @@ impl<'a> Vm<'a> {
                 Op::TupleN(n) => {
                     let floor = self.marks.last().copied().unwrap_or(0);
                     if self.stack.len() < floor + n {
-                        return Err(malformed(at, format!("TUPLE{n} needs {n} values on the stack")));
+                        return Err(malformed(
+                            at,
+                            format!("TUPLE{n} needs {n} values on the stack"),
+                        ));
                     }
                     let items = self.stack.split_off(self.stack.len() - n);
                     self.stack.push(Value::Tuple(seq_from(items, at)?));
@@ -848,7 +878,10 @@ impl<'a> Vm<'a> {
                 }
                 Op::Append => {
                     let floor = self.marks.last().copied().unwrap_or(0);
-                    self.add_to_container(self.stack.len().saturating_sub(1).max(floor), Self::append_items)?;
+                    self.add_to_container(
+                        self.stack.len().saturating_sub(1).max(floor),
+                        Self::append_items,
+                    )?;
                 }
                 Op::Appends => {
                     let m = self.pop_mark()?;
@@ -856,7 +889,10 @@ impl<'a> Vm<'a> {
                 }
                 Op::SetItem => {
                     let floor = self.marks.last().copied().unwrap_or(0);
-                    self.add_to_container(self.stack.len().saturating_sub(2).max(floor), Self::set_items)?;
+                    self.add_to_container(
+                        self.stack.len().saturating_sub(2).max(floor),
+                        Self::set_items,
+                    )?;
                 }
                 Op::SetItems => {
                     let m = self.pop_mark()?;
@@ -898,13 +934,19 @@ impl<'a> Vm<'a> {
     ) -> Result<(), ReadError> {
         let floor = self.marks.last().copied().unwrap_or(0);
         if from == 0 || from - 1 < floor || from > self.stack.len() {
-            return Err(malformed(self.at, "no container on the stack to add items to"));
+            return Err(malformed(
+                self.at,
+                "no container on the stack to add items to",
+            ));
         }
         let mut items = std::mem::take(&mut self.scratch);
         items.extend(self.stack.drain(from..));
         let i = from - 1;
         let (mut target, shared) = match self.stack[i] {
-            Value::Shared(h) => (std::mem::replace(&mut self.arena[h as usize], Value::Taken), Some(h)),
+            Value::Shared(h) => (
+                std::mem::replace(&mut self.arena[h as usize], Value::Taken),
+                Some(h),
+            ),
             _ => (std::mem::take(&mut self.stack[i]), None),
         };
         let r = add(self, &mut target, &mut items);
@@ -934,7 +976,8 @@ impl<'a> Vm<'a> {
             None => {
                 // A container read back later is shared: both the stack and the memo
                 // refer to one arena slot, so later SETITEMS/APPENDS reach both.
-                let h = u32::try_from(self.arena.len()).map_err(|_| malformed(self.at, "too many shared containers"))?;
+                let h = u32::try_from(self.arena.len())
+                    .map_err(|_| malformed(self.at, "too many shared containers"))?;
                 self.arena.push(std::mem::replace(top, Value::Shared(h)));
                 Value::Shared(h)
             }
@@ -943,21 +986,38 @@ impl<'a> Vm<'a> {
         Ok(())
     }
 
-    fn append_items(&mut self, target: &mut Value<'a>, items: &mut Vec<Value<'a>>) -> Result<(), ReadError> {
+    fn append_items(
+        &mut self,
+        target: &mut Value<'a>,
+        items: &mut Vec<Value<'a>>,
+    ) -> Result<(), ReadError> {
         match target {
             Value::List(list) => self.extend_list(list, items),
-            other => Err(malformed(self.at, format!("APPEND(S) target is {}, expected a list", other.kind()))),
+            other => Err(malformed(
+                self.at,
+                format!("APPEND(S) target is {}, expected a list", other.kind()),
+            )),
         }
     }
 
-    fn set_items(&mut self, d: &mut Value<'a>, pairs: &mut Vec<Value<'a>>) -> Result<(), ReadError> {
+    fn set_items(
+        &mut self,
+        d: &mut Value<'a>,
+        pairs: &mut Vec<Value<'a>>,
+    ) -> Result<(), ReadError> {
         if pairs.len() % 2 != 0 {
-            return Err(malformed(self.at, "SETITEMS with an odd number of keys and values"));
+            return Err(malformed(
+                self.at,
+                "SETITEMS with an odd number of keys and values",
+            ));
         }
         let Value::Dict(seq) = d else {
             return Err(malformed(
                 self.at,
-                format!("SETITEM(S) target is {}, expected a dict that is still being built", d.kind()),
+                format!(
+                    "SETITEM(S) target is {}, expected a dict that is still being built",
+                    d.kind()
+                ),
             ));
         };
         if seq.items.is_empty() {
@@ -989,7 +1049,11 @@ impl<'a> Vm<'a> {
         }
     }
 
-    fn extend_list(&mut self, list: &mut ListData<'a>, items: &mut Vec<Value<'a>>) -> Result<(), ReadError> {
+    fn extend_list(
+        &mut self,
+        list: &mut ListData<'a>,
+        items: &mut Vec<Value<'a>>,
+    ) -> Result<(), ReadError> {
         let n = items.len();
         for item in items.drain(..) {
             let item = self.list_item(item)?;
@@ -1001,7 +1065,9 @@ impl<'a> Vm<'a> {
                         Value::Entry(_) => *list = ListData::Entries(Vec::with_capacity(n)),
                         Value::Block(_) => *list = ListData::Blocks(Vec::with_capacity(n)),
                         Value::Segment(_) => *list = ListData::Segments(Vec::with_capacity(n)),
-                        Value::Annotation(_) => *list = ListData::Annotations(Vec::with_capacity(n)),
+                        Value::Annotation(_) => {
+                            *list = ListData::Annotations(Vec::with_capacity(n))
+                        }
                         _ => {}
                     }
                 }
@@ -1037,8 +1103,12 @@ impl<'a> Vm<'a> {
             Kind::Frame => self.frame_from(pairs).map(Value::Frame),
             Kind::Entry => self.entry_from(pairs).map(|e| Value::Entry(Box::new(e))),
             Kind::Block => self.block_from(pairs).map(|b| Value::Block(Box::new(b))),
-            Kind::Segment => self.segment_from(pairs).map(|s| Value::Segment(Box::new(s))),
-            Kind::Annotation => self.annotation_from(pairs).map(|a| Value::Annotation(Box::new(a))),
+            Kind::Segment => self
+                .segment_from(pairs)
+                .map(|s| Value::Segment(Box::new(s))),
+            Kind::Annotation => self
+                .annotation_from(pairs)
+                .map(|a| Value::Annotation(Box::new(a))),
         }
     }
 
@@ -1059,11 +1129,17 @@ impl<'a> Vm<'a> {
         self.intern_frame(name, filename, line)
     }
 
-    fn intern_frame(&mut self, name: &'a str, filename: &'a str, line: i64) -> Result<FrameId, ReadError> {
+    fn intern_frame(
+        &mut self,
+        name: &'a str,
+        filename: &'a str,
+        line: i64,
+    ) -> Result<FrameId, ReadError> {
         if let Some(&id) = self.frame_ids.get(&(name, filename, line)) {
             return Ok(id);
         }
-        let id = FrameId::try_from(self.frames.len()).map_err(|_| malformed(self.at, "too many frames"))?;
+        let id = FrameId::try_from(self.frames.len())
+            .map_err(|_| malformed(self.at, "too many frames"))?;
         self.frames.push(Frame {
             name: name.to_owned(),
             filename: filename.to_owned(),
@@ -1077,7 +1153,8 @@ impl<'a> Vm<'a> {
         if let Some(&id) = self.stack_ids.get(ids.as_slice()) {
             return Ok(id);
         }
-        let id = StackId::try_from(self.stacks.len()).map_err(|_| malformed(self.at, "too many stacks"))?;
+        let id = StackId::try_from(self.stacks.len())
+            .map_err(|_| malformed(self.at, "too many stacks"))?;
         self.stacks.push(ids.clone());
         self.stack_ids.insert(ids, id);
         Ok(id)
@@ -1099,8 +1176,12 @@ impl<'a> Vm<'a> {
             Value::Shared(h) => {
                 let slot = std::mem::replace(&mut self.arena[h as usize], Value::Taken);
                 let mut inner = match slot {
-                    Value::Taken => return Err(self.schema(what, "`frames` refers to itself".into())),
-                    Value::Shared(_) => return Err(self.schema(what, "`frames` is a nested reference".into())),
+                    Value::Taken => {
+                        return Err(self.schema(what, "`frames` refers to itself".into()))
+                    }
+                    Value::Shared(_) => {
+                        return Err(self.schema(what, "`frames` is a nested reference".into()))
+                    }
                     other => other,
                 };
                 let r = self.stack_field(what, &mut inner);
@@ -1111,7 +1192,10 @@ impl<'a> Vm<'a> {
                 };
                 r
             }
-            other => Err(self.schema(what, format!("`frames` is {}, expected a list", other.kind()))),
+            other => Err(self.schema(
+                what,
+                format!("`frames` is {}, expected a list", other.kind()),
+            )),
         }
     }
 
@@ -1119,30 +1203,46 @@ impl<'a> Vm<'a> {
         match item {
             Value::Frame(f) => Ok(f),
             Value::Dict(mut seq) => self.frame_from(&mut seq.items),
-            Value::Shared(h) => match std::mem::replace(&mut self.arena[h as usize], Value::Taken) {
-                Value::Dict(mut seq) => {
-                    let id = self.frame_from(&mut seq.items)?;
-                    self.arena[h as usize] = Value::Frame(id);
-                    Ok(id)
+            Value::Shared(h) => {
+                match std::mem::replace(&mut self.arena[h as usize], Value::Taken) {
+                    Value::Dict(mut seq) => {
+                        let id = self.frame_from(&mut seq.items)?;
+                        self.arena[h as usize] = Value::Frame(id);
+                        Ok(id)
+                    }
+                    Value::Frame(f) => {
+                        self.arena[h as usize] = Value::Frame(f);
+                        Ok(f)
+                    }
+                    other => Err(self.schema(
+                        what,
+                        format!("a frame is {}, expected a dict", other.kind()),
+                    )),
                 }
-                Value::Frame(f) => {
-                    self.arena[h as usize] = Value::Frame(f);
-                    Ok(f)
-                }
-                other => Err(self.schema(what, format!("a frame is {}, expected a dict", other.kind()))),
-            },
-            other => Err(self.schema(what, format!("a frame is {}, expected a dict", other.kind()))),
+            }
+            other => Err(self.schema(
+                what,
+                format!("a frame is {}, expected a dict", other.kind()),
+            )),
         }
     }
 
     fn str_field(&self, what: &str, key: &str, v: &Value<'a>) -> Result<&'a str, ReadError> {
         match v {
             Value::Str(s) => Ok(s),
-            other => Err(self.schema(what, format!("`{key}` is {}, expected a string", other.kind()))),
+            other => Err(self.schema(
+                what,
+                format!("`{key}` is {}, expected a string", other.kind()),
+            )),
         }
     }
 
-    fn opt_string(&self, what: &str, key: &str, v: &Value<'a>) -> Result<Option<String>, ReadError> {
+    fn opt_string(
+        &self,
+        what: &str,
+        key: &str,
+        v: &Value<'a>,
+    ) -> Result<Option<String>, ReadError> {
         match v {
             Value::None => Ok(None),
             v => self.str_field(what, key, v).map(|s| Some(s.to_owned())),
@@ -1153,8 +1253,14 @@ impl<'a> Vm<'a> {
         match v {
             Value::Int(i) => Ok(*i),
             Value::Bool(b) => Ok(*b as i64),
-            Value::UInt(u) => Err(self.schema(what, format!("`{key}` = {u} does not fit a signed 64-bit integer"))),
-            other => Err(self.schema(what, format!("`{key}` is {}, expected an integer", other.kind()))),
+            Value::UInt(u) => Err(self.schema(
+                what,
+                format!("`{key}` = {u} does not fit a signed 64-bit integer"),
+            )),
+            other => Err(self.schema(
+                what,
+                format!("`{key}` is {}, expected an integer", other.kind()),
+            )),
         }
     }
 
@@ -1163,7 +1269,10 @@ impl<'a> Vm<'a> {
             Value::Int(i) if *i >= 0 => Ok(*i as u64),
             Value::UInt(u) => Ok(*u),
             Value::Int(i) => Err(self.schema(what, format!("`{key}` is negative ({i})"))),
-            other => Err(self.schema(what, format!("`{key}` is {}, expected an integer", other.kind()))),
+            other => Err(self.schema(
+                what,
+                format!("`{key}` is {}, expected an integer", other.kind()),
+            )),
         }
     }
 
@@ -1171,7 +1280,10 @@ impl<'a> Vm<'a> {
         match v {
             Value::Bool(b) => Ok(*b),
             Value::Int(i @ (0 | 1)) => Ok(*i == 1),
-            other => Err(self.schema(what, format!("`{key}` is {}, expected a bool", other.kind()))),
+            other => Err(self.schema(
+                what,
+                format!("`{key}` is {}, expected a bool", other.kind()),
+            )),
         }
     }
 
@@ -1181,7 +1293,8 @@ impl<'a> Vm<'a> {
 
     fn entry_from(&mut self, pairs: &mut [Value<'a>]) -> Result<TraceEntry, ReadError> {
         const W: &str = "trace entry";
-        let (mut action, mut addr, mut size, mut stream, mut time_us, mut frames) = (None, None, None, 0, 0, None);
+        let (mut action, mut addr, mut size, mut stream, mut time_us, mut frames) =
+            (None, None, None, 0, 0, None);
         let (mut category, mut compile_context, mut user_metadata) = (None, None, None);
         for kv in pairs.chunks_exact_mut(2) {
             let Value::Str(k) = kv[0] else { continue };
@@ -1189,7 +1302,10 @@ impl<'a> Vm<'a> {
             match k {
                 "action" => {
                     let s = self.str_field(W, k, v)?;
-                    action = Some(Action::parse(s).ok_or_else(|| self.schema(W, format!("unknown action `{s}`")))?);
+                    action = Some(
+                        Action::parse(s)
+                            .ok_or_else(|| self.schema(W, format!("unknown action `{s}`")))?,
+                    );
                 }
                 "addr" | "device_free" => addr = Some(self.u64_field(W, k, v)?),
                 "size" => size = Some(self.u64_field(W, k, v)?),
@@ -1221,7 +1337,8 @@ impl<'a> Vm<'a> {
 
     fn block_from(&mut self, pairs: &mut [Value<'a>]) -> Result<Block, ReadError> {
         const W: &str = "block";
-        let (mut address, mut size, mut requested, mut state, mut frames) = (None, None, None, None, None);
+        let (mut address, mut size, mut requested, mut state, mut frames) =
+            (None, None, None, None, None);
         for kv in pairs.chunks_exact_mut(2) {
             let Value::Str(k) = kv[0] else { continue };
             let v = &mut kv[1];
@@ -1231,7 +1348,10 @@ impl<'a> Vm<'a> {
                 "requested_size" => requested = Some(self.u64_field(W, k, v)?),
                 "state" => {
                     let s = self.str_field(W, k, v)?;
-                    state = Some(BlockState::parse(s).ok_or_else(|| self.schema(W, format!("unknown state `{s}`")))?);
+                    state = Some(
+                        BlockState::parse(s)
+                            .ok_or_else(|| self.schema(W, format!("unknown state `{s}`")))?,
+                    );
                 }
                 "frames" => frames = Some(self.stack_field(W, v)?),
                 _ => {}
@@ -1314,7 +1434,13 @@ impl<'a> Vm<'a> {
                 self.i64_field(W, "segment_pool_id", &s.items[0])?,
                 self.i64_field(W, "segment_pool_id", &s.items[1])?,
             )),
-            other => Err(self.schema(W, format!("`segment_pool_id` is {}, expected a pair of integers", other.kind()))),
+            other => Err(self.schema(
+                W,
+                format!(
+                    "`segment_pool_id` is {}, expected a pair of integers",
+                    other.kind()
+                ),
+            )),
         }
     }
 
@@ -1354,7 +1480,12 @@ impl<'a> Vm<'a> {
                 Err(ListData::Values(seq)) => seq.items,
                 Err(other) => untype(other),
             },
-            other => return Err(self.schema("snapshot", format!("`{key}` is {}, expected a list", other.kind()))),
+            other => {
+                return Err(self.schema(
+                    "snapshot",
+                    format!("`{key}` is {}, expected a list", other.kind()),
+                ))
+            }
         };
         let mut out = Vec::with_capacity(items.len());
         for item in items {
@@ -1362,7 +1493,9 @@ impl<'a> Vm<'a> {
             let kind = item.kind();
             match T::from_value(self, item) {
                 Some(r) => out.push(r?),
-                None => return Err(self.schema("snapshot", format!("an element of `{key}` is {kind}"))),
+                None => {
+                    return Err(self.schema("snapshot", format!("an element of `{key}` is {kind}")))
+                }
             }
         }
         Ok(out)
@@ -1401,7 +1534,8 @@ impl<'a> Vm<'a> {
                     let per_device: Vec<Value<'a>> = self.records(k, v)?;
                     snap.device_traces = Vec::with_capacity(per_device.len());
                     for dev in per_device {
-                        snap.device_traces.push(self.records("device_traces[i]", dev)?);
+                        snap.device_traces
+                            .push(self.records("device_traces[i]", dev)?);
                     }
                 }
                 "external_annotations" => snap.external_annotations = self.records(k, v)?,
@@ -1431,7 +1565,11 @@ impl<'a> Vm<'a> {
 
     /// A settings value; `None` for shapes `SettingValue` cannot hold (ignored like
     /// unknown keys elsewhere).
-    fn setting_value(&mut self, v: Value<'a>, depth: u32) -> Result<Option<SettingValue>, ReadError> {
+    fn setting_value(
+        &mut self,
+        v: Value<'a>,
+        depth: u32,
+    ) -> Result<Option<SettingValue>, ReadError> {
         check_depth(depth, self.at)?;
         Ok(Some(match self.resolve(v) {
             Value::None => SettingValue::None,
@@ -1481,7 +1619,9 @@ macro_rules! record {
             fn from_value(vm: &mut Vm<'a>, v: Value<'a>) -> Option<Result<Self, ReadError>> {
                 match v {
                     Value::$val(x) => Some(Ok(*x)),
-                    Value::Dict(mut s) if classify(&s.items) == Some(Kind::$kind) => Some(vm.$from(&mut s.items)),
+                    Value::Dict(mut s) if classify(&s.items) == Some(Kind::$kind) => {
+                        Some(vm.$from(&mut s.items))
+                    }
                     _ => None,
                 }
             }
@@ -1492,7 +1632,13 @@ macro_rules! record {
 record!(TraceEntry, Entries, Entry, Entry, entry_from);
 record!(Block, Blocks, Block, Block, block_from);
 record!(Segment, Segments, Segment, Segment, segment_from);
-record!(Annotation, Annotations, Annotation, Annotation, annotation_from);
+record!(
+    Annotation,
+    Annotations,
+    Annotation,
+    Annotation,
+    annotation_from
+);
 
 /// Generic elements (the per-device lists of `device_traces`).
 impl<'a> Record<'a> for Value<'a> {
@@ -1512,7 +1658,10 @@ fn untype(list: ListData<'_>) -> Vec<Value<'_>> {
         ListData::Entries(v) => v.into_iter().map(|e| Value::Entry(Box::new(e))).collect(),
         ListData::Blocks(v) => v.into_iter().map(|b| Value::Block(Box::new(b))).collect(),
         ListData::Segments(v) => v.into_iter().map(|s| Value::Segment(Box::new(s))).collect(),
-        ListData::Annotations(v) => v.into_iter().map(|a| Value::Annotation(Box::new(a))).collect(),
+        ListData::Annotations(v) => v
+            .into_iter()
+            .map(|a| Value::Annotation(Box::new(a)))
+            .collect(),
     }
 }
 
@@ -1580,7 +1729,9 @@ mod mapped {
         /// reads it instead.
         pub fn open(file: &File) -> io::Result<Option<Mapped>> {
             let meta = file.metadata()?;
-            let Ok(len) = usize::try_from(meta.len()) else { return Ok(None) };
+            let Ok(len) = usize::try_from(meta.len()) else {
+                return Ok(None);
+            };
             if len == 0 || !meta.is_file() {
                 return Ok(None);
             }
@@ -1588,7 +1739,14 @@ mod mapped {
             // Snapshot files are written once and renamed into place; truncating one
             // while it is being read would fault, as with any mapped file.
             let ptr = unsafe {
-                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE,
+                    file.as_raw_fd(),
+                    0,
+                )
             };
             if ptr == libc::MAP_FAILED {
                 return Ok(None);
@@ -1596,7 +1754,9 @@ mod mapped {
             // SAFETY: advice on the range just mapped.
             unsafe { libc::madvise(ptr, len, libc::MADV_SEQUENTIAL) };
             // SAFETY: sysconf has no preconditions.
-            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+                .unwrap_or(4096)
+                .max(1);
             Ok(Some(Mapped { ptr, len, page }))
         }
 
@@ -1642,13 +1802,25 @@ mod tests {
         assert_eq!(int_of(&[0xff]), Some((true, -1)));
         assert_eq!(int_of(&[0x00, 0x80]), Some((true, -32768)));
         assert_eq!(int_of(&[0x00, 0x80, 0x00]), Some((true, 32768)));
-        assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0x80]), Some((true, i64::MIN as i128)));
+        assert_eq!(
+            int_of(&[0, 0, 0, 0, 0, 0, 0, 0x80]),
+            Some((true, i64::MIN as i128))
+        );
         // 2**63 and 2**64-1 need a ninth zero byte and come back unsigned.
-        assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]), Some((false, 1i128 << 63)));
-        assert_eq!(int_of(&[0xff; 8].iter().chain(&[0]).copied().collect::<Vec<_>>()), Some((false, u64::MAX as i128)));
+        assert_eq!(
+            int_of(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
+            Some((false, 1i128 << 63))
+        );
+        assert_eq!(
+            int_of(&[0xff; 8].iter().chain(&[0]).copied().collect::<Vec<_>>()),
+            Some((false, u64::MAX as i128))
+        );
         // Padding that only repeats the sign is accepted; real magnitude past 64 bits is not.
         assert_eq!(int_of(&[5, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Some((true, 5)));
-        assert_eq!(int_of(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]), Some((true, -2)));
+        assert_eq!(
+            int_of(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
+            Some((true, -2))
+        );
         assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), None);
         assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0x7f, 0xff]), None);
     }
@@ -1663,12 +1835,22 @@ mod tests {
         p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
         let refs = prescan(&p, &mut |_| {}).unwrap();
         assert_eq!(refs.count(), 2);
-        assert_eq!((refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)), (Some(0), Some(1), None, None));
+        assert_eq!(
+            (refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)),
+            (Some(0), Some(1), None, None)
+        );
     }
 
     #[test]
     fn release_hook_sees_progress_and_does_not_change_the_result() {
-        let mut p = vec![op::PROTO, 4, op::EMPTY_DICT, op::MARK, op::SHORT_BINUNICODE, 8];
+        let mut p = vec![
+            op::PROTO,
+            4,
+            op::EMPTY_DICT,
+            op::MARK,
+            op::SHORT_BINUNICODE,
+            8,
+        ];
         p.extend(b"segments");
         p.extend([op::EMPTY_LIST, op::SHORT_BINUNICODE, 3]);
         p.extend(b"pad");

@@ -8,33 +8,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::model::{AnnotationStage, Block, FrameId, Segment, SettingValue, Snapshot, StackId, TraceEntry};
-
-mod op {
-    pub const PROTO: u8 = 0x80;
-    pub const FRAME: u8 = 0x95;
-    pub const STOP: u8 = b'.';
-    pub const MARK: u8 = b'(';
-    pub const EMPTY_DICT: u8 = b'}';
-    pub const EMPTY_LIST: u8 = b']';
-    pub const SETITEMS: u8 = b'u';
-    pub const APPEND: u8 = b'a';
-    pub const APPENDS: u8 = b'e';
-    pub const TUPLE2: u8 = 0x86;
-    pub const NEWTRUE: u8 = 0x88;
-    pub const NEWFALSE: u8 = 0x89;
-    pub const NONE: u8 = b'N';
-    pub const BININT: u8 = b'J';
-    pub const BININT1: u8 = b'K';
-    pub const BININT2: u8 = b'M';
-    pub const LONG1: u8 = 0x8a;
-    pub const BINFLOAT: u8 = b'G';
-    pub const SHORT_BINUNICODE: u8 = 0x8c;
-    pub const BINUNICODE: u8 = b'X';
-    pub const BINGET: u8 = b'h';
-    pub const LONG_BINGET: u8 = b'j';
-    pub const MEMOIZE: u8 = 0x94;
-}
+use super::model::{
+    AnnotationStage, Block, FrameId, Segment, SettingValue, Snapshot, StackId, TraceEntry,
+};
+use super::reader::op;
 
 /// Frames are cut at this size, as Python's pickler does.
 const FRAME_TARGET: usize = 64 * 1024;
@@ -86,7 +63,10 @@ pub fn save_snapshot_atomic(snap: &Snapshot, path: &Path) -> Result<PathBuf, Wri
         path: path.to_path_buf(),
         source,
     };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let (tmp, file) = create_temp(&dir, &name).map_err(|source| WriteError::Io {
         path: dir.clone(),
         source,
@@ -99,7 +79,9 @@ pub fn save_snapshot_atomic(snap: &Snapshot, path: &Path) -> Result<PathBuf, Wri
         // hard_link fails if `path` appeared meanwhile: never overwrites. Filesystems
         // without hard links get a rename after a fresh existence check.
         match fs::hard_link(&tmp, path) {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists && !path.exists() => fs::rename(&tmp, path),
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists && !path.exists() => {
+                fs::rename(&tmp, path)
+            }
             r => r,
         }
     })();
@@ -113,7 +95,9 @@ pub fn save_snapshot_atomic(snap: &Snapshot, path: &Path) -> Result<PathBuf, Wri
             }
             Ok(path.to_path_buf())
         }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(WriteError::Exists(path.to_path_buf())),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            Err(WriteError::Exists(path.to_path_buf()))
+        }
         Err(e) => Err(io_err(e)),
     }
 }
@@ -245,7 +229,8 @@ impl<'s, W: Write> Pickler<'s, W> {
         match u8::try_from(s.len()) {
             Ok(n) => self.buf.extend_from_slice(&[op::SHORT_BINUNICODE, n]),
             Err(_) => {
-                let n = u32::try_from(s.len()).map_err(|_| invalid(format!("string of {} bytes is too long", s.len())))?;
+                let n = u32::try_from(s.len())
+                    .map_err(|_| invalid(format!("string of {} bytes is too long", s.len())))?;
                 self.buf.push(op::BINUNICODE);
                 self.buf.extend_from_slice(&n.to_le_bytes());
             }
@@ -270,7 +255,11 @@ impl<'s, W: Write> Pickler<'s, W> {
     }
 
     /// A list of `items` written by `each`.
-    fn list<T>(&mut self, items: &'s [T], each: impl FnMut(&mut Self, &'s T) -> io::Result<()>) -> io::Result<()> {
+    fn list<T>(
+        &mut self,
+        items: &'s [T],
+        each: impl FnMut(&mut Self, &'s T) -> io::Result<()>,
+    ) -> io::Result<()> {
         self.buf.push(op::EMPTY_LIST);
         self.append_all(items, each)
     }
@@ -289,16 +278,22 @@ impl<'s, W: Write> Pickler<'s, W> {
                 each(self, item)?;
                 self.boundary()?;
             }
-            self.buf.push(if chunk.len() > 1 { op::APPENDS } else { op::APPEND });
+            self.buf.push(if chunk.len() > 1 {
+                op::APPENDS
+            } else {
+                op::APPEND
+            });
         }
         Ok(())
     }
 
     fn frame(&mut self, id: FrameId) -> io::Result<()> {
-        let slot = self
-            .frame_memo
-            .get(id as usize)
-            .ok_or_else(|| invalid(format!("stack refers to frame {id}, the snapshot has {}", self.snap.frames.len())))?;
+        let slot = self.frame_memo.get(id as usize).ok_or_else(|| {
+            invalid(format!(
+                "stack refers to frame {id}, the snapshot has {}",
+                self.snap.frames.len()
+            ))
+        })?;
         if let Some(idx) = *slot {
             self.get(idx);
             return Ok(());
@@ -319,10 +314,12 @@ impl<'s, W: Write> Pickler<'s, W> {
     }
 
     fn stack(&mut self, id: StackId) -> io::Result<()> {
-        let slot = self
-            .stack_memo
-            .get(id as usize)
-            .ok_or_else(|| invalid(format!("record refers to stack {id}, the snapshot has {}", self.snap.stacks.len())))?;
+        let slot = self.stack_memo.get(id as usize).ok_or_else(|| {
+            invalid(format!(
+                "record refers to stack {id}, the snapshot has {}",
+                self.snap.stacks.len()
+            ))
+        })?;
         if let Some(idx) = *slot {
             self.get(idx);
             return Ok(());
@@ -417,7 +414,11 @@ impl<'s, W: Write> Pickler<'s, W> {
         self.begin_dict();
         self.str("action")?;
         self.str(e.action.as_str())?;
-        self.str(if e.action == super::model::Action::Oom { "device_free" } else { "addr" })?;
+        self.str(if e.action == super::model::Action::Oom {
+            "device_free"
+        } else {
+            "addr"
+        })?;
         self.uint(e.addr);
         self.str("size")?;
         self.uint(e.size);
