@@ -2,3 +2,6 @@
 
 pub mod event;
 pub mod snapshot;
+pub mod source;
+pub mod render;
+pub mod app;

@@ -1,0 +1,3 @@
+//! Terminal apps: the loops that own a terminal, read keys and redraw.
+
+pub mod watch;

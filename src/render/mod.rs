@@ -1,0 +1,5 @@
+//! Pure drawing functions, one per screen or panel, and the theme they share.
+
+pub mod format;
+pub mod theme;
+pub mod watch;
