@@ -7,7 +7,7 @@ use std::time::Duration;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Paragraph, Sparkline};
+use ratatui::widgets::{Block, Borders, Paragraph, Sparkline, Wrap};
 use ratatui::Frame;
 
 use super::format::{bar, bytes, fit};
@@ -91,14 +91,17 @@ pub fn render_watch(frame: &mut Frame, area: Rect, state: &WatchState, theme: &T
         );
         return;
     }
+    let status_line = status_line(state, theme);
+    // A long reason (the loader's message) wraps rather than being cut off.
+    let status_h = (status_line.width() as u16).div_ceil(area.width).clamp(1, 3);
     let [title, body, status] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(0),
-        Constraint::Length(1),
+        Constraint::Length(status_h),
     ])
     .areas(area);
     render_title(frame, title, state, theme);
-    render_status(frame, status, state, theme);
+    frame.render_widget(Paragraph::new(status_line).wrap(Wrap { trim: false }), status);
     let kind = state.history.status().map(|s| s.kind);
     match state.history.latest().map(|s| s.host()) {
         Some(Some(host)) => render_host(frame, body, state, host, theme),
@@ -126,7 +129,7 @@ fn render_title(frame: &mut Frame, area: Rect, state: &WatchState, theme: &Theme
 }
 
 /// Which source is active, and why NVML is not: said here, once, not as a repeated error.
-fn render_status(frame: &mut Frame, area: Rect, state: &WatchState, theme: &Theme) {
+fn status_line(state: &WatchState, theme: &Theme) -> Line<'static> {
     let h = &state.history;
     let span_s = match (h.samples().next(), h.latest()) {
         (Some(a), Some(b)) => (b.t_ns - a.t_ns) as f64 / 1e9,
@@ -161,7 +164,7 @@ fn render_status(frame: &mut Frame, area: Rect, state: &WatchState, theme: &Them
             Style::new().fg(theme.ui.warning),
         ));
     }
-    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+    Line::from(spans)
 }
 
 fn block<'a>(title: String, theme: &Theme) -> Block<'a> {
@@ -171,15 +174,18 @@ fn block<'a>(title: String, theme: &Theme) -> Block<'a> {
         .title(Span::styled(format!(" {title} "), Style::new().fg(theme.ui.title)))
 }
 
-/// Rows each history graph gets, given the height left for graphs.
-fn graph_rows(available: u16, graphs: u16) -> u16 {
-    ((available.saturating_sub(2)) / graphs).clamp(1, 2)
+/// Rows each of `graphs` history graphs gets from `available` rows (borders included).
+fn graph_rows(available: u16, graphs: u16, max: u16) -> u16 {
+    (available.saturating_sub(2) / graphs).clamp(1, max)
 }
 
 fn render_devices_view(frame: &mut Frame, area: Rect, state: &WatchState, theme: &Theme) {
     let devices = state.history.latest_devices();
     let dev_h = devices.len() as u16 + 3;
-    let rows = graph_rows(area.height.saturating_sub(dev_h + 5), 4);
+    // Processes keep room for all their rows (and at least 2); graphs get what is left.
+    let procs: usize = devices.iter().map(|d| d.processes.len()).sum();
+    let proc_h = (procs.max(2) as u16).saturating_add(3);
+    let rows = graph_rows(area.height.saturating_sub(dev_h + proc_h), 4, 4);
     let [dev_area, hist_area, proc_area] = Layout::vertical([
         Constraint::Length(dev_h),
         Constraint::Length(2 + 4 * rows),
@@ -187,7 +193,8 @@ fn render_devices_view(frame: &mut Frame, area: Rect, state: &WatchState, theme:
     ])
     .areas(area);
 
-    let b = block(format!("{} GPUs", devices.len()), theme);
+    let plural = if devices.len() == 1 { "" } else { "s" };
+    let b = block(format!("{} GPU{plural}", devices.len()), theme);
     let inner = b.inner(dev_area);
     frame.render_widget(b, dev_area);
     let cols = DeviceColumns::fit(inner.width as usize);
@@ -256,7 +263,12 @@ impl DeviceColumns {
                 format!("{}{:>3} ", if selected { "▶" } else { " " }, d.index),
                 Style::new().fg(theme.ui.accent),
             ),
-            Span::raw(format!("{:<w$} ", fit(&d.name, self.name), w = self.name)),
+            // The vendor prefix is the same on every row; the graph title keeps it.
+            Span::raw(format!(
+                "{:<w$} ",
+                fit(d.name.trim_start_matches("NVIDIA "), self.name),
+                w = self.name
+            )),
             Span::styled(filled, Style::new().fg(theme.chart.gauge_fill)),
             Span::styled(empty, Style::new().fg(theme.chart.gauge_empty)),
             Span::raw(format!(
@@ -320,7 +332,7 @@ fn render_graphs(frame: &mut Frame, area: Rect, state: &WatchState, graphs: &[Gr
         let [label, graph, value] = Layout::horizontal([
             Constraint::Length(8),
             Constraint::Min(1),
-            Constraint::Length(22),
+            Constraint::Length(26),
         ])
         .areas(*a);
         let series = state.history.series(g.metric);
@@ -443,13 +455,9 @@ fn render_processes(frame: &mut Frame, area: Rect, state: &WatchState, devices: 
 
 fn render_host(frame: &mut Frame, area: Rect, state: &WatchState, h: &HostSample, theme: &Theme) {
     const MIB: f64 = 1048576.0;
-    let rows = graph_rows(area.height.saturating_sub(5), 3);
-    let [now_area, hist_area, _] = Layout::vertical([
-        Constraint::Length(5),
-        Constraint::Length(2 + 3 * rows),
-        Constraint::Min(0),
-    ])
-    .areas(area);
+    let rows = graph_rows(area.height.saturating_sub(5), 3, u16::MAX);
+    let [now_area, hist_area] =
+        Layout::vertical([Constraint::Length(5), Constraint::Length(2 + 3 * rows)]).areas(area);
 
     let b = block("Host (no GPU gauges)".into(), theme);
     let inner = b.inner(now_area);

@@ -11,7 +11,9 @@ pub mod sampler;
 
 pub use history::{GaugeHistory, Metric};
 pub use host::HostReader;
-pub use nvml::{convert_device, DeviceQuery, NvmlQuery, NvmlReader, RawDevice, RawError};
+pub use nvml::{
+    convert_device, DeviceQuery, NvmlQuery, NvmlReader, RawDevice, RawError, RawMemory, RawProcess,
+};
 pub use reader::{GaugeError, GaugeReader};
 pub use recorded::RecordedQuery;
 pub use sample::{

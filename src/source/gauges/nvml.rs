@@ -88,6 +88,31 @@ pub struct RawDevice {
     pub process_sm_util: Raw<Vec<(u32, u32)>>,
 }
 
+impl RawDevice {
+    /// A device that reports only its name and memory (every other call unsupported);
+    /// recordings fill in the rest.
+    pub fn new(index: u32, name: &str, used: u64, total: u64) -> RawDevice {
+        RawDevice {
+            index,
+            name: Ok(name.to_string()),
+            memory: Ok(RawMemory {
+                used,
+                total,
+                free: total.saturating_sub(used),
+            }),
+            utilization: Err(RawError::NotSupported),
+            temp_c: Err(RawError::NotSupported),
+            power_mw: Err(RawError::NotSupported),
+            power_limit_mw: Err(RawError::NotSupported),
+            sm_clock_mhz: Err(RawError::NotSupported),
+            mem_clock_mhz: Err(RawError::NotSupported),
+            compute_processes: Err(RawError::NotSupported),
+            graphics_processes: Err(RawError::NotSupported),
+            process_sm_util: Err(RawError::NotSupported),
+        }
+    }
+}
+
 /// Raw readings of all devices, one call per sample.
 pub trait DeviceQuery {
     fn read_devices(&mut self) -> Raw<Vec<RawDevice>>;
@@ -290,5 +315,115 @@ impl DeviceQuery for NvmlQuery {
             out.push(read_device(i, &dev, &mut self.last_util_us[i as usize]));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::gauges::RecordedQuery;
+
+    const GIB: u64 = 1 << 30;
+    const SELF: u32 = 4242;
+
+    fn proc_(pid: u32, mib: Option<u64>, name: &str) -> RawProcess {
+        RawProcess {
+            pid,
+            used_bytes: mib.map(|m| m << 20),
+            name: Some(name.into()),
+        }
+    }
+
+    fn busy_device() -> RawDevice {
+        RawDevice {
+            utilization: Ok((87, 41)),
+            temp_c: Ok(61),
+            power_mw: Ok(312_400),
+            power_limit_mw: Ok(700_000),
+            sm_clock_mhz: Ok(1980),
+            mem_clock_mhz: Ok(2619),
+            compute_processes: Ok(vec![proc_(SELF, Some(30_000), "vramscope"), proc_(77, None, "python")]),
+            // The trainer also holds a graphics context: count it once, with its memory.
+            graphics_processes: Ok(vec![proc_(SELF, Some(30_000), "vramscope"), proc_(9, Some(12), "Xorg")]),
+            process_sm_util: Ok(vec![(SELF, 50), (77, 10), (SELF, 80)]),
+            ..RawDevice::new(0, "NVIDIA H100 80GB HBM3", 40 * GIB, 80 * GIB)
+        }
+    }
+
+    #[test]
+    fn full_readings_convert_to_a_sample() {
+        let d = convert_device(busy_device(), SELF).unwrap();
+        assert_eq!((d.mem_used, d.mem_total, d.mem_free), (40 * GIB, 80 * GIB, 40 * GIB));
+        assert_eq!((d.gpu_util, d.mem_util, d.temp_c), (Some(87), Some(41), Some(61)));
+        assert_eq!((d.power_mw, d.power_limit_mw), (Some(312_400), Some(700_000)));
+        assert_eq!((d.sm_clock_mhz, d.mem_clock_mhz), (Some(1980), Some(2619)));
+        let pids: Vec<u32> = d.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [9, 77, SELF], "deduplicated, in pid order");
+        let me = &d.processes[2];
+        assert!(me.is_self && !d.processes[0].is_self);
+        assert_eq!(me.used_bytes, Some(30_000 << 20));
+        assert_eq!(me.sm_util, Some(80), "the newest utilization sample wins");
+        assert_eq!(d.processes[1].used_bytes, None, "hidden memory stays unknown");
+        assert_eq!(d.processes[0].sm_util, None);
+    }
+
+    #[test]
+    fn unsupported_or_forbidden_readings_become_absent() {
+        let raw = RawDevice {
+            name: Err(RawError::Other("garbled".into())),
+            compute_processes: Err(RawError::NoPermission),
+            ..busy_device()
+        };
+        let d = convert_device(raw, SELF).unwrap();
+        assert_eq!(d.name, "GPU 0");
+        assert_eq!(d.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [9, SELF]);
+        let bare = convert_device(RawDevice::new(3, "A100", GIB, 40 * GIB), SELF).unwrap();
+        assert_eq!((bare.index, bare.gpu_util, bare.power_mw, bare.temp_c), (3, None, None, None));
+        assert!(bare.processes.is_empty());
+    }
+
+    #[test]
+    fn lost_device_or_memory_failure_is_fatal_and_says_where() {
+        let lost = RawDevice {
+            power_mw: Err(RawError::Lost("device's fell off the bus".into())),
+            ..busy_device()
+        };
+        assert_eq!(
+            convert_device(lost, SELF).unwrap_err().to_string(),
+            "NVML power_usage failed on GPU 0: device's fell off the bus"
+        );
+        let no_mem = RawDevice {
+            memory: Err(RawError::NoPermission),
+            ..RawDevice::new(2, "H100", 0, 0)
+        };
+        assert_eq!(
+            convert_device(no_mem, SELF).unwrap_err().to_string(),
+            "NVML memory_info failed on GPU 2: no permission"
+        );
+    }
+
+    #[test]
+    fn nvml_errors_map_to_decisions() {
+        assert_eq!(RawError::from(NvmlError::NotSupported), RawError::NotSupported);
+        assert_eq!(RawError::from(NvmlError::FailedToLoadSymbol("x".into())), RawError::NotSupported);
+        assert!(matches!(RawError::from(NvmlError::GpuLost), RawError::Lost(_)));
+        assert!(matches!(RawError::from(NvmlError::DriverNotLoaded), RawError::Lost(_)));
+        assert!(matches!(RawError::from(NvmlError::Unknown), RawError::Other(_)));
+    }
+
+    #[test]
+    fn reader_replays_a_recording_and_stops_on_loss() {
+        let frames = vec![
+            Ok(vec![busy_device(), RawDevice::new(1, "H100", GIB, 80 * GIB)]),
+            Err(RawError::Lost("driver not loaded".into())),
+        ];
+        let mut reader = NvmlReader::new(RecordedQuery::new(frames), SELF);
+        assert_eq!(reader.kind(), SourceKind::Nvml);
+        let Gauges::Devices(d) = reader.sample().unwrap() else { panic!("host sample") };
+        assert_eq!(d.iter().map(|d| d.mem_used).collect::<Vec<_>>(), [40 * GIB, GIB]);
+        assert_eq!(
+            reader.sample().unwrap_err().to_string(),
+            "NVML device list failed: driver not loaded"
+        );
     }
 }
