@@ -9,8 +9,8 @@ use vramscope::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
 use vramscope::render::live::render_to_buffer;
 use vramscope::render::theme::Theme;
 use vramscope::store::Store;
-use vramscope::ui::keys::KeyMap;
-use vramscope::ui::view::View;
+use vramscope::app::keys::KeyMap;
+use vramscope::app::view::View;
 
 /// A training-shaped stream: per step, forward allocations that mostly survive, backward
 /// freeing them, optimizer temporaries; 8192 events per batch as the engine sends them.

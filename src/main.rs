@@ -10,6 +10,9 @@ use vramscope::train::config::{
     validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
+use vramscope::app::keys::KeyMap;
+use vramscope::app::live::LiveOptions;
+use vramscope::render::theme::{ColorSupport, Theme, BUILTIN};
 use vramscope::train::engine::{Engine, EngineOptions};
 
 #[derive(Parser)]
@@ -26,6 +29,8 @@ struct Cli {
 enum Command {
     /// Train and watch memory (the default): live screen, or lines with --headless.
     Run(RunArgs),
+    /// Device gauges for every GPU and its processes (host gauges without NVML).
+    Watch(vramscope::app::watch::WatchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -81,6 +86,12 @@ struct RunArgs {
     /// Where snapshots go.
     #[arg(long, default_value = "snapshots")]
     snapshot_dir: PathBuf,
+    /// Colour theme: dark, light, ansi16, or a theme file's path.
+    #[arg(long, default_value = "dark")]
+    theme: String,
+    /// A TOML file whose [keys] table overrides key bindings.
+    #[arg(long)]
+    keys: Option<PathBuf>,
 }
 
 fn parse_ctx(s: &str) -> Result<i64, String> {
@@ -129,19 +140,39 @@ impl RunArgs {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
-    // The live screen lands with the TUI; until then the default run is headless.
-    let opts = args.engine_options(Some(3))?;
-    let mut engine = Engine::spawn(opts).context("starting the training engine")?;
-    let stdout = std::io::stdout();
-    vramscope::report::headless::run(&mut engine, args.json, &mut stdout.lock())?;
-    engine.shutdown();
-    Ok(())
+    if args.headless {
+        let opts = args.engine_options(Some(3))?;
+        let mut engine = Engine::spawn(opts).context("starting the training engine")?;
+        let stdout = std::io::stdout();
+        vramscope::report::headless::run(&mut engine, args.json, &mut stdout.lock())?;
+        engine.shutdown();
+        return Ok(());
+    }
+    anyhow::ensure!(!args.json, "--json needs --headless");
+    let keys = match &args.keys {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
+            KeyMap::from_toml(&text).with_context(|| p.display().to_string())?
+        }
+        None => KeyMap::default(),
+    };
+    let support = ColorSupport::detect();
+    let mut themes = vec![Theme::load(&args.theme)?.adapted(support)];
+    for (name, _) in BUILTIN {
+        if name != args.theme {
+            themes.push(Theme::load(name)?.adapted(support));
+        }
+    }
+    let engine = args.engine_options(None)?;
+    vramscope::app::live::run(LiveOptions { engine, keys, themes })
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    vramscope::train::engine::install_panic_filter();
     let result = match cli.command {
         Some(Command::Run(a)) => run(a),
+        Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a),
         None => run(cli.run),
     };
     match result {

@@ -9,10 +9,10 @@ use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 use ratatui::Frame;
 
 use crate::event::{Category, Phase};
-use crate::report::format::bytes;
+use crate::render::format::bytes;
 use crate::store::{LogKind, Marker, Store};
-use crate::ui::keys::{Action, KeyMap};
-use crate::ui::view::View;
+use crate::app::keys::{Action, KeyMap};
+use crate::app::view::View;
 
 use super::theme::Theme;
 
@@ -33,7 +33,7 @@ const STACK_ORDER: [Category; 8] = [
 
 pub fn render_live(f: &mut Frame, store: &Store, view: &View, keys: &KeyMap, theme: &Theme) {
     let area = f.area();
-    f.render_widget(Block::default().style(Style::default().bg(theme.background).fg(theme.text)), area);
+    f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
         render_too_small(f, area, theme);
         return;
@@ -63,22 +63,33 @@ pub fn render_too_small(f: &mut Frame, area: Rect, theme: &Theme) {
         "terminal is {}×{}; vramscope needs at least {MIN_WIDTH}×{MIN_HEIGHT}. Enlarge it, or press q to quit.",
         area.width, area.height
     );
-    f.render_widget(Paragraph::new(msg).style(Style::default().fg(theme.warning)).wrap(ratatui::widgets::Wrap { trim: true }), area);
+    f.render_widget(Paragraph::new(msg).style(Style::default().fg(theme.ui.warning)).wrap(ratatui::widgets::Wrap { trim: true }), area);
 }
 
 pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
-    let dim = Style::default().fg(theme.dim);
-    let val = Style::default().fg(theme.text).add_modifier(Modifier::BOLD);
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let Some(info) = &store.info else {
         f.render_widget(Paragraph::new("vramscope · starting the training engine…").style(dim), area);
         return;
     };
     let c = &info.config;
     let sep = || Span::styled(" · ", dim);
-    let device = if info.cuda { info.device.clone() } else { format!("{} (GPU modelled)", info.device) };
+    // Narrow terminals get the same facts in fewer words.
+    let wide = area.width >= 100;
+    let device = match (info.cuda, wide) {
+        (true, _) => info.device.clone(),
+        (false, true) => format!("{} (GPU modelled)", info.device),
+        (false, false) => format!("{} (modelled)", info.device),
+    };
+    let model = if wide {
+        format!("{} ({:.1}M params)", c.model_name, info.parameters as f64 / 1e6)
+    } else {
+        c.model_name.clone()
+    };
     let line1 = Line::from(vec![
-        Span::styled("vramscope ", Style::default().fg(theme.title).add_modifier(Modifier::BOLD)),
-        Span::styled(format!("{} ({:.1}M params)", c.model_name, info.parameters as f64 / 1e6), val),
+        Span::styled(if wide { "vramscope " } else { "" }, Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
+        Span::styled(model, val),
         sep(),
         Span::styled(device, val),
         sep(),
@@ -97,7 +108,7 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
         Span::styled(format!("step {}", last.map(|s| s.step + 1).unwrap_or(0)), val),
         sep(),
         Span::styled("phase ", dim),
-        Span::styled(store.current_phase().as_str(), Style::default().fg(theme.phase(store.current_phase())).add_modifier(Modifier::BOLD)),
+        Span::styled(store.current_phase().as_str(), Style::default().fg(theme.ui.accent).bg(theme.phase(store.current_phase()).unwrap_or(theme.ui.background)).add_modifier(Modifier::BOLD)),
     ];
     if let Some(s) = last {
         spans.extend([
@@ -110,16 +121,16 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
     let dropped = last.map(|s| s.dropped_events).unwrap_or(0) + store.lost_events;
     spans.push(sep());
     if dropped > 0 {
-        spans.push(Span::styled(format!("capture dropping: {dropped} events lost (totals exact)"), Style::default().fg(theme.warning)));
+        spans.push(Span::styled(format!("capture dropping: {dropped} events lost (totals exact)"), Style::default().fg(theme.ui.warning)));
     } else {
         spans.push(Span::styled("capture ok", dim));
     }
     if store.oom.is_some() {
-        spans.extend([sep(), Span::styled("OUT OF MEMORY", Style::default().fg(theme.error).add_modifier(Modifier::BOLD))]);
+        spans.extend([sep(), Span::styled("OUT OF MEMORY", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
     } else if store.paused {
-        spans.extend([sep(), Span::styled("PAUSED", Style::default().fg(theme.warning).add_modifier(Modifier::BOLD))]);
+        spans.extend([sep(), Span::styled("PAUSED", Style::default().fg(theme.ui.warning).add_modifier(Modifier::BOLD))]);
     } else if store.finished {
-        spans.extend([sep(), Span::styled("finished", Style::default().fg(theme.dim))]);
+        spans.extend([sep(), Span::styled("finished", Style::default().fg(theme.ui.dim))]);
     }
     f.render_widget(Paragraph::new(vec![line1, Line::from(spans)]), area);
 }
@@ -149,8 +160,8 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
     let title = format!(" active memory · {mode} · events {from}–{to} · {state} ");
     let block = Block::default()
         .borders(Borders::ALL)
-        .border_style(Style::default().fg(theme.border))
-        .title(Span::styled(title, Style::default().fg(theme.title)));
+        .border_style(Style::default().fg(theme.ui.border))
+        .title(Span::styled(title, Style::default().fg(theme.ui.title)));
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.width < 12 || inner.height < 4 {
@@ -166,9 +177,9 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
     // Axis labels at the top edge of the top and middle rows, and zero.
     for row in [0, plot.height / 2] {
         let v = ymax * (plot.height - row) as u64 / plot.height as u64;
-        buf.set_string(inner.x, plot.y + row, format!("{:>8}", bytes(v)), Style::default().fg(theme.dim));
+        buf.set_string(inner.x, plot.y + row, format!("{:>8}", bytes(v)), Style::default().fg(theme.ui.dim));
     }
-    buf.set_string(inner.x, plot.y + plot.height - 1, format!("{:>8}", "0"), Style::default().fg(theme.dim));
+    buf.set_string(inner.x, plot.y + plot.height - 1, format!("{:>8}", "0"), Style::default().fg(theme.ui.dim));
     let rows = plot.height as u64;
     let span = (to - from).max(1);
     // By allocation: each allocation its own band, stacked in allocation order as
@@ -178,7 +189,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
         let cx = plot.x + x as u16;
         let col_start = from + span * x as u64 / cols.len() as u64;
         let phase = store.phase_at(col_start).map(|p| p.phase).unwrap_or(Phase::Other);
-        let shade = theme.phase_shade(phase);
+        let shade = theme.phase(phase).unwrap_or(theme.ui.background);
         // Heights in eighths of a cell.
         let eighths = |b: u64| (b as u128 * rows as u128 * 8 / ymax.max(1) as u128) as u64;
         let mut bounds = [(0u64, Category::Unknown); 8];
@@ -199,7 +210,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
                 acc += s.size;
                 // Neighbours alternate shades of their category so bands stay distinct.
                 let c = theme.category(s.category);
-                bands.push((eighths(acc), if k % 2 == 0 { c } else { theme.dim }));
+                bands.push((eighths(acc), if k % 2 == 0 { c } else { theme.ui.dim }));
             }
             eighths(acc)
         };
@@ -207,7 +218,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
             if view.by_category {
                 theme.category(bounds.iter().find(|(b, _)| *b > pos).map(|(_, c)| *c).unwrap_or(Category::Unknown))
             } else {
-                bands.iter().find(|(b, _)| *b > pos).map(|(_, c)| *c).unwrap_or(theme.dim)
+                bands.iter().find(|(b, _)| *b > pos).map(|(_, c)| *c).unwrap_or(theme.ui.dim)
             }
         };
         for r in 0..rows {
@@ -219,7 +230,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
             } else if h > lo {
                 cell.set_char(EIGHTHS[(h - lo) as usize]).set_fg(at(lo + (h - lo) / 2)).set_bg(shade);
             } else if r == reserved_row && col.reserved > 0 {
-                cell.set_char('─').set_fg(theme.reserved).set_bg(shade);
+                cell.set_char('─').set_fg(theme.chart.reserved).set_bg(shade);
             } else {
                 cell.set_char(' ').set_bg(shade);
             }
@@ -233,15 +244,15 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
         };
         let prev_phase = (x > 0).then(|| store.phase_at(from + span * (x as u64 - 1) / cols.len() as u64).map(|p| p.phase)).flatten();
         let ch = if prev_phase != Some(phase) { letter } else { '·' };
-        buf[(cx, ribbon.y)].set_char(if phase == Phase::Other { ' ' } else { ch }).set_fg(theme.phase(phase)).set_bg(theme.background);
+        buf[(cx, ribbon.y)].set_char(if phase == Phase::Other { ' ' } else { ch }).set_fg(theme.ui.text).set_bg(shade);
     }
     // Markers where a knob changed, a snapshot was saved, or memory ran out.
     for (i, m) in store.markers.iter().filter(|(i, _)| (from..to).contains(i)) {
         let x = plot.x + ((i - from) * plot.width as u64 / span) as u16;
         let (ch, color) = match m {
-            Marker::Knob(_) => ('K', theme.accent),
-            Marker::Snapshot(_) => ('S', theme.accent),
-            Marker::Oom(_) => ('!', theme.error),
+            Marker::Knob(_) => ('K', theme.ui.accent),
+            Marker::Snapshot(_) => ('S', theme.ui.accent),
+            Marker::Oom(_) => ('!', theme.ui.error),
         };
         buf[(x.min(plot.x + plot.width - 1), plot.y)].set_char(ch).set_fg(color).set_style(Style::default().add_modifier(Modifier::BOLD));
     }
@@ -253,16 +264,16 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
         let y = y.saturating_sub(1).max(plot.y);
         let label = format!("▼ peak {}", bytes(peak));
         let lx = x.min(plot.x + plot.width.saturating_sub(label.chars().count() as u16));
-        buf.set_string(lx, y, label, Style::default().fg(theme.peak).add_modifier(Modifier::BOLD));
+        buf.set_string(lx, y, label, Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD));
     }
 }
 
 pub fn render_side(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
-    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.border)).title(Span::styled(" memory ", Style::default().fg(theme.title)));
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(" memory ", Style::default().fg(theme.ui.title)));
     let inner = block.inner(area);
     f.render_widget(block, area);
-    let dim = Style::default().fg(theme.dim);
-    let val = Style::default().fg(theme.text).add_modifier(Modifier::BOLD);
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<13}"), dim), Span::styled(v, val)]);
     let last = store.last_step();
     let mut lines = vec![
@@ -273,6 +284,8 @@ pub fn render_side(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
         Line::from(""),
     ];
     let cats = store.history.category_bytes();
+    // Swatch, label, a space, and room for "1023 MiB".
+    let label_w = (inner.width as usize).saturating_sub(2 + 1 + 8).min(16);
     for c in STACK_ORDER.iter().rev() {
         let b = cats[*c as usize];
         if b == 0 && *c != Category::Activation {
@@ -280,11 +293,11 @@ pub fn render_side(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
         }
         lines.push(Line::from(vec![
             Span::styled("█ ", Style::default().fg(theme.category(*c))),
-            Span::styled(format!("{:<12}", c.as_str().replace('_', " ")), dim),
+            Span::styled(format!("{:<label_w$.label_w$} ", c.as_str().replace('_', " ")), dim),
             Span::styled(bytes(b), val),
         ]));
     }
-    lines.push(Line::from(vec![Span::styled("─ ", Style::default().fg(theme.reserved)), Span::styled("reserved", dim)]));
+    lines.push(Line::from(vec![Span::styled("─ ", Style::default().fg(theme.chart.reserved)), Span::styled("reserved", dim)]));
     f.render_widget(Paragraph::new(lines), inner);
 }
 
@@ -305,7 +318,10 @@ pub fn render_table(f: &mut Frame, area: Rect, store: &Store, view: &View, theme
                 Cell::from(bytes(a.size)),
                 Cell::from(Span::styled(a.category.as_str(), Style::default().fg(theme.category(a.category)))),
                 Cell::from(a.phase.as_str()),
-                Cell::from(store.scope_name(a.scope).to_string()),
+                Cell::from(match store.scope_name(a.scope) {
+                    "" => "–".to_string(),
+                    s => s.to_string(),
+                }),
                 Cell::from(format!("{}", now_step.saturating_sub(a.step))),
             ])
             .style(style)
@@ -313,8 +329,8 @@ pub fn render_table(f: &mut Frame, area: Rect, store: &Store, view: &View, theme
         .collect();
     let title = format!(" largest live allocations ({} live){} ", store.live_count(), if view.table_focus { " · focused" } else { "" });
     let table = Table::new(rows, [Constraint::Length(10), Constraint::Length(16), Constraint::Length(10), Constraint::Min(14), Constraint::Length(5)])
-        .header(Row::new(vec!["size", "category", "phase", "module", "age"]).style(Style::default().fg(theme.dim).add_modifier(Modifier::BOLD)))
-        .block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(if view.table_focus { theme.accent } else { theme.border })).title(Span::styled(title, Style::default().fg(theme.title))));
+        .header(Row::new(vec!["size", "category", "phase", "module", "age"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
+        .block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(if view.table_focus { theme.ui.accent } else { theme.ui.border })).title(Span::styled(title, Style::default().fg(theme.ui.title))));
     f.render_widget(table, area);
 }
 
@@ -322,15 +338,15 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme
     let line = match store.log.back() {
         Some(l) => {
             let color = match l.kind {
-                LogKind::Info => theme.text,
-                LogKind::Warn => theme.warning,
-                LogKind::Error => theme.error,
+                LogKind::Info => theme.ui.text,
+                LogKind::Warn => theme.ui.warning,
+                LogKind::Error => theme.ui.error,
             };
             Line::from(Span::styled(l.text.clone(), Style::default().fg(color)))
         }
-        None => Line::from(Span::styled("no events yet", Style::default().fg(theme.dim))),
+        None => Line::from(Span::styled("no events yet", Style::default().fg(theme.ui.dim))),
     };
-    let hint = |a: Action, what: &str| vec![Span::styled(keys.key_of(a).label(), Style::default().fg(theme.accent).add_modifier(Modifier::BOLD)), Span::styled(format!(" {what}  "), Style::default().fg(theme.dim))];
+    let hint = |a: Action, what: &str| vec![Span::styled(keys.key_of(a).label(), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)), Span::styled(format!(" {what}  "), Style::default().fg(theme.ui.dim))];
     let hints: Vec<Span> = [
         (Action::Help, "help"),
         (Action::TogglePrecision, "precision"),
@@ -355,10 +371,10 @@ pub fn render_help(f: &mut Frame, area: Rect, keys: &KeyMap, theme: &Theme) {
     f.render_widget(Clear, r);
     let lines: Vec<Line> = rows
         .into_iter()
-        .map(|(k, d)| Line::from(vec![Span::styled(format!("{k:>10}  "), Style::default().fg(theme.accent).add_modifier(Modifier::BOLD)), Span::styled(d, Style::default().fg(theme.text))]))
+        .map(|(k, d)| Line::from(vec![Span::styled(format!("{k:>10}  "), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)), Span::styled(d, Style::default().fg(theme.ui.text))]))
         .collect();
     f.render_widget(
-        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.accent)).title(Span::styled(" keys (? closes) ", Style::default().fg(theme.title))).style(Style::default().bg(theme.background))),
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(" keys (? closes) ", Style::default().fg(theme.ui.title))).style(Style::default().bg(theme.ui.background))),
         r,
     );
 }

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use crate::train::engine::{Engine, Report, StepReport};
 
-use super::format::bytes;
+use crate::render::format::bytes;
 
 pub fn step_line(r: &StepReport) -> String {
     let phases = crate::event::Phase::ALL

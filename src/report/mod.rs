@@ -1,4 +1,3 @@
-//! Headless output: per-step lines and JSON, byte formatting.
+//! Headless output: per-step lines and JSON.
 
-pub mod format;
 pub mod headless;

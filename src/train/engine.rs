@@ -175,7 +175,7 @@ impl Engine {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
-            .name("vramscope-engine".into())
+            .name(ENGINE_THREAD.into())
             .spawn(move || {
                 let mut worker = match Worker::new(opts, device, batch_tx, rep_tx.clone(), stop2) {
                     Ok(w) => w,
@@ -216,6 +216,23 @@ impl Drop for Engine {
     }
 }
 
+/// Makes the current panic hook skip panics on the engine thread: the engine catches those
+/// (a CUDA OOM surfaces as a tch panic) and reports them, and a hook that prints or restores
+/// the terminal would wreck the live screen. Call after any other hook is installed.
+pub fn install_panic_filter() {
+    let inner = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() != Some(ENGINE_THREAD) {
+            inner(info);
+        }
+    }));
+}
+
+const ENGINE_THREAD: &str = "vramscope-engine";
+
+/// Unwinds out of a step when a stop was asked for, so quitting never waits for the step.
+struct StopRequested;
+
 pub fn resolve_device(choice: DeviceChoice) -> anyhow::Result<Device> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
@@ -244,6 +261,8 @@ struct Worker {
     rep_tx: Sender<Report>,
     stop: Arc<AtomicBool>,
     step: u64,
+    /// The phase under way (an OOM report names it).
+    phase: Phase,
     paused: bool,
     snapshot_requested: bool,
     dropped_batches: u64,
@@ -295,6 +314,7 @@ impl Worker {
             rep_tx,
             stop,
             step: 0,
+            phase: Phase::Other,
             paused: opts.start_paused,
             snapshot_requested: false,
             dropped_batches: 0,
@@ -448,12 +468,21 @@ impl Worker {
         }
     }
 
+    /// A phase boundary inside a step: where a requested stop ends the step early.
+    fn enter_phase(&mut self, phase: Phase) {
+        if self.stop.load(Ordering::SeqCst) {
+            std::panic::resume_unwind(Box::new(StopRequested));
+        }
+        self.set_phase(phase);
+    }
+
     fn set_phase(&mut self, phase: Phase) {
         self.drain();
         if self.device.is_cuda() {
             self.read_cuda_counters(phase);
         }
         capture::set_tags(self.step as u32, phase);
+        self.phase = phase;
         self.tracker.mark(capture::now_ns(), self.step as u32, phase);
         self.flush();
     }
@@ -509,9 +538,13 @@ impl Worker {
                 self.set_phase(Phase::Other);
                 self.report_step(&cfg, elapsed, loss);
             }
+            Err(panic) if panic.is::<StopRequested>() => {
+                capture::set_tags(self.step as u32, Phase::Other);
+                self.model.clear_grads();
+            }
             Err(panic) => {
                 let msg = panic_message(&panic);
-                let phase = Phase::from_u8(0);
+                let phase = self.phase;
                 capture::set_tags(self.step as u32, Phase::Other);
                 // Whatever the failed step held was dropped during unwinding.
                 if self.device.is_cuda() {
@@ -532,7 +565,7 @@ impl Worker {
     }
 
     fn step_inner(&mut self, cfg: &StepConfig) -> f64 {
-        self.set_phase(Phase::Other);
+        self.enter_phase(Phase::Other);
         self.model.prepare(cfg.ctx, &self.scopes);
         self.refresh_stacks();
         let shape = [cfg.batch, cfg.ctx];
@@ -545,7 +578,7 @@ impl Worker {
         let cuda = self.device.is_cuda();
         let bf16 = cfg.precision == Precision::Bf16;
 
-        self.set_phase(Phase::Forward);
+        self.enter_phase(Phase::Forward);
         let forward = |model: &TransformerLm, scopes: &Scopes| {
             if bf16 {
                 capture::autocast(cuda, true).expect("enable autocast");
@@ -565,7 +598,7 @@ impl Worker {
         };
         let loss_value = loss.double_value(&[]);
         if cfg.mode == Mode::Train {
-            self.set_phase(Phase::Backward);
+            self.enter_phase(Phase::Backward);
             loss.backward();
             self.drain();
             let grads: Vec<u64> = self
@@ -580,17 +613,17 @@ impl Worker {
                 self.tracker.tag(g, Category::Gradient);
             }
 
-            self.set_phase(Phase::Optimizer);
+            self.enter_phase(Phase::Optimizer);
             tch::no_grad(|| self.optim.step(&self.model.parameters()));
             self.drain();
             for s in self.optim.state_ptrs() {
                 self.tracker.tag(s, Category::OptimizerState);
             }
 
-            self.set_phase(Phase::ZeroGrad);
+            self.enter_phase(Phase::ZeroGrad);
             self.model.clear_grads();
         }
-        self.set_phase(Phase::Other);
+        self.enter_phase(Phase::Other);
         drop(loss);
         drop(tokens);
         drop(targets);

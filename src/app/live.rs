@@ -17,7 +17,6 @@ use crate::train::engine::{Control, Engine, EngineOptions, Report};
 use crate::event::Batch;
 
 use super::keys::{Action, KeyMap};
-use super::terminal::TerminalGuard;
 use super::view::View;
 
 /// Redraws at most this often (and only when something changed), to stay light over SSH.
@@ -58,15 +57,19 @@ pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut engine = Engine::spawn(opts.engine).context("starting the training engine")?;
     let result = {
-        let mut guard = TerminalGuard::enter().context("setting up the terminal")?;
-        rt.block_on(event_loop(&mut guard, &engine, &opts.keys, &opts.themes))
+        // Raw mode and the alternate screen, with a panic hook that restores them.
+        let mut terminal = ratatui::try_init().context("setting up the terminal")?;
+        crate::train::engine::install_panic_filter();
+        let r = rt.block_on(event_loop(&mut terminal, &engine, &opts.keys, &opts.themes));
+        ratatui::restore();
+        r
     };
     // The terminal is restored; now let the engine finish (a pending snapshot completes).
     engine.shutdown();
     result
 }
 
-async fn event_loop(guard: &mut TerminalGuard, engine: &Engine, keys: &KeyMap, themes: &[Theme]) -> anyhow::Result<()> {
+async fn event_loop(terminal: &mut ratatui::DefaultTerminal, engine: &Engine, keys: &KeyMap, themes: &[Theme]) -> anyhow::Result<()> {
     let mut store = Store::new(4 << 20);
     let mut view = View::default();
     let mut input = EventStream::new();
@@ -104,7 +107,7 @@ async fn event_loop(guard: &mut TerminalGuard, engine: &Engine, keys: &KeyMap, t
             _ = tick.tick() => {
                 if drawn.as_ref().is_none_or(|(v, w)| *v != store.version || *w != view) {
                     let theme = &themes[view.theme % themes.len()];
-                    guard.terminal.draw(|f| render_live(f, &store, &view, keys, theme))?;
+                    terminal.draw(|f| render_live(f, &store, &view, keys, theme))?;
                     drawn = Some((store.version, view.clone()));
                 }
             }
