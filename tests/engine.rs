@@ -198,3 +198,47 @@ fn a_slow_consumer_costs_dropped_batches_not_training_time_or_exact_totals() {
     assert_eq!(full.steps()[1].peak_allocated_bytes, last.peak_allocated_bytes, "totals stay exact");
     assert_eq!(full.steps()[1].live_bytes, last.live_bytes);
 }
+
+#[test]
+fn an_out_of_memory_step_pauses_and_resumes_with_a_smaller_ctx() {
+    // Naive attention scores at this shape need 2 × 4 × 65536² × 4 bytes = 128 GiB:
+    // more than this machine (or any GPU) has, so the allocation itself fails.
+    let mut opts = options(tiny(65536, 2, Mode::Forward, Precision::Fp32, Attention::Naive), 2);
+    opts.steps = Some(2);
+    let engine = Engine::spawn(opts).unwrap();
+    let oom = loop {
+        match engine.reports.recv().unwrap() {
+            Report::Oom(o) => break o,
+            Report::Step(s) => panic!("a step at ctx 65536 should not fit: {s:?}"),
+            Report::Error(e) => panic!("reported as a generic error: {e}"),
+            _ => {}
+        }
+    };
+    assert_eq!(oom.step, 0);
+    assert_eq!(oom.phase, Phase::Forward);
+    assert!(oom.message.contains("allocate"), "{}", oom.message);
+    assert!(matches!(engine.reports.recv().unwrap(), Report::Paused(true)), "the loop pauses");
+    engine.control.send(Control::Ctx(32)).unwrap();
+    engine.control.send(Control::Resume).unwrap();
+    let run = collect(engine);
+    let steps = run.steps();
+    // The abandoned step keeps its number; the next one runs with the new ctx.
+    assert_eq!(steps.len(), 1, "the step after resuming ran");
+    assert_eq!((steps[0].step, steps[0].ctx), (1, 32));
+    // Nothing of the abandoned step is still counted as live.
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    for e in run.batches.iter().flat_map(|b| &b.events) {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, e.size);
+            }
+            Action::FreeRequested => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(live.values().sum::<u64>(), steps[0].live_bytes, "the stream agrees with the totals");
+    let (params, live_total) = (steps[0].category_bytes["parameter"], steps[0].live_bytes);
+    assert!(live_total < params + (1 << 20), "live {live_total} vs parameters {params}");
+}

@@ -721,9 +721,11 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
+/// CUDA's caching allocator says "out of memory"; libtorch's CPU allocator says it "can't
+/// allocate memory". Both mean the step asked for more than the device has.
 fn is_oom(msg: &str) -> bool {
     let m = msg.to_ascii_lowercase();
-    m.contains("out of memory") || m.contains("outofmemory")
+    m.contains("out of memory") || m.contains("outofmemory") || m.contains("can't allocate memory")
 }
 
 fn first_line(msg: &str) -> String {
@@ -737,6 +739,7 @@ mod tests {
     #[test]
     fn oom_messages_are_recognised() {
         assert!(is_oom("Torch(\"CUDA out of memory. Tried to allocate 20.00 GiB\")"));
+        assert!(is_oom("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes"));
         assert!(!is_oom("shape mismatch"));
         assert_eq!(first_line("\n  CUDA out of memory.\nmore"), "CUDA out of memory.");
     }

@@ -69,7 +69,7 @@ pub struct TransformerLm {
     blocks: Vec<Block>,
     ln_final: RmsNorm,
     lm_head: Linear,
-    /// RoPE tables for the longest context seen so far: [ctx, d_head/2].
+    /// RoPE tables for the current context length: [ctx, d_head/2].
     rope: Option<(i64, Tensor, Tensor)>,
     scope_embed: u32,
     scope_final: u32,
@@ -137,9 +137,10 @@ impl TransformerLm {
         self.parameters().iter().map(|t| t.numel() as i64).sum()
     }
 
-    /// Makes sure the RoPE tables cover `ctx` (rebuilt only when the context grows).
+    /// Sizes the RoPE tables for `ctx`; rebuilt when ctx changes, so memory after a
+    /// change (or an OOM at a long ctx) reflects the context actually in use.
     pub fn prepare(&mut self, ctx: i64, scopes: &Scopes) {
-        if self.rope.as_ref().is_some_and(|(c, _, _)| *c >= ctx) {
+        if self.rope.as_ref().is_some_and(|(c, _, _)| *c == ctx) {
             return;
         }
         let _s = scopes.enter(self.scope_rope);
