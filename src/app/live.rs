@@ -1,7 +1,7 @@
 //! The live app: one select loop over terminal input, engine batches and reports, signals
 //! and a frame tick. The store and view live here; the engine thread owns libtorch.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use crossterm::event::{Event, EventStream, KeyEventKind};
@@ -15,12 +15,15 @@ use crate::store::Store;
 use crate::train::config::{MAX_BATCH, MAX_CTX};
 use crate::train::engine::{Control, Engine, EngineOptions, Report};
 use crate::event::Batch;
+use crate::source::gauges::sample::GaugeBatch;
+use crate::source::gauges::sampler::{spawn_gauges, GaugeConfig};
 
 use super::keys::{Action, KeyMap};
 use super::view::View;
 
 /// Redraws at most this often (and only when something changed), to stay light over SSH.
 const FRAME: Duration = Duration::from_millis(50);
+const GAUGE_INTERVAL: Duration = Duration::from_millis(250);
 
 pub struct LiveOptions {
     pub engine: EngineOptions,
@@ -31,10 +34,11 @@ pub struct LiveOptions {
 enum Incoming {
     Batch(Batch),
     Report(Report),
+    Gauges(GaugeBatch),
 }
 
-/// Forwards the engine's crossbeam channels into the async loop.
-fn bridge(engine: &Engine) -> mpsc::Receiver<Incoming> {
+/// Forwards the engine's and the gauge thread's crossbeam channels into the async loop.
+fn bridge(engine: &Engine, gauges: crossbeam_channel::Receiver<GaugeBatch>) -> mpsc::Receiver<Incoming> {
     let (tx, rx) = mpsc::channel(1024);
     let batches = engine.batches.clone();
     let reports = engine.reports.clone();
@@ -44,6 +48,7 @@ fn bridge(engine: &Engine) -> mpsc::Receiver<Incoming> {
             let msg = crossbeam_channel::select! {
                 recv(batches) -> b => match b { Ok(b) => Incoming::Batch(b), Err(_) => break },
                 recv(reports) -> r => match r { Ok(r) => Incoming::Report(r), Err(_) => break },
+                recv(gauges) -> g => match g { Ok(g) => Incoming::Gauges(g), Err(_) => break },
             };
             if tx.blocking_send(msg).is_err() {
                 break;
@@ -73,7 +78,11 @@ async fn event_loop(terminal: &mut ratatui::DefaultTerminal, engine: &Engine, ke
     let mut store = Store::new(4 << 20);
     let mut view = View::default();
     let mut input = EventStream::new();
-    let mut incoming = bridge(engine);
+    let (gauge_tx, gauge_rx) = crossbeam_channel::bounded(64);
+    // Gauge timestamps on the capture clock, so the device line lines up with events.
+    let origin = Instant::now() - Duration::from_nanos(crate::capture::now_ns());
+    let _gauges = spawn_gauges(GaugeConfig { interval: GAUGE_INTERVAL, origin }, gauge_tx);
+    let mut incoming = bridge(engine, gauge_rx);
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut tick = tokio::time::interval(FRAME);
@@ -100,6 +109,7 @@ async fn event_loop(terminal: &mut ratatui::DefaultTerminal, engine: &Engine, ke
             msg = incoming.recv() => match msg {
                 Some(Incoming::Batch(b)) => store.ingest_batch(b),
                 Some(Incoming::Report(r)) => store.ingest_report(r),
+                Some(Incoming::Gauges(g)) => store.ingest_gauges(g),
                 None => {}
             },
             _ = sigterm.recv() => return Ok(()),

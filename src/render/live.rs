@@ -9,6 +9,8 @@ use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 use ratatui::Frame;
 
 use crate::event::{Category, Phase};
+use crate::source::gauges::history::Metric;
+use crate::source::gauges::sample::SourceKind;
 use crate::render::format::bytes;
 use crate::store::{LogKind, Marker, Store};
 use crate::app::keys::{Action, KeyMap};
@@ -171,7 +173,18 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
     let plot = Rect { x: inner.x + axis_w, y: inner.y, width: inner.width - axis_w, height: inner.height - 1 };
     let ribbon = Rect { x: plot.x, y: plot.y + plot.height, width: plot.width, height: 1 };
     let cols = store.history.columns(from, to, plot.width as usize);
-    let top = cols.iter().map(|c| c.total.max(c.reserved)).max().unwrap_or(0);
+    let span = (to - from).max(1);
+    // The device's own reading (NVML) at each column's time: what nvidia-smi would say.
+    let device_series = device_used_series(store);
+    let device: Vec<Option<u64>> = (0..cols.len())
+        .map(|x| {
+            let i = (from + span * (x as u64 + 1) / cols.len() as u64).saturating_sub(1);
+            let t = store.history.get(i)?.t_ns;
+            let k = device_series.partition_point(|(st, _)| *st <= t);
+            k.checked_sub(1).map(|k| device_series[k].1 as u64)
+        })
+        .collect();
+    let top = cols.iter().map(|c| c.total.max(c.reserved)).chain(device.iter().flatten().copied()).max().unwrap_or(0);
     let ymax = nice_ceiling(top + top / 10);
     let buf = f.buffer_mut();
     // Axis labels at the top edge of the top and middle rows, and zero.
@@ -181,7 +194,6 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
     }
     buf.set_string(inner.x, plot.y + plot.height - 1, format!("{:>8}", "0"), Style::default().fg(theme.ui.dim));
     let rows = plot.height as u64;
-    let span = (to - from).max(1);
     // By allocation: each allocation its own band, stacked in allocation order as
     // memory_viz draws them (a freed band's upper neighbours slide down).
     let spans: Vec<_> = if view.by_category { Vec::new() } else { store.spans_in(from, to).copied().collect() };
@@ -200,6 +212,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
         }
         let h = eighths(col.total);
         let reserved_row = eighths(col.reserved) / 8;
+        let device_row = device[x].map(|d| eighths(d) / 8);
         let mut bands: Vec<(u64, ratatui::style::Color)> = Vec::new();
         let h = if view.by_category {
             h
@@ -229,6 +242,8 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
                 cell.set_char('█').set_fg(at(lo + 4)).set_bg(shade);
             } else if h > lo {
                 cell.set_char(EIGHTHS[(h - lo) as usize]).set_fg(at(lo + (h - lo) / 2)).set_bg(shade);
+            } else if device_row == Some(r) {
+                cell.set_char('┄').set_fg(theme.chart.device_used).set_bg(shade);
             } else if r == reserved_row && col.reserved > 0 {
                 cell.set_char('─').set_fg(theme.chart.reserved).set_bg(shade);
             } else {
@@ -298,7 +313,53 @@ pub fn render_side(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
         ]));
     }
     lines.push(Line::from(vec![Span::styled("─ ", Style::default().fg(theme.chart.reserved)), Span::styled("reserved", dim)]));
+    lines.push(Line::from(""));
+    lines.extend(gauge_lines(store, theme));
     f.render_widget(Paragraph::new(lines), inner);
+}
+
+/// (capture-clock ns, bytes used) of the engine's device, when NVML is the source.
+fn device_used_series(store: &Store) -> Vec<(u64, f64)> {
+    let nvml = store.gauges.status().is_some_and(|s| s.kind == SourceKind::Nvml);
+    if !nvml {
+        return Vec::new();
+    }
+    store.gauges.series(Metric::DeviceMemUsed(store.gauges.selected_device()))
+}
+
+/// The device's readings (NVML), or the host's when NVML is not there.
+fn gauge_lines<'a>(store: &Store, theme: &Theme) -> Vec<Line<'a>> {
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
+    let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<13}"), dim), Span::styled(v, val)]);
+    let opt = |v: Option<u32>, unit: &str| v.map(|v| format!("{v}{unit}")).unwrap_or_else(|| "–".into());
+    if let Some(d) = store.gauges.latest_device(store.gauges.selected_device()) {
+        let mut out = vec![
+            Line::from(vec![Span::styled("┄ ", Style::default().fg(theme.chart.device_used)), Span::styled(format!("GPU {} {}", d.index, d.name), dim)]),
+            kv("device used", format!("{} / {}", bytes(d.mem_used), bytes(d.mem_total))),
+        ];
+        // What the device holds that PyTorch's allocator does not: CUDA context, cuBLAS
+        // workspaces, other processes.
+        let gap = d.mem_used.saturating_sub(store.history.reserved());
+        out.push(kv("non-PyTorch", bytes(gap)));
+        out.push(kv("util / temp", format!("{} / {}", opt(d.gpu_util, "%"), opt(d.temp_c, "°C"))));
+        let power = match (d.power_mw, d.power_limit_mw) {
+            (Some(p), Some(l)) => format!("{} / {} W", p / 1000, l / 1000),
+            (Some(p), None) => format!("{} W", p / 1000),
+            _ => "–".into(),
+        };
+        out.push(kv("power", power));
+        return out;
+    }
+    match store.gauges.latest_host() {
+        Some(h) => vec![
+            Line::from(Span::styled("host (no NVML)", dim)),
+            kv("process RSS", bytes(h.rss_bytes)),
+            kv("system mem", format!("{} / {}", bytes(h.mem_used), bytes(h.mem_total))),
+            kv("cpu", h.cpu_percent.map(|c| format!("{c:.0}% of {}", h.cpu_count)).unwrap_or_else(|| "–".into())),
+        ],
+        None => vec![Line::from(Span::styled("device gauges: waiting", dim))],
+    }
 }
 
 pub fn render_table(f: &mut Frame, area: Rect, store: &Store, view: &View, theme: &Theme) {

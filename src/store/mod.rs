@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 
 use crate::event::{Action, Batch, Category, MemEvent, Phase};
+use crate::source::gauges::history::GaugeHistory;
+use crate::source::gauges::sample::{GaugeBatch, SourceKind};
 use crate::train::engine::{EngineInfo, KnobChange, OomReport, Report, StepReport};
 
 pub use history::{Column, Entry, History};
@@ -76,6 +78,8 @@ pub struct Store {
     pub steps: VecDeque<StepReport>,
     pub scopes: Vec<String>,
     pub info: Option<EngineInfo>,
+    /// Device (NVML) or host readings, beside the allocator's view.
+    pub gauges: GaugeHistory,
     pub log: VecDeque<LogLine>,
     pub paused: bool,
     pub finished: bool,
@@ -103,6 +107,8 @@ impl Store {
             steps: VecDeque::new(),
             scopes: vec![String::new()],
             info: None,
+            // 10 minutes at the default 250 ms interval.
+            gauges: GaugeHistory::new(2400, 0),
             log: VecDeque::new(),
             paused: false,
             finished: false,
@@ -223,6 +229,21 @@ impl Store {
         }
     }
 
+    pub fn ingest_gauges(&mut self, b: GaugeBatch) {
+        self.version += 1;
+        if let Some(status) = &b.status {
+            // Said once, when the source is chosen or changes, never per sample.
+            let line = match (status.kind, &status.reason) {
+                (SourceKind::Nvml, _) => "device gauges: NVML".to_string(),
+                (kind, Some(why)) => format!("device gauges: {} ({why})", kind.as_str()),
+                (kind, None) => format!("device gauges: {}", kind.as_str()),
+            };
+            let kind = if status.kind == SourceKind::Nvml { LogKind::Info } else { LogKind::Warn };
+            self.log_line(kind, line);
+        }
+        self.gauges.ingest(b);
+    }
+
     pub fn ingest_report(&mut self, r: Report) {
         self.version += 1;
         let here = self.history.end();
@@ -230,6 +251,9 @@ impl Store {
             Report::Started(info) => {
                 if let Some(n) = &info.note {
                     self.log_line(LogKind::Info, n.clone());
+                }
+                if let Some(d) = info.device.strip_prefix("cuda:").and_then(|d| d.parse().ok()) {
+                    self.gauges.set_selected_device(d);
                 }
                 self.info = Some(info);
             }
