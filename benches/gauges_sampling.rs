@@ -23,7 +23,11 @@ fn sampler_tid() -> u32 {
 /// (ns on CPU from schedstat, utime+stime ticks from stat) of one thread.
 fn thread_cpu(tid: u32) -> (u64, u64) {
     let sched = fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).expect("schedstat");
-    let ns = sched.split_whitespace().next().and_then(|v| v.parse().ok()).expect("schedstat ns");
+    let ns = sched
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("schedstat ns");
     let stat = fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");
     (ns, parse_task_ticks(&stat).expect("stat ticks"))
 }
@@ -47,7 +51,9 @@ fn main() {
 
     let (tx, rx) = crossbeam_channel::bounded(64);
     let handle = spawn_gauges(cfg, tx);
-    let first = rx.recv_timeout(Duration::from_secs(5)).expect("first batch");
+    let first = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("first batch");
     let status = first.status.expect("source status");
     let tid = sampler_tid();
     let (ns0, ticks0) = thread_cpu(tid);
@@ -64,9 +70,19 @@ fn main() {
 
     let sched_pct = 100.0 * (ns1 - ns0) as f64 / 1e9 / wall;
     let stat_pct = 100.0 * (ticks1 - ticks0) as f64 / clock_ticks_per_sec() as f64 / wall;
-    println!("source: {} ({})", status.kind.as_str(), status.reason.as_deref().unwrap_or("-"));
-    println!("interval {} ms, {wall:.1} s wall, {samples} samples received", interval.as_millis());
-    println!("one host sample alone: {:.1} µs", per_sample.as_secs_f64() * 1e6);
+    println!(
+        "source: {} ({})",
+        status.kind.as_str(),
+        status.reason.as_deref().unwrap_or("-")
+    );
+    println!(
+        "interval {} ms, {wall:.1} s wall, {samples} samples received",
+        interval.as_millis()
+    );
+    println!(
+        "one host sample alone: {:.1} µs",
+        per_sample.as_secs_f64() * 1e6
+    );
     println!("sampler thread CPU (schedstat): {sched_pct:.3}% of one core");
     println!("sampler thread CPU (stat ticks): {stat_pct:.3}% of one core");
 }
