@@ -112,7 +112,12 @@ impl Theme {
     pub fn parse(text: &str, file: &str) -> Result<Theme, ThemeError> {
         let table: toml::Table = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
-            let near = text.get(span.clone()).unwrap_or("").lines().next().unwrap_or("");
+            let near = text
+                .get(span.clone())
+                .unwrap_or("")
+                .lines()
+                .next()
+                .unwrap_or("");
             ThemeError::Syntax {
                 file: file.to_string(),
                 line: text[..span.start].matches('\n').count() + 1,

@@ -140,6 +140,9 @@ struct Outbox {
 impl Outbox {
     /// Sends the pending batch; returns false when the receiver is gone.
     fn flush(&mut self) -> bool {
+        if self.pending.samples.is_empty() && self.pending.status.is_none() {
+            return true;
+        }
         let n = self.pending.samples.len() as u64;
         let batch = std::mem::take(&mut self.pending);
         self.last_send = Instant::now();
