@@ -5,15 +5,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver};
 use vramscope::source::gauges::{
-    open_reader, spawn_gauges, spawn_gauges_with, GaugeBatch, GaugeConfig, GaugeHistory, GaugeReader,
-    Gauges, Metric, NvmlQuery, NvmlReader, RawDevice, RawError, RecordedQuery, SourceKind,
-    SourceStatus,
+    open_reader, spawn_gauges, spawn_gauges_with, GaugeBatch, GaugeConfig, GaugeHistory,
+    GaugeReader, Gauges, Metric, NvmlQuery, NvmlReader, OpenedSource, RawDevice, RawError,
+    RecordedQuery, SourceKind, SourceStatus,
 };
 
 const GIB: u64 = 1 << 30;
 
 fn recv(rx: &Receiver<GaugeBatch>) -> GaugeBatch {
-    rx.recv_timeout(Duration::from_secs(5)).expect("a batch within 5 s")
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("a batch within 5 s")
 }
 
 fn cfg(interval_ms: u64) -> GaugeConfig {
@@ -32,7 +33,7 @@ fn without_nvml_the_host_source_is_chosen_and_says_why() {
             if msg.contains("cannot open shared object file") {
                 assert!(msg.contains("libnvidia-ml.so.1"), "{msg}");
             }
-            let (mut reader, status) = open_reader();
+            let (reader, status) = open_reader();
             assert_eq!(
                 status,
                 SourceStatus {
@@ -40,7 +41,7 @@ fn without_nvml_the_host_source_is_chosen_and_says_why() {
                     reason: Some(msg)
                 }
             );
-            assert!(matches!(reader.sample(), Ok(Gauges::Host(_))));
+            assert!(matches!(reader.unwrap().sample(), Ok(Gauges::Host(_))));
         }
         // On a GPU machine the same call must pick NVML.
         Ok(_) => assert_eq!(open_reader().1.kind, SourceKind::Nvml),
@@ -79,7 +80,10 @@ fn dropping_the_handle_interrupts_a_long_interval() {
     recv(&rx);
     let t = Instant::now();
     drop(handle);
-    assert!(t.elapsed() < Duration::from_secs(5), "stop waited for the interval");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "stop waited for the interval"
+    );
 }
 
 fn device(used_gib: u64, temp: Result<u32, RawError>) -> RawDevice {
@@ -88,6 +92,36 @@ fn device(used_gib: u64, temp: Result<u32, RawError>) -> RawDevice {
         temp_c: temp,
         ..RawDevice::new(0, "NVIDIA H100 80GB HBM3", used_gib * GIB, 80 * GIB)
     }
+}
+
+/// Opens a recording as if NVML had started.
+fn recorded(frames: Vec<Result<Vec<RawDevice>, RawError>>) -> impl FnOnce() -> OpenedSource + Send {
+    move || {
+        let reader = NvmlReader::new(RecordedQuery::new(frames), 1);
+        let status = SourceStatus {
+            kind: SourceKind::Nvml,
+            reason: None,
+        };
+        (Some(Box::new(reader) as Box<dyn GaugeReader>), status)
+    }
+}
+
+#[test]
+fn with_no_source_the_sampler_says_why_and_ends() {
+    let (tx, rx) = bounded(4);
+    let status = SourceStatus {
+        kind: SourceKind::None,
+        reason: Some("NVML unavailable: x; host gauges: cannot read /proc/stat: gone".into()),
+    };
+    let sent = status.clone();
+    let _handle = spawn_gauges_with(cfg(5), tx, move || (None, sent));
+    let batch = recv(&rx);
+    assert_eq!(batch.status, Some(status));
+    assert!(batch.samples.is_empty());
+    assert!(
+        rx.recv_timeout(Duration::from_secs(5)).is_err(),
+        "the thread ended"
+    );
 }
 
 #[test]
@@ -99,15 +133,7 @@ fn recorded_nvml_flows_into_history_then_degrades_to_host_once() {
         Ok(vec![device(30, Err(RawError::Lost("GPU is lost".into())))]),
     ];
     let (tx, rx) = bounded(64);
-    let handle = spawn_gauges_with(cfg(5), tx, move || {
-        (
-            Box::new(NvmlReader::new(RecordedQuery::new(frames), 1)) as Box<dyn GaugeReader>,
-            SourceStatus {
-                kind: SourceKind::Nvml,
-                reason: None,
-            },
-        )
-    });
+    let handle = spawn_gauges_with(cfg(5), tx, recorded(frames));
     let mut history = GaugeHistory::new(10_000, 0);
     let mut statuses = Vec::new();
     while history.latest_host().is_none() {
@@ -136,11 +162,22 @@ fn recorded_nvml_flows_into_history_then_degrades_to_host_once() {
         ]
     );
     assert_eq!(history.status().unwrap().kind, SourceKind::Host);
-    let mem: Vec<f64> = history.series(Metric::DeviceMemUsed(0)).iter().map(|p| p.1).collect();
+    let mem: Vec<f64> = history
+        .series(Metric::DeviceMemUsed(0))
+        .iter()
+        .map(|p| p.1)
+        .collect();
     assert_eq!(mem, [10.0, 20.0, 30.0].map(|g| g * GIB as f64));
-    let temps: Vec<f64> = history.series(Metric::DeviceTemp(0)).iter().map(|p| p.1).collect();
+    let temps: Vec<f64> = history
+        .series(Metric::DeviceTemp(0))
+        .iter()
+        .map(|p| p.1)
+        .collect();
     assert_eq!(temps, [40.0, 41.0, 42.0]);
-    assert_eq!(history.peak(Metric::DeviceMemUsed(0)), Some(30.0 * GIB as f64));
+    assert_eq!(
+        history.peak(Metric::DeviceMemUsed(0)),
+        Some(30.0 * GIB as f64)
+    );
     assert!(history.series(Metric::HostRss).len() >= 3);
     let times: Vec<u64> = history.samples().map(|s| s.t_ns).collect();
     assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
@@ -150,16 +187,7 @@ fn recorded_nvml_flows_into_history_then_degrades_to_host_once() {
 #[test]
 fn a_full_channel_drops_batches_and_history_counts_the_gap() {
     let (tx, rx) = bounded(1);
-    let handle = spawn_gauges_with(cfg(5), tx, || {
-        let frames = vec![Ok(vec![device(1, Ok(30))])];
-        (
-            Box::new(NvmlReader::new(RecordedQuery::new(frames), 1)) as Box<dyn GaugeReader>,
-            SourceStatus {
-                kind: SourceKind::Nvml,
-                reason: None,
-            },
-        )
-    });
+    let handle = spawn_gauges_with(cfg(5), tx, recorded(vec![Ok(vec![device(1, Ok(30))])]));
     // Nobody reads for a while: the first batch waits in the channel, later ones drop.
     std::thread::sleep(Duration::from_millis(900));
     assert!(handle.dropped() > 0);
@@ -187,7 +215,11 @@ fn history_keeps_only_its_capacity() {
         });
     }
     assert_eq!(history.len(), 3);
-    let mem: Vec<f64> = history.series(Metric::DeviceMemUsed(0)).iter().map(|p| p.1 / GIB as f64).collect();
+    let mem: Vec<f64> = history
+        .series(Metric::DeviceMemUsed(0))
+        .iter()
+        .map(|p| p.1 / GIB as f64)
+        .collect();
     assert_eq!(mem, [3.0, 4.0, 5.0]);
     assert_eq!(history.latest_device(0).unwrap().mem_used, 5 * GIB);
 }

@@ -30,7 +30,11 @@ fn process(pid: u32, mib: u64, name: &str) -> RawProcess {
 /// forward, released in backward) over a fixed base, with load that follows it.
 fn reading(i: u32, k: u64) -> RawDevice {
     let phase = k % 12;
-    let act_mib = if phase < 6 { phase * 1800 } else { (12 - phase) * 1800 };
+    let act_mib = if phase < 6 {
+        phase * 1800
+    } else {
+        (12 - phase) * 1800
+    };
     let base_mib = 18_000 + u64::from(i) * 3_000;
     let used = (base_mib + act_mib) * MIB;
     let util = ((k * 7 + u64::from(i) * 13) % 60 + 40) as u32;
@@ -111,7 +115,11 @@ fn selection_and_sort_change_what_is_drawn() {
     let before = screen_text(&draw(&state, 100, 30));
     assert!(before.contains("GPU 0 · NVIDIA H100"));
     state.move_selection(-1);
-    assert_eq!(state.history.selected_device(), 0, "selection stops at the top");
+    assert_eq!(
+        state.history.selected_device(),
+        0,
+        "selection stops at the top"
+    );
     state.move_selection(100);
     assert_eq!(state.history.selected_device(), 7, "and at the bottom");
     let after = screen_text(&draw(&state, 100, 30));
@@ -160,7 +168,11 @@ fn host_view_says_why_nvml_is_not_used() {
     let state = WatchState::new(history, Duration::from_millis(250));
     let terminal = draw(&state, 100, 30);
     let text = screen_text(&terminal);
-    assert_eq!(text.matches("libnvidia-ml.so.1").count(), 1, "the reason is shown once");
+    assert_eq!(
+        text.matches("libnvidia-ml.so.1").count(),
+        1,
+        "the reason is shown once"
+    );
     insta::assert_snapshot!(terminal.backend());
 }
 
@@ -170,7 +182,10 @@ fn too_small_terminal_gets_a_message() {
     let text = screen_text(&draw(&state, 59, 15));
     assert!(text.contains("Terminal too small: 59x15"), "{text}");
     let text = screen_text(&draw(&state, 60, 15));
-    assert!(!text.contains("too small") && text.contains("vramscope watch"), "{text}");
+    assert!(
+        !text.contains("too small") && text.contains("vramscope watch"),
+        "{text}"
+    );
 }
 
 #[test]

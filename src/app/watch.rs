@@ -65,7 +65,11 @@ impl Drop for RestoreTerminal {
     }
 }
 
-fn screen_loop(mut state: WatchState, rx: &Receiver<GaugeBatch>, theme: &Theme) -> anyhow::Result<()> {
+fn screen_loop(
+    mut state: WatchState,
+    rx: &Receiver<GaugeBatch>,
+    theme: &Theme,
+) -> anyhow::Result<()> {
     // Raw mode, alternate screen, and a panic hook that restores both.
     let mut terminal = ratatui::try_init().context("setting up the terminal")?;
     let _restore = RestoreTerminal;
@@ -109,7 +113,13 @@ struct OnceReport {
 
 fn print_once(interval: Duration, json: bool) -> anyhow::Result<()> {
     let origin = Instant::now();
-    let (mut reader, source) = open_reader();
+    let (reader, source) = open_reader();
+    let mut reader = reader.with_context(|| {
+        format!(
+            "no gauge source: {}",
+            source.reason.as_deref().unwrap_or("unknown")
+        )
+    })?;
     // CPU and per-process utilization are rates: give them one interval to measure.
     std::thread::sleep(interval);
     let gauges = reader

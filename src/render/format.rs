@@ -28,7 +28,7 @@ pub fn bar(frac: f64, width: usize) -> (String, String) {
     let full = eighths / 8;
     let mut filled = "█".repeat(full);
     let mut rest = width - full;
-    if full < width && eighths % 8 > 0 {
+    if full < width && !eighths.is_multiple_of(8) {
         filled.push(EIGHTHS[eighths % 8]);
         rest -= 1;
     }

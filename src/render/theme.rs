@@ -18,23 +18,29 @@ pub const BUILTIN: [(&str, &str); 3] = [
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ThemeError {
-    #[error("theme '{name}' is neither a built-in theme ({builtins}) nor a readable file: {detail}")]
+    #[error(
+        "theme '{name}' is neither a built-in theme ({builtins}) nor a readable file: {detail}"
+    )]
     NotFound {
         name: String,
         builtins: String,
         detail: String,
     },
-    #[error("{file}: TOML syntax error at line {line}: {message}")]
+    #[error("{file}: TOML syntax error at line {line}, at {near}: {message}")]
     Syntax {
         file: String,
         line: usize,
+        /// The text the parser stopped at.
+        near: String,
         message: String,
     },
     #[error("{file}: unknown key '{key}'")]
     UnknownKey { file: String, key: String },
     #[error("{file}: missing key '{key}'")]
     MissingKey { file: String, key: String },
-    #[error("{file}: key '{key}': {value:?} is not a colour (expected \"#rrggbb\" or one of {names})")]
+    #[error(
+        "{file}: key '{key}': {value:?} is not a colour (expected \"#rrggbb\" or one of {names})"
+    )]
     BadColour {
         file: String,
         key: String,
@@ -92,21 +98,35 @@ impl Theme {
         if let Some((_, text)) = BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
             return Theme::parse(text, &format!("themes/{name_or_path}.toml"));
         }
-        let text = std::fs::read_to_string(Path::new(name_or_path)).map_err(|e| ThemeError::NotFound {
-            name: name_or_path.to_string(),
-            builtins: BUILTIN.map(|(n, _)| n).join(", "),
-            detail: e.to_string(),
-        })?;
+        let text =
+            std::fs::read_to_string(Path::new(name_or_path)).map_err(|e| ThemeError::NotFound {
+                name: name_or_path.to_string(),
+                builtins: BUILTIN.map(|(n, _)| n).join(", "),
+                detail: e.to_string(),
+            })?;
         Theme::parse(&text, name_or_path)
     }
 
     /// Parses theme TOML; `file` names the source in errors. Every key is required, so a
     /// theme never silently mixes in another's colours.
     pub fn parse(text: &str, file: &str) -> Result<Theme, ThemeError> {
-        let table: toml::Table = toml::from_str(text).map_err(|e| ThemeError::Syntax {
-            file: file.to_string(),
-            line: e.span().map_or(0, |s| text[..s.start].lines().count().max(1)),
-            message: e.message().trim().to_string(),
+        let table: toml::Table = toml::from_str(text).map_err(|e| {
+            let span = e.span().unwrap_or(0..0);
+            let near = text
+                .get(span.clone())
+                .unwrap_or("")
+                .lines()
+                .next()
+                .unwrap_or("");
+            ThemeError::Syntax {
+                file: file.to_string(),
+                line: text[..span.start].matches('\n').count() + 1,
+                near: match near {
+                    "" => "end of input".into(),
+                    n => format!("'{}'", n.chars().take(40).collect::<String>()),
+                },
+                message: e.message().trim().to_string(),
+            }
         })?;
         let mut theme = Theme::black();
         let mut known: Vec<String> = Vec::new();
@@ -313,13 +333,19 @@ mod tests {
 
     #[test]
     fn builtin_themes_load_and_differ() {
-        let themes: Vec<Theme> = BUILTIN.iter().map(|(n, _)| Theme::load(n).unwrap()).collect();
+        let themes: Vec<Theme> = BUILTIN
+            .iter()
+            .map(|(n, _)| Theme::load(n).unwrap())
+            .collect();
         assert_eq!(Theme::default(), themes[0]);
         assert_ne!(themes[0], themes[1]);
         // ansi16 uses only the basic colours, so it looks the same on any terminal.
         let mut ansi = themes[2].clone();
         for (key, c) in ansi.slots() {
-            assert!(!matches!(c, Color::Rgb(..) | Color::Indexed(_)), "{key} is {c:?}");
+            assert!(
+                !matches!(c, Color::Rgb(..) | Color::Indexed(_)),
+                "{key} is {c:?}"
+            );
         }
         // Categories must be told apart.
         for t in &themes {
@@ -332,10 +358,23 @@ mod tests {
     #[test]
     fn dark_theme_follows_torch_profiler_colours() {
         let t = Theme::default();
-        assert_eq!(t.category(Category::Parameter), Color::Rgb(0x00, 0x64, 0x00));
-        assert_eq!(t.category(Category::OptimizerState), Color::Rgb(0xda, 0xa5, 0x20));
-        assert_eq!(t.category(Category::Temporary), Color::Rgb(0x93, 0x70, 0xdb));
-        assert_ne!(t.category(Category::Input), Color::Rgb(0, 0, 0), "black is invisible on dark");
+        assert_eq!(
+            t.category(Category::Parameter),
+            Color::Rgb(0x00, 0x64, 0x00)
+        );
+        assert_eq!(
+            t.category(Category::OptimizerState),
+            Color::Rgb(0xda, 0xa5, 0x20)
+        );
+        assert_eq!(
+            t.category(Category::Temporary),
+            Color::Rgb(0x93, 0x70, 0xdb)
+        );
+        assert_ne!(
+            t.category(Category::Input),
+            Color::Rgb(0, 0, 0),
+            "black is invisible on dark"
+        );
         assert_eq!(t.phase(Phase::Other), None);
         assert!(t.phase(Phase::Backward).is_some());
     }
@@ -351,24 +390,31 @@ mod tests {
         let err = |t: &str| Theme::parse(t, "my.toml").unwrap_err().to_string();
         let gradient = with_line("gradient = \"#0000cd\"", "gradient = \"navyish\"");
         let e = err(&gradient);
-        assert!(e.starts_with("my.toml: key 'category.gradient': \"navyish\" is not a colour"), "{e}");
+        assert!(
+            e.starts_with("my.toml: key 'category.gradient': \"navyish\" is not a colour"),
+            "{e}"
+        );
         assert_eq!(e.lines().count(), 1);
 
         let unknown = with_line("[phase]", "[phase]\nwarmup = \"#ffffff\"");
         assert_eq!(err(&unknown), "my.toml: unknown key 'phase.warmup'");
 
         let duplicate = with_line("[phase]", "[phase]\nforward = \"#ffffff\"");
-        let e = err(&duplicate);
-        assert!(e.starts_with("my.toml: TOML syntax error at line"), "{e}");
-        assert!(e.contains("duplicate"), "{e}");
-        assert_eq!(e.lines().count(), 1, "{e}");
+        let line = 1 + duplicate.lines().position(|l| l == "[phase]").unwrap() + 2;
+        assert_eq!(
+            err(&duplicate),
+            format!("my.toml: TOML syntax error at line {line}, at 'forward': duplicate key")
+        );
 
         let missing = with_line("gradient = \"#0000cd\"\n", "");
         assert_eq!(err(&missing), "my.toml: missing key 'category.gradient'");
 
         let number = with_line("forward = \"#14233a\"", "forward = 3");
         assert!(err(&number).starts_with("my.toml: key 'phase.forward': \"3\" is not a colour"));
-        assert!(matches!(Theme::load("/nonexistent/x.toml"), Err(ThemeError::NotFound { .. })));
+        assert!(matches!(
+            Theme::load("/nonexistent/x.toml"),
+            Err(ThemeError::NotFound { .. })
+        ));
     }
 
     #[test]
@@ -403,9 +449,18 @@ mod tests {
             assert!(!matches!(c, Color::Rgb(..)), "{key} still RGB");
         }
         assert_eq!(mapped.category(Category::Parameter), Color::Indexed(22));
-        assert_eq!(ColorSupport::from_colorterm(Some("truecolor")), ColorSupport::TrueColor);
-        assert_eq!(ColorSupport::from_colorterm(Some("24bit")), ColorSupport::TrueColor);
-        assert_eq!(ColorSupport::from_colorterm(Some("yes")), ColorSupport::Palette256);
+        assert_eq!(
+            ColorSupport::from_colorterm(Some("truecolor")),
+            ColorSupport::TrueColor
+        );
+        assert_eq!(
+            ColorSupport::from_colorterm(Some("24bit")),
+            ColorSupport::TrueColor
+        );
+        assert_eq!(
+            ColorSupport::from_colorterm(Some("yes")),
+            ColorSupport::Palette256
+        );
         assert_eq!(ColorSupport::from_colorterm(None), ColorSupport::Palette256);
     }
 }

@@ -86,14 +86,18 @@ pub fn render_watch(frame: &mut Frame, area: Rect, state: &WatchState, theme: &T
             area.width, area.height
         );
         frame.render_widget(
-            Paragraph::new(msg).style(Style::new().fg(theme.ui.warning)).wrap(Default::default()),
+            Paragraph::new(msg)
+                .style(Style::new().fg(theme.ui.warning))
+                .wrap(Default::default()),
             area,
         );
         return;
     }
     let status_line = status_line(state, theme);
     // A long reason (the loader's message) wraps rather than being cut off.
-    let status_h = (status_line.width() as u16).div_ceil(area.width).clamp(1, 3);
+    let status_h = (status_line.width() as u16)
+        .div_ceil(area.width)
+        .clamp(1, 3);
     let [title, body, status] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(0),
@@ -101,7 +105,10 @@ pub fn render_watch(frame: &mut Frame, area: Rect, state: &WatchState, theme: &T
     ])
     .areas(area);
     render_title(frame, title, state, theme);
-    frame.render_widget(Paragraph::new(status_line).wrap(Wrap { trim: false }), status);
+    frame.render_widget(
+        Paragraph::new(status_line).wrap(Wrap { trim: false }),
+        status,
+    );
     let kind = state.history.status().map(|s| s.kind);
     match state.history.latest().map(|s| s.host()) {
         Some(Some(host)) => render_host(frame, body, state, host, theme),
@@ -111,7 +118,10 @@ pub fn render_watch(frame: &mut Frame, area: Rect, state: &WatchState, theme: &T
                 Some(SourceKind::None) => "No gauge source works here; see the line below.",
                 _ => "Waiting for the first sample…",
             };
-            frame.render_widget(Paragraph::new(msg).style(Style::new().fg(theme.ui.dim)), body);
+            frame.render_widget(
+                Paragraph::new(msg).style(Style::new().fg(theme.ui.dim)),
+                body,
+            );
         }
     }
 }
@@ -121,7 +131,10 @@ fn render_title(frame: &mut Frame, area: Rect, state: &WatchState, theme: &Theme
     let left = " vramscope watch";
     let pad = (area.width as usize).saturating_sub(left.chars().count() + keys.chars().count());
     let line = Line::from(vec![
-        Span::styled(left, Style::new().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
+        Span::styled(
+            left,
+            Style::new().fg(theme.ui.title).add_modifier(Modifier::BOLD),
+        ),
         Span::raw(" ".repeat(pad)),
         Span::styled(keys, Style::new().fg(theme.ui.dim)),
     ]);
@@ -143,12 +156,18 @@ fn status_line(state: &WatchState, theme: &Theme) -> Line<'static> {
                 (SourceKind::Host, _) => Style::new().fg(theme.ui.warning),
                 (SourceKind::None, _) => Style::new().fg(theme.ui.error),
             };
-            spans.push(Span::styled(format!(" source: {}", st.kind.as_str()), style));
+            spans.push(Span::styled(
+                format!(" source: {}", st.kind.as_str()),
+                style,
+            ));
             if let Some(reason) = &st.reason {
                 spans.push(Span::styled(format!(" · {reason}"), style));
             }
         }
-        None => spans.push(Span::styled(" source: starting", Style::new().fg(theme.ui.dim))),
+        None => spans.push(Span::styled(
+            " source: starting",
+            Style::new().fg(theme.ui.dim),
+        )),
     }
     spans.push(Span::styled(
         format!(
@@ -171,7 +190,10 @@ fn block<'a>(title: String, theme: &Theme) -> Block<'a> {
     Block::new()
         .borders(Borders::ALL)
         .border_style(Style::new().fg(theme.ui.border))
-        .title(Span::styled(format!(" {title} "), Style::new().fg(theme.ui.title)))
+        .title(Span::styled(
+            format!(" {title} "),
+            Style::new().fg(theme.ui.title),
+        ))
 }
 
 /// Rows each of `graphs` history graphs gets from `available` rows (borders included).
@@ -200,7 +222,11 @@ fn render_devices_view(frame: &mut Frame, area: Rect, state: &WatchState, theme:
     let cols = DeviceColumns::fit(inner.width as usize);
     let mut lines = vec![cols.header(theme)];
     let selected = state.history.selected_device();
-    lines.extend(devices.iter().map(|d| cols.row(d, d.index == selected, theme)));
+    lines.extend(
+        devices
+            .iter()
+            .map(|d| cols.row(d, d.index == selected, theme)),
+    );
     frame.render_widget(Paragraph::new(lines), inner);
 
     if let Some(d) = state.history.latest_device(selected) {
@@ -244,14 +270,26 @@ impl DeviceColumns {
     }
 
     fn header(&self, theme: &Theme) -> Line<'static> {
-        let mut s = format!("{:<5}{:<w$} {:<b$}{:>MEM_TEXT$}{:>UTIL_W$}", "  #", "NAME", "MEMORY", "USED / TOTAL", "UTIL", w = self.name, b = self.bar);
+        let mut s = format!(
+            "{:<5}{:<w$} {:<b$}{:>MEM_TEXT$}{:>UTIL_W$}",
+            "  #",
+            "NAME",
+            "MEMORY",
+            "USED / TOTAL",
+            "UTIL",
+            w = self.name,
+            b = self.bar
+        );
         if self.power {
             s += &format!("{:>POWER_W$}{:>TEMP_W$}", "POWER", "TEMP");
         }
         if self.clock {
             s += &format!("{:>CLOCK_W$}", "SM CLK");
         }
-        Line::styled(s, Style::new().fg(theme.ui.dim).add_modifier(Modifier::BOLD))
+        Line::styled(
+            s,
+            Style::new().fg(theme.ui.dim).add_modifier(Modifier::BOLD),
+        )
     }
 
     fn row(&self, d: &DeviceSample, selected: bool, theme: &Theme) -> Line<'static> {
@@ -293,7 +331,10 @@ impl DeviceColumns {
             };
             spans.push(Span::raw(format!("{power:>POWER_W$}")));
             spans.push(Span::styled(
-                format!("{:>TEMP_W$}", d.temp_c.map_or_else(na, |t| format!("{t}°C"))),
+                format!(
+                    "{:>TEMP_W$}",
+                    d.temp_c.map_or_else(na, |t| format!("{t}°C"))
+                ),
                 temp_style,
             ));
         }
@@ -323,7 +364,15 @@ struct Graph {
     value: String,
 }
 
-fn render_graphs(frame: &mut Frame, area: Rect, state: &WatchState, graphs: &[Graph], rows: u16, title: String, theme: &Theme) {
+fn render_graphs(
+    frame: &mut Frame,
+    area: Rect,
+    state: &WatchState,
+    graphs: &[Graph],
+    rows: u16,
+    title: String,
+    theme: &Theme,
+) {
     let b = block(title, theme);
     let inner = b.inner(area);
     frame.render_widget(b, area);
@@ -337,7 +386,10 @@ fn render_graphs(frame: &mut Frame, area: Rect, state: &WatchState, graphs: &[Gr
         .areas(*a);
         let series = state.history.series(g.metric);
         let keep = series.len().saturating_sub(graph.width as usize);
-        let data: Vec<u64> = series[keep..].iter().map(|(_, v)| (v / g.scale).round() as u64).collect();
+        let data: Vec<u64> = series[keep..]
+            .iter()
+            .map(|(_, v)| (v / g.scale).round() as u64)
+            .collect();
         let max = g
             .max
             .map(|m| (m / g.scale).round() as u64)
@@ -362,7 +414,14 @@ fn history_title(state: &WatchState, what: &str) -> String {
     format!("{what} · last {} samples", state.history.len())
 }
 
-fn render_device_history(frame: &mut Frame, area: Rect, state: &WatchState, d: &DeviceSample, rows: u16, theme: &Theme) {
+fn render_device_history(
+    frame: &mut Frame,
+    area: Rect,
+    state: &WatchState,
+    d: &DeviceSample,
+    rows: u16,
+    theme: &Theme,
+) {
     const MIB: f64 = 1048576.0;
     let i = d.index;
     let opt = |v: Option<String>| v.unwrap_or_else(|| "n/a".into());
@@ -401,7 +460,13 @@ fn render_device_history(frame: &mut Frame, area: Rect, state: &WatchState, d: &
     render_graphs(frame, area, state, &graphs, rows, title, theme);
 }
 
-fn render_processes(frame: &mut Frame, area: Rect, state: &WatchState, devices: &[DeviceSample], theme: &Theme) {
+fn render_processes(
+    frame: &mut Frame,
+    area: Rect,
+    state: &WatchState,
+    devices: &[DeviceSample],
+    theme: &Theme,
+) {
     let mut procs: Vec<_> = devices
         .iter()
         .flat_map(|d| d.processes.iter().map(move |p| (d.index, p)))
@@ -411,16 +476,28 @@ fn render_processes(frame: &mut Frame, area: Rect, state: &WatchState, devices: 
         ProcessSort::Util => procs.sort_by_key(|(d, p)| (Reverse(p.sm_util), *d, p.pid)),
         ProcessSort::Pid => procs.sort_by_key(|(d, p)| (p.pid, *d)),
     }
-    let b = block(format!("Processes ({}, by {})", procs.len(), state.sort.as_str()), theme);
+    let b = block(
+        format!("Processes ({}, by {})", procs.len(), state.sort.as_str()),
+        theme,
+    );
     let inner = b.inner(area);
     frame.render_widget(b, area);
-    let name_w = (inner.width as usize).saturating_sub(4 + 9 + 12 + 6 + 2).min(40);
+    let name_w = (inner.width as usize)
+        .saturating_sub(4 + 9 + 12 + 6 + 2)
+        .min(40);
     let mut lines = vec![Line::styled(
-        format!("{:>4} {:>8} {:<name_w$}{:>12}{:>6}", "GPU", "PID", " NAME", "MEMORY", "SM%"),
+        format!(
+            "{:>4} {:>8} {:<name_w$}{:>12}{:>6}",
+            "GPU", "PID", " NAME", "MEMORY", "SM%"
+        ),
         Style::new().fg(theme.ui.dim).add_modifier(Modifier::BOLD),
     )];
     let room = (inner.height as usize).saturating_sub(1);
-    let shown = if procs.len() > room { room.saturating_sub(1) } else { procs.len() };
+    let shown = if procs.len() > room {
+        room.saturating_sub(1)
+    } else {
+        procs.len()
+    };
     for (d, p) in &procs[..shown] {
         let name = match (&p.name, p.is_self) {
             (Some(n), true) => format!("{n} (this)"),
@@ -428,7 +505,11 @@ fn render_processes(frame: &mut Frame, area: Rect, state: &WatchState, devices: 
             (None, true) => "(this)".into(),
             (None, false) => "?".into(),
         };
-        let style = if p.is_self { Style::new().fg(theme.ui.accent) } else { Style::new() };
+        let style = if p.is_self {
+            Style::new().fg(theme.ui.accent)
+        } else {
+            Style::new()
+        };
         lines.push(Line::styled(
             format!(
                 "{d:>4} {:>8}  {:<w$}{:>12}{:>6}",
@@ -448,7 +529,10 @@ fn render_processes(frame: &mut Frame, area: Rect, state: &WatchState, devices: 
         ));
     }
     if procs.is_empty() {
-        lines.push(Line::styled("  no processes on any GPU", Style::new().fg(theme.ui.dim)));
+        lines.push(Line::styled(
+            "  no processes on any GPU",
+            Style::new().fg(theme.ui.dim),
+        ));
     }
     frame.render_widget(Paragraph::new(lines), inner);
 }
@@ -521,5 +605,13 @@ fn render_host(frame: &mut Frame, area: Rect, state: &WatchState, h: &HostSample
             value: bytes(h.rss_bytes),
         },
     ];
-    render_graphs(frame, hist_area, state, &graphs, rows, history_title(state, "Host"), theme);
+    render_graphs(
+        frame,
+        hist_area,
+        state,
+        &graphs,
+        rows,
+        history_title(state, "Host"),
+        theme,
+    );
 }

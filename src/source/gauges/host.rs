@@ -57,9 +57,7 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<(u64, u64, u32)> {
     // guest and guest_nice (fields 9, 10) are already inside user and nice.
     let total: u64 = ticks.iter().take(8).sum();
     let idle = ticks[3] + ticks.get(4).copied().unwrap_or(0);
-    let cpus = lines
-        .take_while(|l| l.starts_with("cpu"))
-        .count() as u32;
+    let cpus = lines.take_while(|l| l.starts_with("cpu")).count() as u32;
     Some((total - idle, total, cpus.max(1)))
 }
 
@@ -78,7 +76,11 @@ pub fn parse_task_ticks(stat: &str) -> Option<u64> {
 pub fn clock_ticks_per_sec() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as u64 } else { 100 }
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
 }
 
 /// Name of a process from /proc/<pid>/comm; `None` if it is not visible from here.
@@ -117,8 +119,8 @@ impl HostReader {
     fn mark() -> Result<CpuMark, GaugeError> {
         let (busy, total, _) =
             parse_cpu_ticks(&read(STAT)?).ok_or_else(|| malformed(STAT, "cpu line"))?;
-        let self_ticks =
-            parse_task_ticks(&read(SELF_STAT)?).ok_or_else(|| malformed(SELF_STAT, "utime/stime"))?;
+        let self_ticks = parse_task_ticks(&read(SELF_STAT)?)
+            .ok_or_else(|| malformed(SELF_STAT, "utime/stime"))?;
         Ok(CpuMark {
             busy,
             total,
@@ -135,13 +137,13 @@ impl GaugeReader for HostReader {
 
     fn sample(&mut self) -> Result<Gauges, GaugeError> {
         let rss_bytes = parse_rss(&read(STATUS)?).ok_or_else(|| malformed(STATUS, "VmRSS"))?;
-        let (mem_total, mem_used) =
-            parse_meminfo(&read(MEMINFO)?).ok_or_else(|| malformed(MEMINFO, "MemTotal/MemAvailable"))?;
+        let (mem_total, mem_used) = parse_meminfo(&read(MEMINFO)?)
+            .ok_or_else(|| malformed(MEMINFO, "MemTotal/MemAvailable"))?;
         let stat = read(STAT)?;
         let (busy, total, cpu_count) =
             parse_cpu_ticks(&stat).ok_or_else(|| malformed(STAT, "cpu line"))?;
-        let self_ticks =
-            parse_task_ticks(&read(SELF_STAT)?).ok_or_else(|| malformed(SELF_STAT, "utime/stime"))?;
+        let self_ticks = parse_task_ticks(&read(SELF_STAT)?)
+            .ok_or_else(|| malformed(SELF_STAT, "utime/stime"))?;
         let now = CpuMark {
             busy,
             total,
@@ -149,11 +151,12 @@ impl GaugeReader for HostReader {
             at: Instant::now(),
         };
         let dt_total = now.total.saturating_sub(self.prev.total);
-        let cpu_percent =
-            (dt_total > 0).then(|| 100.0 * now.busy.saturating_sub(self.prev.busy) as f32 / dt_total as f32);
+        let cpu_percent = (dt_total > 0)
+            .then(|| 100.0 * now.busy.saturating_sub(self.prev.busy) as f32 / dt_total as f32);
         let wall = now.at.duration_since(self.prev.at).as_secs_f32();
         let self_cpu_percent = (wall > 0.0).then(|| {
-            let secs = now.self_ticks.saturating_sub(self.prev.self_ticks) as f32 / self.ticks_per_sec as f32;
+            let secs = now.self_ticks.saturating_sub(self.prev.self_ticks) as f32
+                / self.ticks_per_sec as f32;
             100.0 * secs / wall
         });
         self.prev = now;
@@ -190,36 +193,46 @@ mod tests {
     #[test]
     fn rss_follows_a_real_allocation() {
         let mut reader = HostReader::open().unwrap();
-        let rss = |r: &mut HostReader| r.sample().unwrap_or_else(|e| panic!("{e}")).clone();
-        let before = match rss(&mut reader) {
+        let mut rss = || match reader.sample().unwrap_or_else(|e| panic!("{e}")) {
             Gauges::Host(h) => h.rss_bytes,
-            Gauges::Devices(_) => unreachable!(),
+            Gauges::Devices(_) => unreachable!("the host reader reads the host"),
         };
+        let before = rss();
         const MIB: usize = 1 << 20;
         let mut block = vec![0u8; 200 * MIB];
         // Touch every page so the kernel backs it.
         for i in (0..block.len()).step_by(4096) {
             block[i] = 1;
         }
-        let after = match rss(&mut reader) {
-            Gauges::Host(h) => h.rss_bytes,
-            Gauges::Devices(_) => unreachable!(),
-        };
+        let after = rss();
         std::hint::black_box(&block);
         let grew = after.saturating_sub(before);
-        assert!(grew >= 180 * MIB as u64, "RSS grew by {} MiB", grew / MIB as u64);
-        assert!(grew <= 260 * MIB as u64, "RSS grew by {} MiB", grew / MIB as u64);
+        assert!(
+            grew >= 180 * MIB as u64,
+            "RSS grew by {} MiB",
+            grew / MIB as u64
+        );
+        assert!(
+            grew <= 260 * MIB as u64,
+            "RSS grew by {} MiB",
+            grew / MIB as u64
+        );
     }
 
     #[test]
     fn system_memory_and_cpu_are_plausible() {
         let mut reader = HostReader::open().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let Gauges::Host(h) = reader.sample().unwrap() else { unreachable!() };
+        let Gauges::Host(h) = reader.sample().unwrap() else {
+            unreachable!()
+        };
         assert!(h.mem_total > 0 && h.mem_used <= h.mem_total);
         assert!(h.rss_bytes > 0 && h.rss_bytes < h.mem_total);
         assert!(h.cpu_count >= 1);
         let cpu = h.self_cpu_percent.unwrap();
-        assert!((0.0..=100.0 * h.cpu_count as f32 + 1.0).contains(&cpu), "{cpu}");
+        assert!(
+            (0.0..=100.0 * h.cpu_count as f32 + 1.0).contains(&cpu),
+            "{cpu}"
+        );
     }
 }

@@ -20,4 +20,6 @@ pub use sample::{
     DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind,
     SourceStatus,
 };
-pub use sampler::{open_reader, spawn_gauges, spawn_gauges_with, GaugeConfig, GaugeHandle};
+pub use sampler::{
+    open_reader, spawn_gauges, spawn_gauges_with, GaugeConfig, GaugeHandle, OpenedSource,
+};

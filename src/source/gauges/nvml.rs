@@ -249,61 +249,63 @@ impl NvmlQuery {
             last_util_us: vec![0; count as usize],
         })
     }
-
 }
 
 fn raw_processes(list: Result<Vec<ProcessInfo>, NvmlError>) -> Raw<Vec<RawProcess>> {
     Ok(list?
-            .into_iter()
-            .map(|p| RawProcess {
-                pid: p.pid,
-                used_bytes: match p.used_gpu_memory {
-                    UsedGpuMemory::Used(b) => Some(b),
-                    UsedGpuMemory::Unavailable => None,
-                },
-                name: process_name(p.pid),
-            })
-            .collect())
+        .into_iter()
+        .map(|p| RawProcess {
+            pid: p.pid,
+            used_bytes: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            },
+            name: process_name(p.pid),
+        })
+        .collect())
 }
 
 /// `last_util_us`: the newest process-utilization timestamp seen on this device.
 fn read_device(index: u32, dev: &Device<'_>, last_util_us: &mut u64) -> RawDevice {
-        let last = last_util_us;
-        let process_sm_util = match dev.process_utilization_stats(*last) {
-            Ok(samples) => {
-                *last = samples.iter().map(|s| s.timestamp).max().unwrap_or(*last);
-                let mut v: Vec<_> = samples.iter().map(|s| (s.timestamp, s.pid, s.sm_util)).collect();
-                v.sort_unstable();
-                Ok(v.into_iter().map(|(_, pid, sm)| (pid, sm)).collect())
-            }
-            // NVML answers NotFound when no process ran in the period.
-            Err(NvmlError::NotFound) => Ok(Vec::new()),
-            Err(e) => Err(e.into()),
-        };
-        RawDevice {
-            index,
-            name: dev.name().map_err(Into::into),
-            memory: dev
-                .memory_info()
-                .map(|m| RawMemory {
-                    used: m.used,
-                    total: m.total,
-                    free: m.free,
-                })
-                .map_err(Into::into),
-            utilization: dev
-                .utilization_rates()
-                .map(|u| (u.gpu, u.memory))
-                .map_err(Into::into),
-            temp_c: dev.temperature(TemperatureSensor::Gpu).map_err(Into::into),
-            power_mw: dev.power_usage().map_err(Into::into),
-            power_limit_mw: dev.enforced_power_limit().map_err(Into::into),
-            sm_clock_mhz: dev.clock_info(Clock::SM).map_err(Into::into),
-            mem_clock_mhz: dev.clock_info(Clock::Memory).map_err(Into::into),
-            compute_processes: raw_processes(dev.running_compute_processes()),
-            graphics_processes: raw_processes(dev.running_graphics_processes()),
-            process_sm_util,
+    let last = last_util_us;
+    let process_sm_util = match dev.process_utilization_stats(*last) {
+        Ok(samples) => {
+            *last = samples.iter().map(|s| s.timestamp).max().unwrap_or(*last);
+            let mut v: Vec<_> = samples
+                .iter()
+                .map(|s| (s.timestamp, s.pid, s.sm_util))
+                .collect();
+            v.sort_unstable();
+            Ok(v.into_iter().map(|(_, pid, sm)| (pid, sm)).collect())
         }
+        // NVML answers NotFound when no process ran in the period.
+        Err(NvmlError::NotFound) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    };
+    RawDevice {
+        index,
+        name: dev.name().map_err(Into::into),
+        memory: dev
+            .memory_info()
+            .map(|m| RawMemory {
+                used: m.used,
+                total: m.total,
+                free: m.free,
+            })
+            .map_err(Into::into),
+        utilization: dev
+            .utilization_rates()
+            .map(|u| (u.gpu, u.memory))
+            .map_err(Into::into),
+        temp_c: dev.temperature(TemperatureSensor::Gpu).map_err(Into::into),
+        power_mw: dev.power_usage().map_err(Into::into),
+        power_limit_mw: dev.enforced_power_limit().map_err(Into::into),
+        sm_clock_mhz: dev.clock_info(Clock::SM).map_err(Into::into),
+        mem_clock_mhz: dev.clock_info(Clock::Memory).map_err(Into::into),
+        compute_processes: raw_processes(dev.running_compute_processes()),
+        graphics_processes: raw_processes(dev.running_graphics_processes()),
+        process_sm_util,
+    }
 }
 
 impl DeviceQuery for NvmlQuery {
@@ -342,9 +344,15 @@ mod tests {
             power_limit_mw: Ok(700_000),
             sm_clock_mhz: Ok(1980),
             mem_clock_mhz: Ok(2619),
-            compute_processes: Ok(vec![proc_(SELF, Some(30_000), "vramscope"), proc_(77, None, "python")]),
+            compute_processes: Ok(vec![
+                proc_(SELF, Some(30_000), "vramscope"),
+                proc_(77, None, "python"),
+            ]),
             // The trainer also holds a graphics context: count it once, with its memory.
-            graphics_processes: Ok(vec![proc_(SELF, Some(30_000), "vramscope"), proc_(9, Some(12), "Xorg")]),
+            graphics_processes: Ok(vec![
+                proc_(SELF, Some(30_000), "vramscope"),
+                proc_(9, Some(12), "Xorg"),
+            ]),
             process_sm_util: Ok(vec![(SELF, 50), (77, 10), (SELF, 80)]),
             ..RawDevice::new(0, "NVIDIA H100 80GB HBM3", 40 * GIB, 80 * GIB)
         }
@@ -353,9 +361,18 @@ mod tests {
     #[test]
     fn full_readings_convert_to_a_sample() {
         let d = convert_device(busy_device(), SELF).unwrap();
-        assert_eq!((d.mem_used, d.mem_total, d.mem_free), (40 * GIB, 80 * GIB, 40 * GIB));
-        assert_eq!((d.gpu_util, d.mem_util, d.temp_c), (Some(87), Some(41), Some(61)));
-        assert_eq!((d.power_mw, d.power_limit_mw), (Some(312_400), Some(700_000)));
+        assert_eq!(
+            (d.mem_used, d.mem_total, d.mem_free),
+            (40 * GIB, 80 * GIB, 40 * GIB)
+        );
+        assert_eq!(
+            (d.gpu_util, d.mem_util, d.temp_c),
+            (Some(87), Some(41), Some(61))
+        );
+        assert_eq!(
+            (d.power_mw, d.power_limit_mw),
+            (Some(312_400), Some(700_000))
+        );
         assert_eq!((d.sm_clock_mhz, d.mem_clock_mhz), (Some(1980), Some(2619)));
         let pids: Vec<u32> = d.processes.iter().map(|p| p.pid).collect();
         assert_eq!(pids, [9, 77, SELF], "deduplicated, in pid order");
@@ -363,7 +380,10 @@ mod tests {
         assert!(me.is_self && !d.processes[0].is_self);
         assert_eq!(me.used_bytes, Some(30_000 << 20));
         assert_eq!(me.sm_util, Some(80), "the newest utilization sample wins");
-        assert_eq!(d.processes[1].used_bytes, None, "hidden memory stays unknown");
+        assert_eq!(
+            d.processes[1].used_bytes, None,
+            "hidden memory stays unknown"
+        );
         assert_eq!(d.processes[0].sm_util, None);
     }
 
@@ -376,9 +396,15 @@ mod tests {
         };
         let d = convert_device(raw, SELF).unwrap();
         assert_eq!(d.name, "GPU 0");
-        assert_eq!(d.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [9, SELF]);
+        assert_eq!(
+            d.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
+            [9, SELF]
+        );
         let bare = convert_device(RawDevice::new(3, "A100", GIB, 40 * GIB), SELF).unwrap();
-        assert_eq!((bare.index, bare.gpu_util, bare.power_mw, bare.temp_c), (3, None, None, None));
+        assert_eq!(
+            (bare.index, bare.gpu_util, bare.power_mw, bare.temp_c),
+            (3, None, None, None)
+        );
         assert!(bare.processes.is_empty());
     }
 
@@ -404,23 +430,46 @@ mod tests {
 
     #[test]
     fn nvml_errors_map_to_decisions() {
-        assert_eq!(RawError::from(NvmlError::NotSupported), RawError::NotSupported);
-        assert_eq!(RawError::from(NvmlError::FailedToLoadSymbol("x".into())), RawError::NotSupported);
-        assert!(matches!(RawError::from(NvmlError::GpuLost), RawError::Lost(_)));
-        assert!(matches!(RawError::from(NvmlError::DriverNotLoaded), RawError::Lost(_)));
-        assert!(matches!(RawError::from(NvmlError::Unknown), RawError::Other(_)));
+        assert_eq!(
+            RawError::from(NvmlError::NotSupported),
+            RawError::NotSupported
+        );
+        assert_eq!(
+            RawError::from(NvmlError::FailedToLoadSymbol("x".into())),
+            RawError::NotSupported
+        );
+        assert!(matches!(
+            RawError::from(NvmlError::GpuLost),
+            RawError::Lost(_)
+        ));
+        assert!(matches!(
+            RawError::from(NvmlError::DriverNotLoaded),
+            RawError::Lost(_)
+        ));
+        assert!(matches!(
+            RawError::from(NvmlError::Unknown),
+            RawError::Other(_)
+        ));
     }
 
     #[test]
     fn reader_replays_a_recording_and_stops_on_loss() {
         let frames = vec![
-            Ok(vec![busy_device(), RawDevice::new(1, "H100", GIB, 80 * GIB)]),
+            Ok(vec![
+                busy_device(),
+                RawDevice::new(1, "H100", GIB, 80 * GIB),
+            ]),
             Err(RawError::Lost("driver not loaded".into())),
         ];
         let mut reader = NvmlReader::new(RecordedQuery::new(frames), SELF);
         assert_eq!(reader.kind(), SourceKind::Nvml);
-        let Gauges::Devices(d) = reader.sample().unwrap() else { panic!("host sample") };
-        assert_eq!(d.iter().map(|d| d.mem_used).collect::<Vec<_>>(), [40 * GIB, GIB]);
+        let Gauges::Devices(d) = reader.sample().unwrap() else {
+            panic!("host sample")
+        };
+        assert_eq!(
+            d.iter().map(|d| d.mem_used).collect::<Vec<_>>(),
+            [40 * GIB, GIB]
+        );
         assert_eq!(
             reader.sample().unwrap_err().to_string(),
             "NVML device list failed: driver not loaded"

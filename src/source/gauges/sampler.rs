@@ -36,11 +36,14 @@ impl Default for GaugeConfig {
     }
 }
 
+/// What a sampler starts with: a reader (none if no source works) and what to tell the UI.
+pub type OpenedSource = (Option<Box<dyn GaugeReader>>, SourceStatus);
+
 /// Opens NVML, or host gauges with the reason NVML is not used.
-pub fn open_reader() -> (Box<dyn GaugeReader>, SourceStatus) {
+pub fn open_reader() -> OpenedSource {
     match NvmlQuery::open() {
         Ok(q) => (
-            Box::new(NvmlReader::new(q, std::process::id())),
+            Some(Box::new(NvmlReader::new(q, std::process::id()))),
             SourceStatus {
                 kind: SourceKind::Nvml,
                 reason: None,
@@ -50,38 +53,23 @@ pub fn open_reader() -> (Box<dyn GaugeReader>, SourceStatus) {
     }
 }
 
-/// Host gauges after `why`; if /proc is unreadable too, an empty source that says so.
-fn fall_back(why: &GaugeError) -> (Box<dyn GaugeReader>, SourceStatus) {
+/// Host gauges after `why`; if /proc is unreadable too, no source, saying both reasons.
+fn fall_back(why: &GaugeError) -> OpenedSource {
     match HostReader::open() {
         Ok(h) => (
-            Box::new(h),
+            Some(Box::new(h)),
             SourceStatus {
                 kind: SourceKind::Host,
                 reason: Some(why.to_string()),
             },
         ),
         Err(host_err) => (
-            Box::new(NoSource),
+            None,
             SourceStatus {
                 kind: SourceKind::None,
                 reason: Some(format!("{why}; host gauges: {host_err}")),
             },
         ),
-    }
-}
-
-/// Stands in when no source works; the sampler stops at its first sample.
-struct NoSource;
-
-impl GaugeReader for NoSource {
-    fn kind(&self) -> SourceKind {
-        SourceKind::None
-    }
-    fn sample(&mut self) -> Result<super::sample::Gauges, GaugeError> {
-        Err(GaugeError::Proc {
-            path: "/proc".into(),
-            detail: "no gauge source".into(),
-        })
     }
 }
 
@@ -98,7 +86,10 @@ impl GaugeHandle {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    pub fn stop(self) {}
+    /// Stops the sampler and waits for it to end (as dropping the handle does).
+    pub fn stop(self) {
+        drop(self);
+    }
 }
 
 impl Drop for GaugeHandle {
@@ -119,7 +110,7 @@ pub fn spawn_gauges(cfg: GaugeConfig, tx: Sender<GaugeBatch>) -> GaugeHandle {
 /// As `spawn_gauges`, with the source opened by `open` on the sampler thread.
 pub fn spawn_gauges_with<F>(cfg: GaugeConfig, tx: Sender<GaugeBatch>, open: F) -> GaugeHandle
 where
-    F: FnOnce() -> (Box<dyn GaugeReader>, SourceStatus) + Send + 'static,
+    F: FnOnce() -> OpenedSource + Send + 'static,
 {
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
     let dropped = Arc::new(AtomicU64::new(0));
@@ -149,6 +140,9 @@ struct Outbox {
 impl Outbox {
     /// Sends the pending batch; returns false when the receiver is gone.
     fn flush(&mut self) -> bool {
+        if self.pending.samples.is_empty() && self.pending.status.is_none() {
+            return true;
+        }
         let n = self.pending.samples.len() as u64;
         let batch = std::mem::take(&mut self.pending);
         self.last_send = Instant::now();
@@ -171,7 +165,7 @@ impl Outbox {
 
 fn run(
     cfg: GaugeConfig,
-    mut reader: Box<dyn GaugeReader>,
+    reader: Option<Box<dyn GaugeReader>>,
     status: SourceStatus,
     tx: Sender<GaugeBatch>,
     stop: Receiver<()>,
@@ -187,6 +181,10 @@ fn run(
         last_send: Instant::now(),
         dropped,
     };
+    let Some(mut reader) = reader else {
+        out.flush();
+        return;
+    };
     let mut deadline = Instant::now();
     loop {
         match reader.sample() {
@@ -195,21 +193,24 @@ fn run(
                 gauges,
             }),
             Err(e) => {
-                let no_fallback = reader.kind() != SourceKind::Nvml;
-                let (next, status) = if no_fallback {
-                    (Box::new(NoSource) as Box<dyn GaugeReader>, SourceStatus {
+                // NVML failing degrades to host gauges, once; host gauges failing ends it.
+                let (next, status) = if reader.kind() == SourceKind::Nvml {
+                    fall_back(&e)
+                } else {
+                    let status = SourceStatus {
                         kind: SourceKind::None,
                         reason: Some(e.to_string()),
-                    })
-                } else {
-                    fall_back(&e)
+                    };
+                    (None, status)
                 };
-                let stopped = status.kind == SourceKind::None;
-                reader = next;
                 out.pending.status = Some(status);
-                out.flush();
-                if stopped {
-                    return;
+                match next {
+                    // Sample the new source at once; the status rides with that sample.
+                    Some(r) => reader = r,
+                    None => {
+                        out.flush();
+                        return;
+                    }
                 }
                 continue;
             }
