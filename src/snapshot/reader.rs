@@ -643,7 +643,12 @@ struct FastHasher(u64);
 
 impl Hasher for FastHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // Final avalanche: hashbrown indexes by the low bits, which the multiply alone
+        // leaves poorly mixed.
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
     }
     fn write(&mut self, bytes: &[u8]) {
         let mut chunks = bytes.chunks_exact(8);
@@ -677,6 +682,156 @@ impl FastHasher {
 
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
+/// The dict keys the reader knows. Matching a key once to this enum costs one string
+/// comparison instead of one per candidate, which matters at millions of dicts.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Key {
+    Action,
+    Addr,
+    DeviceFree,
+    Size,
+    Stream,
+    TimeUs,
+    Frames,
+    Category,
+    CompileContext,
+    UserMetadata,
+    Address,
+    RequestedSize,
+    State,
+    Device,
+    TotalSize,
+    AllocatedSize,
+    ActiveSize,
+    SegmentType,
+    SegmentPoolId,
+    IsExpandable,
+    Blocks,
+    Name,
+    Filename,
+    Line,
+    Stage,
+    Other,
+}
+
+impl Key {
+    fn name(self) -> &'static str {
+        match self {
+            Key::Action => "action",
+            Key::Addr => "addr",
+            Key::DeviceFree => "device_free",
+            Key::Size => "size",
+            Key::Stream => "stream",
+            Key::TimeUs => "time_us",
+            Key::Frames => "frames",
+            Key::Category => "category",
+            Key::CompileContext => "compile_context",
+            Key::UserMetadata => "user_metadata",
+            Key::Address => "address",
+            Key::RequestedSize => "requested_size",
+            Key::State => "state",
+            Key::Device => "device",
+            Key::TotalSize => "total_size",
+            Key::AllocatedSize => "allocated_size",
+            Key::ActiveSize => "active_size",
+            Key::SegmentType => "segment_type",
+            Key::SegmentPoolId => "segment_pool_id",
+            Key::IsExpandable => "is_expandable",
+            Key::Blocks => "blocks",
+            Key::Name => "name",
+            Key::Filename => "filename",
+            Key::Line => "line",
+            Key::Stage => "stage",
+            Key::Other => "",
+        }
+    }
+}
+
+fn key_of(k: &str) -> Key {
+    let b = k.as_bytes();
+    let Some(&first) = b.first() else {
+        return Key::Other;
+    };
+    let cand = match (b.len(), first) {
+        (4, b'a') => Key::Addr,
+        (4, b'l') => Key::Line,
+        (4, b'n') => Key::Name,
+        (4, b's') => Key::Size,
+        (5, b's') => match b[3] {
+            b't' => Key::State,
+            b'g' => Key::Stage,
+            _ => return Key::Other,
+        },
+        (6, b'a') => Key::Action,
+        (6, b'b') => Key::Blocks,
+        (6, b'd') => Key::Device,
+        (6, b'f') => Key::Frames,
+        (6, b's') => Key::Stream,
+        (7, b'a') => Key::Address,
+        (7, b't') => Key::TimeUs,
+        (8, b'c') => Key::Category,
+        (8, b'f') => Key::Filename,
+        (10, b't') => Key::TotalSize,
+        (11, b'a') => Key::ActiveSize,
+        (11, b'd') => Key::DeviceFree,
+        (12, b's') => Key::SegmentType,
+        (13, b'i') => Key::IsExpandable,
+        (13, b'u') => Key::UserMetadata,
+        (14, b'a') => Key::AllocatedSize,
+        (14, b'r') => Key::RequestedSize,
+        (15, b'c') => Key::CompileContext,
+        (15, b's') => Key::SegmentPoolId,
+        _ => return Key::Other,
+    };
+    if cand.name() == k {
+        cand
+    } else {
+        Key::Other
+    }
+}
+
+/// Keys are nearly always memoized strings, so one key arrives again and again at the
+/// same address in the input; remembering recent addresses skips the comparison.
+struct KeyCache {
+    slots: [std::cell::Cell<(usize, usize, Key)>; 64],
+}
+
+impl KeyCache {
+    fn new() -> Self {
+        KeyCache {
+            slots: std::array::from_fn(|_| std::cell::Cell::new((0, 0, Key::Other))),
+        }
+    }
+
+    /// Only valid for strings of one input buffer: same address and length, same bytes.
+    fn get(&self, k: &str) -> Key {
+        let addr = k.as_ptr() as usize;
+        let slot = &self.slots[(addr >> 1) % 64];
+        let (a, len, key) = slot.get();
+        if a == addr && len == k.len() {
+            return key;
+        }
+        let key = key_of(k);
+        slot.set((addr, k.len(), key));
+        key
+    }
+}
+
+fn action_of(s: &str) -> Option<Action> {
+    Some(match s {
+        "alloc" => Action::Alloc,
+        "free_requested" => Action::FreeRequested,
+        "free_completed" => Action::FreeCompleted,
+        "segment_alloc" => Action::SegmentAlloc,
+        "segment_free" => Action::SegmentFree,
+        "segment_map" => Action::SegmentMap,
+        "segment_unmap" => Action::SegmentUnmap,
+        "snapshot" => Action::Snapshot,
+        "oom" => Action::Oom,
+        _ => return None,
+    })
+}
+
 /// The kind of record a dict is, judged by its keys.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Kind {
@@ -687,21 +842,21 @@ enum Kind {
     Frame,
 }
 
-fn classify(pairs: &[Value<'_>]) -> Option<Kind> {
+fn classify(pairs: &[Value<'_>], keys: &KeyCache) -> Option<Kind> {
     let (mut filename, mut line, mut name, mut state, mut size, mut address) =
         (false, false, false, false, false, false);
     for k in pairs.iter().step_by(2) {
         let Value::Str(k) = k else { continue };
-        match *k {
-            "action" => return Some(Kind::Entry),
-            "stage" => return Some(Kind::Annotation),
-            "blocks" | "segment_type" => return Some(Kind::Segment),
-            "filename" => filename = true,
-            "line" => line = true,
-            "name" => name = true,
-            "state" => state = true,
-            "size" => size = true,
-            "address" => address = true,
+        match keys.get(k) {
+            Key::Action => return Some(Kind::Entry),
+            Key::Stage => return Some(Kind::Annotation),
+            Key::Blocks | Key::SegmentType => return Some(Kind::Segment),
+            Key::Filename => filename = true,
+            Key::Line => line = true,
+            Key::Name => name = true,
+            Key::State => state = true,
+            Key::Size => size = true,
+            Key::Address => address = true,
             _ => {}
         }
     }
@@ -722,11 +877,15 @@ struct Vm<'a> {
     memo: Vec<Value<'a>>,
     memo_len: u32,
     arena: Vec<Value<'a>>,
+    /// The memo slot of each arena entry, to store converted frames/stacks there too.
+    arena_memo: Vec<usize>,
     frames: Vec<Frame>,
     frame_ids: FastMap<(&'a str, &'a str, i64), FrameId>,
     stacks: Vec<Vec<FrameId>>,
     stack_ids: FastMap<Vec<FrameId>, StackId>,
     scratch: Vec<Value<'a>>,
+    frame_scratch: Vec<FrameId>,
+    keys: KeyCache,
     /// Offset of the opcode being run, for error messages.
     at: usize,
 }
@@ -749,11 +908,14 @@ impl<'a> Vm<'a> {
             memo,
             memo_len: 0,
             arena: Vec::new(),
+            arena_memo: Vec::new(),
             frames: Vec::new(),
             frame_ids: FastMap::default(),
             stacks: Vec::new(),
             stack_ids: FastMap::default(),
             scratch: Vec::new(),
+            frame_scratch: Vec::new(),
+            keys: KeyCache::new(),
             at: 0,
         }
     }
@@ -807,7 +969,10 @@ impl<'a> Vm<'a> {
                     }
                     return self.pop();
                 }
-                Op::Mark => self.marks.push(self.stack.len()),
+                Op::Mark => {
+                    self.marks.push(self.stack.len());
+                    self.frame_run()?;
+                }
                 Op::Pop => {
                     if self.marks.last() == Some(&self.stack.len()) {
                         self.marks.pop();
@@ -904,23 +1069,101 @@ impl<'a> Vm<'a> {
                 }
                 Op::Put(idx) => self.put(idx)?,
                 Op::Get(idx) => {
-                    memo_get_check(self.memo_len, idx, at)?;
-                    let slot = self
-                        .refs
-                        .slot(idx)
-                        .ok_or_else(|| malformed(at, "memo slot was not seen by the pre-scan"))?;
-                    let v = match &self.memo[slot] {
-                        // Converted shared records are pushed by value: no lookup later.
-                        Value::Shared(h) => match &self.arena[*h as usize] {
-                            Value::Frame(f) => Value::Frame(*f),
-                            Value::Stack(s) => Value::Stack(*s),
-                            _ => Value::Shared(*h),
-                        },
-                        v => v.cheap_copy().unwrap_or_default(),
-                    };
+                    let v = self.memo_get(idx)?;
                     self.stack.push(v);
                 }
             }
+        }
+    }
+
+    fn memo_get(&self, idx: u32) -> Result<Value<'a>, ReadError> {
+        memo_get_check(self.memo_len, idx, self.at)?;
+        let slot = self
+            .refs
+            .slot(idx)
+            .ok_or_else(|| malformed(self.at, "memo slot was not seen by the pre-scan"))?;
+        Ok(match &self.memo[slot] {
+            // Converted shared records are pushed by value: no lookup later.
+            Value::Shared(h) => match &self.arena[*h as usize] {
+                Value::Frame(f) => Value::Frame(*f),
+                Value::Stack(s) => Value::Stack(*s),
+                _ => Value::Shared(*h),
+            },
+            v => v.cheap_copy().unwrap_or_default(),
+        })
+    }
+
+    /// Fast path for the bulk of a snapshot, a stack written as `MARK BINGET... APPENDS`
+    /// of already-seen frame dicts: collect frame ids straight from the bytes into the
+    /// list, skipping the value stack. Anything else stops the run; what was collected
+    /// is then pushed as ordinary values and decoding goes on as usual.
+    fn frame_run(&mut self) -> Result<(), ReadError> {
+        let mut ids = std::mem::take(&mut self.frame_scratch);
+        let data = self.cur.data;
+        loop {
+            let (idx, len) = match data.get(self.cur.pos..) {
+                Some([op::BINGET, i, ..]) => (*i as u32, 2),
+                Some([op::LONG_BINGET, a, b, c, d, ..]) => {
+                    (u32::from_le_bytes([*a, *b, *c, *d]), 5)
+                }
+                _ => break,
+            };
+            self.at = self.cur.pos;
+            match self.memo_get(idx)? {
+                Value::Frame(f) => ids.push(f),
+                _ => break,
+            }
+            self.cur.pos += len;
+        }
+        let closes = data.get(self.cur.pos) == Some(&op::APPENDS);
+        let target = self.frame_list_below_mark();
+        match target {
+            Some(list) if closes && !ids.is_empty() => {
+                match list {
+                    ListData::Frames(v) => v.extend_from_slice(&ids),
+                    list => *list = ListData::Frames(ids.clone()),
+                }
+                self.at = self.cur.pos;
+                self.cur.pos += 1;
+                self.marks.pop();
+            }
+            _ => self.stack.extend(ids.iter().map(|&f| Value::Frame(f))),
+        }
+        ids.clear();
+        self.frame_scratch = ids;
+        Ok(())
+    }
+
+    /// Put a shared container back in its arena slot; once it is a frame or a stack,
+    /// its memo slot holds the id itself, saving BINGET a lookup.
+    fn settle(&mut self, h: u32, v: Value<'a>) {
+        if let Value::Frame(_) | Value::Stack(_) = v {
+            if let Some(copy) = v.cheap_copy() {
+                self.memo[self.arena_memo[h as usize]] = copy;
+            }
+        }
+        self.arena[h as usize] = v;
+    }
+
+    /// The list the innermost MARK's APPENDS would extend, if it is a frame list or
+    /// still empty (owned on the stack or shared in the arena).
+    fn frame_list_below_mark(&mut self) -> Option<&mut ListData<'a>> {
+        let mark = *self.marks.last()?;
+        let floor = self.marks.len().checked_sub(2).map_or(0, |i| self.marks[i]);
+        if mark <= floor || self.stack.len() != mark {
+            return None;
+        }
+        let slot = match self.stack[mark - 1] {
+            Value::Shared(h) => &mut self.arena[h as usize],
+            _ => &mut self.stack[mark - 1],
+        };
+        match slot {
+            Value::List(list) => match list {
+                ListData::Frames(_) => Some(list),
+                ListData::Values(s) if s.items.is_empty() => Some(list),
+                _ => None,
+            },
+            _ => None,
         }
     }
 
@@ -951,7 +1194,7 @@ impl<'a> Vm<'a> {
         };
         let r = add(self, &mut target, &mut items);
         match shared {
-            Some(h) => self.arena[h as usize] = target,
+            Some(h) => self.settle(h, target),
             None => self.stack[i] = target,
         }
         items.clear();
@@ -979,6 +1222,7 @@ impl<'a> Vm<'a> {
                 let h = u32::try_from(self.arena.len())
                     .map_err(|_| malformed(self.at, "too many shared containers"))?;
                 self.arena.push(std::mem::replace(top, Value::Shared(h)));
+                self.arena_memo.push(slot);
                 Value::Shared(h)
             }
         };
@@ -1021,7 +1265,7 @@ impl<'a> Vm<'a> {
             ));
         };
         if seq.items.is_empty() {
-            if let Some(kind) = classify(&pairs) {
+            if let Some(kind) = classify(pairs, &self.keys) {
                 *d = self.convert(kind, pairs)?;
                 return Ok(());
             }
@@ -1041,7 +1285,7 @@ impl<'a> Vm<'a> {
                 Value::Frame(f) => Value::Frame(*f),
                 _ => Value::Shared(h),
             }),
-            Value::Dict(mut seq) => match classify(&seq.items) {
+            Value::Dict(mut seq) => match classify(&seq.items, &self.keys) {
                 Some(kind) => self.convert(kind, &mut seq.items),
                 None => Ok(Value::Dict(seq)),
             },
@@ -1116,10 +1360,10 @@ impl<'a> Vm<'a> {
         let (mut name, mut filename, mut line) = (None, None, None);
         for kv in pairs.chunks_exact_mut(2) {
             let Value::Str(k) = kv[0] else { continue };
-            match k {
-                "name" => name = Some(self.str_field("frame", k, &kv[1])?),
-                "filename" => filename = Some(self.str_field("frame", k, &kv[1])?),
-                "line" => line = Some(self.i64_field("frame", k, &kv[1])?),
+            match self.keys.get(k) {
+                Key::Name => name = Some(self.str_field("frame", k, &kv[1])?),
+                Key::Filename => filename = Some(self.str_field("frame", k, &kv[1])?),
+                Key::Line => line = Some(self.i64_field("frame", k, &kv[1])?),
                 _ => {}
             }
         }
@@ -1186,10 +1430,11 @@ impl<'a> Vm<'a> {
                 };
                 let r = self.stack_field(what, &mut inner);
                 // Keep the converted stack so each later BINGET of this list is free.
-                self.arena[h as usize] = match r {
+                let settled = match r {
                     Ok(id) => Value::Stack(id),
                     Err(_) => inner,
                 };
+                self.settle(h, settled);
                 r
             }
             other => Err(self.schema(
@@ -1207,7 +1452,7 @@ impl<'a> Vm<'a> {
                 match std::mem::replace(&mut self.arena[h as usize], Value::Taken) {
                     Value::Dict(mut seq) => {
                         let id = self.frame_from(&mut seq.items)?;
-                        self.arena[h as usize] = Value::Frame(id);
+                        self.settle(h, Value::Frame(id));
                         Ok(id)
                     }
                     Value::Frame(f) => {
@@ -1299,22 +1544,22 @@ impl<'a> Vm<'a> {
         for kv in pairs.chunks_exact_mut(2) {
             let Value::Str(k) = kv[0] else { continue };
             let v = &mut kv[1];
-            match k {
-                "action" => {
+            match self.keys.get(k) {
+                Key::Action => {
                     let s = self.str_field(W, k, v)?;
                     action = Some(
-                        Action::parse(s)
+                        action_of(s)
                             .ok_or_else(|| self.schema(W, format!("unknown action `{s}`")))?,
                     );
                 }
-                "addr" | "device_free" => addr = Some(self.u64_field(W, k, v)?),
-                "size" => size = Some(self.u64_field(W, k, v)?),
-                "stream" => stream = self.i64_field(W, k, v)?,
-                "time_us" => time_us = self.i64_field(W, k, v)?,
-                "frames" => frames = Some(self.stack_field(W, v)?),
-                "category" => category = self.opt_string(W, k, v)?,
-                "compile_context" => compile_context = self.opt_string(W, k, v)?,
-                "user_metadata" => user_metadata = self.opt_string(W, k, v)?,
+                Key::Addr | Key::DeviceFree => addr = Some(self.u64_field(W, k, v)?),
+                Key::Size => size = Some(self.u64_field(W, k, v)?),
+                Key::Stream => stream = self.i64_field(W, k, v)?,
+                Key::TimeUs => time_us = self.i64_field(W, k, v)?,
+                Key::Frames => frames = Some(self.stack_field(W, v)?),
+                Key::Category => category = self.opt_string(W, k, v)?,
+                Key::CompileContext => compile_context = self.opt_string(W, k, v)?,
+                Key::UserMetadata => user_metadata = self.opt_string(W, k, v)?,
                 _ => {}
             }
         }
@@ -1342,18 +1587,18 @@ impl<'a> Vm<'a> {
         for kv in pairs.chunks_exact_mut(2) {
             let Value::Str(k) = kv[0] else { continue };
             let v = &mut kv[1];
-            match k {
-                "address" => address = Some(self.u64_field(W, k, v)?),
-                "size" => size = Some(self.u64_field(W, k, v)?),
-                "requested_size" => requested = Some(self.u64_field(W, k, v)?),
-                "state" => {
+            match self.keys.get(k) {
+                Key::Address => address = Some(self.u64_field(W, k, v)?),
+                Key::Size => size = Some(self.u64_field(W, k, v)?),
+                Key::RequestedSize => requested = Some(self.u64_field(W, k, v)?),
+                Key::State => {
                     let s = self.str_field(W, k, v)?;
                     state = Some(
                         BlockState::parse(s)
                             .ok_or_else(|| self.schema(W, format!("unknown state `{s}`")))?,
                     );
                 }
-                "frames" => frames = Some(self.stack_field(W, v)?),
+                Key::Frames => frames = Some(self.stack_field(W, v)?),
                 _ => {}
             }
         }
@@ -1391,25 +1636,25 @@ impl<'a> Vm<'a> {
         for kv in pairs.chunks_exact_mut(2) {
             let Value::Str(k) = kv[0] else { continue };
             let v = &mut kv[1];
-            match k {
-                "device" => seg.device = self.i64_field(W, k, v)?,
-                "address" => address = Some(self.u64_field(W, k, v)?),
-                "total_size" => total = Some(self.u64_field(W, k, v)?),
-                "allocated_size" => seg.allocated_size = self.u64_field(W, k, v)?,
-                "active_size" => seg.active_size = self.u64_field(W, k, v)?,
-                "requested_size" => seg.requested_size = self.u64_field(W, k, v)?,
-                "stream" => seg.stream = self.i64_field(W, k, v)?,
-                "segment_type" => {
+            match self.keys.get(k) {
+                Key::Device => seg.device = self.i64_field(W, k, v)?,
+                Key::Address => address = Some(self.u64_field(W, k, v)?),
+                Key::TotalSize => total = Some(self.u64_field(W, k, v)?),
+                Key::AllocatedSize => seg.allocated_size = self.u64_field(W, k, v)?,
+                Key::ActiveSize => seg.active_size = self.u64_field(W, k, v)?,
+                Key::RequestedSize => seg.requested_size = self.u64_field(W, k, v)?,
+                Key::Stream => seg.stream = self.i64_field(W, k, v)?,
+                Key::SegmentType => {
                     seg_type = Some(match self.str_field(W, k, v)? {
                         "large" => SegmentType::Large,
                         "small" => SegmentType::Small,
                         s => return Err(self.schema(W, format!("unknown segment_type `{s}`"))),
                     })
                 }
-                "segment_pool_id" => seg.segment_pool_id = self.pool_id(v)?,
-                "is_expandable" => seg.is_expandable = self.bool_field(W, k, v)?,
-                "frames" => frames = Some(self.stack_field(W, v)?),
-                "blocks" => seg.blocks = self.records(k, std::mem::take(v))?,
+                Key::SegmentPoolId => seg.segment_pool_id = self.pool_id(v)?,
+                Key::IsExpandable => seg.is_expandable = self.bool_field(W, k, v)?,
+                Key::Frames => frames = Some(self.stack_field(W, v)?),
+                Key::Blocks => seg.blocks = self.records(k, std::mem::take(v))?,
                 _ => {}
             }
         }
@@ -1450,17 +1695,17 @@ impl<'a> Vm<'a> {
         for kv in pairs.chunks_exact_mut(2) {
             let Value::Str(k) = kv[0] else { continue };
             let v = &kv[1];
-            match k {
-                "name" => name = Some(self.str_field(W, k, v)?.to_owned()),
-                "stage" => {
+            match self.keys.get(k) {
+                Key::Name => name = Some(self.str_field(W, k, v)?.to_owned()),
+                Key::Stage => {
                     stage = Some(match self.str_field(W, k, v)? {
                         "START" => AnnotationStage::Start,
                         "END" => AnnotationStage::End,
                         s => return Err(self.schema(W, format!("unknown stage `{s}`"))),
                     })
                 }
-                "device" => device = self.i64_field(W, k, v)?,
-                "time_us" => time_us = Some(self.i64_field(W, k, v)?),
+                Key::Device => device = self.i64_field(W, k, v)?,
+                Key::TimeUs => time_us = Some(self.i64_field(W, k, v)?),
                 _ => {}
             }
         }
@@ -1619,7 +1864,7 @@ macro_rules! record {
             fn from_value(vm: &mut Vm<'a>, v: Value<'a>) -> Option<Result<Self, ReadError>> {
                 match v {
                     Value::$val(x) => Some(Ok(*x)),
-                    Value::Dict(mut s) if classify(&s.items) == Some(Kind::$kind) => {
+                    Value::Dict(mut s) if classify(&s.items, &vm.keys) == Some(Kind::$kind) => {
                         Some(vm.$from(&mut s.items))
                     }
                     _ => None,
