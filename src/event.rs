@@ -8,6 +8,7 @@ pub use crate::snapshot::model::Action;
 /// Where in the training step an event happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[repr(u8)]
+#[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Model construction, input creation, anything outside a step.
     Other = 0,
@@ -44,6 +45,7 @@ impl Phase {
 /// What an allocation holds, after torch.profiler's memory-timeline categories.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[repr(u8)]
+#[serde(rename_all = "snake_case")]
 pub enum Category {
     Parameter = 0,
     OptimizerState = 1,

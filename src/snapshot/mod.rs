@@ -2,4 +2,9 @@
 //! and memory_viz's Active Memory Timeline computation.
 
 pub mod model;
+pub mod reader;
 pub mod timeline;
+pub mod writer;
+
+pub use reader::{read_snapshot, read_snapshot_file, ReadError};
+pub use writer::{save_snapshot_atomic, unique_path, write_snapshot, WriteError};

@@ -1,43 +1,101 @@
-//! Fixture loading for integration tests: real snapshots from ../shared/fixtures.
+//! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::time::Duration;
 
+use vramscope::event::Batch;
 use vramscope::snapshot::model::Snapshot;
+use vramscope::train::config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
+use vramscope::train::engine::{Engine, EngineOptions, Report, StepReport};
+
+/// The tiny preset at a CPU-friendly shape.
+pub fn tiny(ctx: i64, batch: i64, mode: Mode, precision: Precision, attention: Attention) -> StepConfig {
+    StepConfig {
+        model_name: "tiny".into(),
+        dims: Preset::Tiny.dims(),
+        ctx,
+        batch,
+        precision,
+        mode,
+        attention,
+    }
+}
+
+pub fn options(cfg: StepConfig, steps: u64) -> EngineOptions {
+    let mut o = EngineOptions::new(cfg);
+    o.device = DeviceChoice::Cpu;
+    o.steps = Some(steps);
+    o.batch_capacity = 1 << 16;
+    o
+}
+
+pub struct Run {
+    pub batches: Vec<Batch>,
+    pub reports: Vec<Report>,
+}
+
+impl Run {
+    pub fn steps(&self) -> Vec<&StepReport> {
+        self.reports
+            .iter()
+            .filter_map(|r| if let Report::Step(s) = r { Some(s) } else { None })
+            .collect()
+    }
+}
+
+/// Runs the engine until it finishes, keeping every batch and report.
+pub fn run(opts: EngineOptions) -> Run {
+    let engine = Engine::spawn(opts).expect("engine starts");
+    collect(engine)
+}
+
+pub fn collect(mut engine: Engine) -> Run {
+    let mut out = Run { batches: Vec::new(), reports: Vec::new() };
+    loop {
+        while let Ok(b) = engine.batches.try_recv() {
+            out.batches.push(b);
+        }
+        match engine.reports.recv_timeout(Duration::from_millis(5)) {
+            Ok(Report::Finished) => break,
+            Ok(r) => {
+                if let Report::Error(e) = &r {
+                    panic!("engine error: {e}");
+                }
+                out.reports.push(r)
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(e) => panic!("engine went away: {e}"),
+        }
+    }
+    engine.shutdown();
+    while let Ok(b) = engine.batches.try_recv() {
+        out.batches.push(b);
+    }
+    out
+}
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    repo_root().join("../shared/fixtures/snapshots").join(name)
+}
+
+pub fn python() -> PathBuf {
+    repo_root().join(".venv/bin/python")
+}
 
 pub const KKAITLYN: &str = "kkaitlyn111_cs336-a2-systems_memory_ctx128_forward";
 pub const MAGMA27: &str = "MAGMA27_assignment2-systems_memory_snapshot";
 pub const SNAPVIEWER: &str = "SnapViewer_assets_memory";
 pub const ALL: [&str; 3] = [KKAITLYN, MAGMA27, SNAPVIEWER];
 
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-pub fn python() -> PathBuf {
-    repo().join(".venv/bin/python")
-}
-
 pub fn fixture_path(name: &str) -> PathBuf {
-    repo()
-        .join("../shared/fixtures/snapshots")
-        .join(format!("{name}.pickle"))
+    fixture(&format!("{name}.pickle"))
 }
 
-/// Loads a fixture through scripts/snapshot_to_json.py (cached under the target dir).
 pub fn load(name: &str) -> Snapshot {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fixture-json");
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join(format!("{name}.json"));
-    if !json.exists() {
-        let st = Command::new(python())
-            .arg(repo().join("scripts/snapshot_to_json.py"))
-            .arg(fixture_path(name))
-            .arg(&json)
-            .status()
-            .expect("run the project venv's python");
-        assert!(st.success(), "converting {name} failed");
-    }
-    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+    vramscope::snapshot::read_snapshot_file(&fixture_path(name)).unwrap()
 }

@@ -1,0 +1,98 @@
+//! Live-screen costs with a long history: ingest rate into the store (target ≥ 20 M
+//! events/s) and the time to render one 200×60 frame with 1 M events (target ≤ 5 ms).
+//!
+//!   cargo bench --bench screen
+
+use std::time::Instant;
+
+use vramscope::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
+use vramscope::render::live::render_to_buffer;
+use vramscope::render::theme::Theme;
+use vramscope::store::Store;
+use vramscope::app::keys::KeyMap;
+use vramscope::app::view::View;
+
+/// A training-shaped stream: per step, forward allocations that mostly survive, backward
+/// freeing them, optimizer temporaries; 8192 events per batch as the engine sends them.
+fn synthetic_batches(events: usize) -> Vec<Batch> {
+    let mut batches = Vec::new();
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut seq = 0u64;
+    let mut addr = 0x7f00_0000_0000u64;
+    let mut x = 0x9e3779b97f4a7c15u64;
+    let mut batch = Batch::default();
+    let mut step = 0u32;
+    while (seq as usize) < events {
+        let phase = Phase::ALL[1 + (seq / 2000 % 4) as usize];
+        if seq % 8000 == 0 {
+            step += 1;
+        }
+        if seq % 2000 == 0 {
+            batch.marks.push(PhaseMark { seq, t_ns: seq * 100, step, phase });
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let alloc = live.len() < 64 || (x % 100 < 50 && live.len() < 20_000);
+        let e = if alloc {
+            let size = 512 * (1 + x % 4096);
+            addr += size;
+            live.push((addr, size));
+            MemEvent { t_ns: seq * 100, addr, size, stream: 0, step, scope: (x % 40) as u32, action: Action::Alloc, phase, device: 0, category: Category::provisional(phase) }
+        } else {
+            let (a, size) = live.swap_remove((x >> 20) as usize % live.len());
+            MemEvent { t_ns: seq * 100, addr: a, size, stream: 0, step, scope: 0, action: Action::FreeRequested, phase, device: 0, category: Category::Temporary }
+        };
+        if batch.events.is_empty() {
+            batch.first_seq = seq;
+        }
+        batch.events.push(e);
+        seq += 1;
+        if batch.events.len() == 8192 {
+            batches.push(std::mem::take(&mut batch));
+        }
+    }
+    if !batch.events.is_empty() {
+        batches.push(batch);
+    }
+    batches
+}
+
+fn main() {
+    let n = 1_000_000;
+    let batches = synthetic_batches(n);
+    // Ingest: best of 3 runs into fresh stores.
+    let mut best = f64::MAX;
+    let mut store = Store::new(4 << 20);
+    for _ in 0..3 {
+        let mut s = Store::new(4 << 20);
+        let input = batches.clone();
+        let t = Instant::now();
+        for b in input {
+            s.ingest_batch(b);
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+        store = s;
+    }
+    println!("ingest: {n} events in {:.1} ms = {:.1} M events/s (target ≥ 20)", best * 1e3, n as f64 / best / 1e6);
+
+    let theme = Theme::load("dark").expect("built-in theme");
+    let keys = KeyMap::default();
+    for (label, view) in [
+        ("whole history", View { window: store.history.end(), ..View::default() }),
+        ("live tail (default zoom)", View::default()),
+        ("whole history, by allocation", View { window: store.history.end(), by_category: false, ..View::default() }),
+    ] {
+        let runs = 20;
+        let mut times: Vec<f64> = (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                let buf = render_to_buffer(&store, &view, &keys, &theme, 200, 60);
+                std::hint::black_box(buf);
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        println!("render 200×60, {n} events, {label}: median {:.2} ms (target ≤ 5)", times[runs / 2] * 1e3);
+    }
+}

@@ -1,0 +1,168 @@
+//! `vramscope watch`: the device gauges full screen, or one sample for scripts.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use crossbeam_channel::Receiver;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use serde::Serialize;
+
+use crate::render::format::bytes;
+use crate::render::theme::{ColorSupport, Theme};
+use crate::render::watch::{render_watch, WatchState};
+use crate::source::gauges::{
+    open_reader, spawn_gauges, GaugeBatch, GaugeConfig, GaugeHistory, GaugeSample, Gauges,
+    SourceStatus,
+};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct WatchArgs {
+    /// Sampling interval in milliseconds.
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(10..))]
+    pub interval_ms: u64,
+    /// Print one sample and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// With --once: print the sample as JSON.
+    #[arg(long, requires = "once")]
+    pub json: bool,
+    /// Theme: dark, light, ansi16, or a path to a theme TOML file.
+    #[arg(long, default_value = "dark")]
+    pub theme: String,
+}
+
+/// Screens redraw at most this often.
+const FRAME: Duration = Duration::from_millis(250);
+/// Samples kept for the graphs: 10 minutes at the default interval.
+const HISTORY_SAMPLES: usize = 2400;
+
+pub fn run_watch(args: WatchArgs) -> anyhow::Result<()> {
+    let interval = Duration::from_millis(args.interval_ms);
+    if args.once {
+        return print_once(interval, args.json);
+    }
+    let theme = Theme::load(&args.theme)?.adapted(ColorSupport::detect());
+    let (tx, rx) = crossbeam_channel::bounded(64);
+    let gauges = spawn_gauges(
+        GaugeConfig {
+            interval,
+            origin: Instant::now(),
+        },
+        tx,
+    );
+    let state = WatchState::new(GaugeHistory::new(HISTORY_SAMPLES, 0), interval);
+    let result = screen_loop(state, &rx, &theme);
+    drop(gauges);
+    result
+}
+
+/// Puts the terminal back however the loop ends (ratatui's own hook covers panics).
+struct RestoreTerminal;
+
+impl Drop for RestoreTerminal {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
+fn screen_loop(
+    mut state: WatchState,
+    rx: &Receiver<GaugeBatch>,
+    theme: &Theme,
+) -> anyhow::Result<()> {
+    // Raw mode, alternate screen, and a panic hook that restores both.
+    let mut terminal = ratatui::try_init().context("setting up the terminal")?;
+    let _restore = RestoreTerminal;
+    let mut dirty = true;
+    let mut last_draw: Option<Instant> = None;
+    loop {
+        while let Ok(batch) = rx.try_recv() {
+            state.history.ingest(batch);
+            dirty = true;
+        }
+        if dirty && last_draw.is_none_or(|t| t.elapsed() >= FRAME) {
+            terminal.draw(|f| render_watch(f, f.area(), &state, theme))?;
+            last_draw = Some(Instant::now());
+            dirty = false;
+        }
+        if !event::poll(Duration::from_millis(50))? {
+            continue;
+        }
+        match event::read()? {
+            Event::Key(k) if k.kind == KeyEventKind::Press => match k.code {
+                KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return Ok(()),
+                KeyCode::Char('s') => state.sort = state.sort.next(),
+                KeyCode::Up => state.move_selection(-1),
+                KeyCode::Down => state.move_selection(1),
+                _ => continue,
+            },
+            Event::Resize(..) => {}
+            _ => continue,
+        }
+        dirty = true;
+    }
+}
+
+/// The `--once --json` document.
+#[derive(Serialize)]
+struct OnceReport {
+    source: SourceStatus,
+    sample: GaugeSample,
+}
+
+fn print_once(interval: Duration, json: bool) -> anyhow::Result<()> {
+    let origin = Instant::now();
+    let (reader, source) = open_reader();
+    let mut reader = reader.with_context(|| {
+        format!(
+            "no gauge source: {}",
+            source.reason.as_deref().unwrap_or("unknown")
+        )
+    })?;
+    // CPU and per-process utilization are rates: give them one interval to measure.
+    std::thread::sleep(interval);
+    let gauges = reader
+        .sample()
+        .with_context(|| format!("reading {} gauges", source.kind.as_str()))?;
+    let report = OnceReport {
+        source,
+        sample: GaugeSample {
+            t_ns: origin.elapsed().as_nanos() as u64,
+            gauges,
+        },
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    match &report.source.reason {
+        Some(r) => println!("source: {} ({r})", report.source.kind.as_str()),
+        None => println!("source: {}", report.source.kind.as_str()),
+    }
+    let pct = |v: Option<u32>| v.map_or_else(|| "n/a".into(), |v| format!("{v}%"));
+    match &report.sample.gauges {
+        Gauges::Devices(devices) => {
+            for d in devices {
+                println!(
+                    "GPU {} {}: {} / {} used, util {}, {} processes",
+                    d.index,
+                    d.name,
+                    bytes(d.mem_used),
+                    bytes(d.mem_total),
+                    pct(d.gpu_util),
+                    d.processes.len()
+                );
+            }
+        }
+        Gauges::Host(h) => println!(
+            "host: memory {} / {} used, cpu {:.1}% of {} cores, this process RSS {}",
+            bytes(h.mem_used),
+            bytes(h.mem_total),
+            h.cpu_percent.unwrap_or(0.0),
+            h.cpu_count,
+            bytes(h.rss_bytes)
+        ),
+    }
+    Ok(())
+}

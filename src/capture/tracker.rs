@@ -1,0 +1,316 @@
+//! Turns the shim's raw events into the device-shaped stream every consumer reads, and
+//! keeps the exact accounting that must survive dropped batches: live bytes per category,
+//! allocated/reserved with per-phase peaks, and the trace ring that snapshots are cut from.
+//!
+//! On CPU, libtorch's CPU allocator requests go through the caching-allocator model, so the
+//! stream carries modelled device addresses and segment events, as a GPU would show.
+//! On CUDA the caching allocator's own trace passes through.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::allocator::{AllocatorConfig, CachingAllocatorModel, ModelOp};
+use crate::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
+use crate::snapshot::model::StackId;
+
+use super::{RawEvent, RAW_ALLOC, RAW_FREE};
+
+/// Where events come from, which decides how they are translated.
+pub enum Backend {
+    /// libtorch CPU allocator requests, modelled as the CUDA caching allocator.
+    Modelled(Box<CachingAllocatorModel>),
+    /// The CUDA caching allocator's own trace; counters come from the allocator.
+    Cuda { device: u8 },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    addr: u64,
+    size: u64,
+    category: Category,
+    /// Set when the loop named the category; provisional ones may still change at free.
+    tagged: bool,
+    step: u32,
+    phase: Phase,
+    /// Stream sequence number of the alloc event (to fix its category in the trace ring).
+    seq: u64,
+}
+
+/// Exact figures since the last `take_step_stats`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepStats {
+    pub phase_peak_allocated: [u64; 5],
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub peak_active: u64,
+}
+
+pub struct Tracker {
+    backend: Backend,
+    /// Keyed by the raw address (CPU pointer, or device address on CUDA).
+    live: HashMap<u64, Live>,
+    next_seq: u64,
+    pub category_bytes: [u64; 8],
+    pub active_bytes: u64,
+    /// Device counters as of the last event (modelled on CPU, set from the allocator on CUDA).
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    step_stats: StepStats,
+    pending: Batch,
+    ring: VecDeque<MemEvent>,
+    ring_cap: usize,
+    marks: VecDeque<PhaseMark>,
+    ops: Vec<ModelOp>,
+    /// Stack id per (scope, phase), from the caller's frame table; 0 = empty stack.
+    pub stack_of: HashMap<(u32, Phase), StackId>,
+}
+
+impl Tracker {
+    pub fn new(backend: Backend, ring_cap: usize) -> Tracker {
+        Tracker {
+            backend,
+            live: HashMap::new(),
+            next_seq: 0,
+            category_bytes: [0; 8],
+            active_bytes: 0,
+            allocated_bytes: 0,
+            reserved_bytes: 0,
+            step_stats: StepStats::default(),
+            pending: Batch::default(),
+            ring: VecDeque::new(),
+            ring_cap,
+            marks: VecDeque::new(),
+            ops: Vec::new(),
+            stack_of: HashMap::new(),
+        }
+    }
+
+    pub fn modelled() -> Tracker {
+        Tracker::new(
+            Backend::Modelled(Box::new(CachingAllocatorModel::new(AllocatorConfig::default()))),
+            1_000_000,
+        )
+    }
+
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Processes raw events in order.
+    pub fn ingest(&mut self, raw: &[RawEvent]) {
+        for e in raw {
+            let phase = Phase::from_u8(e.phase);
+            match &mut self.backend {
+                Backend::Modelled(model) => {
+                    let mut ops = std::mem::take(&mut self.ops);
+                    ops.clear();
+                    let ok = match e.action {
+                        RAW_ALLOC => {
+                            let stack = self.stack_of.get(&(e.scope, phase)).copied().unwrap_or(0);
+                            model.malloc(e.addr, e.size, 0, stack, &mut ops);
+                            true
+                        }
+                        RAW_FREE => model.free(e.addr, &mut ops),
+                        _ => false,
+                    };
+                    if ok {
+                        let stats = model.stats();
+                        self.allocated_bytes = stats.allocated_bytes;
+                        self.reserved_bytes = stats.reserved_bytes;
+                        for op in &ops {
+                            match *op {
+                                ModelOp::SegmentAlloc { addr, size } => {
+                                    self.emit(e, Action::SegmentAlloc, addr, size, Category::Unknown)
+                                }
+                                ModelOp::SegmentFree { addr, size } => {
+                                    self.emit(e, Action::SegmentFree, addr, size, Category::Unknown)
+                                }
+                                ModelOp::Alloc { addr, size, .. } => self.on_alloc(e, e.addr, addr, size),
+                                ModelOp::Free { .. } => self.on_free(e, e.addr, true),
+                            }
+                        }
+                    }
+                    self.ops = ops;
+                }
+                Backend::Cuda { .. } => match Action::from_u8(e.action) {
+                    Some(Action::Alloc) => self.on_alloc(e, e.addr, e.addr, e.size),
+                    Some(Action::FreeRequested) => self.on_free(e, e.addr, false),
+                    Some(Action::FreeCompleted) => {
+                        self.emit(e, Action::FreeCompleted, e.addr, e.size, Category::Unknown)
+                    }
+                    Some(Action::SegmentAlloc) => {
+                        self.reserved_bytes += e.size;
+                        self.emit(e, Action::SegmentAlloc, e.addr, e.size, Category::Unknown)
+                    }
+                    Some(Action::SegmentFree) => {
+                        self.reserved_bytes = self.reserved_bytes.saturating_sub(e.size);
+                        self.emit(e, Action::SegmentFree, e.addr, e.size, Category::Unknown)
+                    }
+                    Some(a) => self.emit(e, a, e.addr, e.size, Category::Unknown),
+                    None => {}
+                },
+            }
+            self.note_peaks(phase);
+        }
+    }
+
+    fn note_peaks(&mut self, phase: Phase) {
+        let s = &mut self.step_stats;
+        let p = &mut s.phase_peak_allocated[phase as usize];
+        *p = (*p).max(self.allocated_bytes);
+        s.peak_allocated = s.peak_allocated.max(self.allocated_bytes);
+        s.peak_reserved = s.peak_reserved.max(self.reserved_bytes);
+        s.peak_active = s.peak_active.max(self.active_bytes);
+    }
+
+    fn on_alloc(&mut self, e: &RawEvent, key: u64, addr: u64, size: u64) {
+        let phase = Phase::from_u8(e.phase);
+        let category = Category::provisional(phase);
+        let seq = self.next_seq;
+        self.live.insert(
+            key,
+            Live { addr, size, category, tagged: false, step: e.step, phase, seq },
+        );
+        self.category_bytes[category as usize] += size;
+        self.active_bytes += size;
+        if let Backend::Cuda { .. } = self.backend {
+            // Until the allocator's counters are read at the phase end, requested bytes are
+            // the best live figure for "allocated".
+            self.allocated_bytes = self.allocated_bytes.max(self.active_bytes);
+        }
+        self.emit(e, Action::Alloc, addr, size, category);
+    }
+
+    fn on_free(&mut self, e: &RawEvent, key: u64, complete: bool) {
+        let Some(mut l) = self.live.remove(&key) else { return };
+        let phase = Phase::from_u8(e.phase);
+        // Made and dropped inside one phase of one step: scratch, whatever it was presumed.
+        if !l.tagged && l.step == e.step && l.phase == phase && l.category != Category::Temporary {
+            self.recategorize(&mut l, Category::Temporary);
+        }
+        self.category_bytes[l.category as usize] -= l.size;
+        self.active_bytes -= l.size;
+        self.emit(e, Action::FreeRequested, l.addr, l.size, l.category);
+        if complete {
+            self.emit(e, Action::FreeCompleted, l.addr, l.size, l.category);
+        }
+    }
+
+    fn recategorize(&mut self, l: &mut Live, to: Category) {
+        if l.category == to {
+            return;
+        }
+        self.category_bytes[l.category as usize] -= l.size;
+        self.category_bytes[to as usize] += l.size;
+        l.category = to;
+        let first = self.next_seq - self.ring.len() as u64;
+        if let Some(ev) = l.seq.checked_sub(first).and_then(|i| self.ring.get_mut(i as usize)) {
+            ev.category = to;
+        }
+        self.pending.retags.push((l.addr, to));
+    }
+
+    /// The loop names what the allocation at raw address `key` holds.
+    pub fn tag(&mut self, key: u64, category: Category) {
+        if let Some(mut l) = self.live.get(&key).copied() {
+            l.tagged = true;
+            self.recategorize(&mut l, category);
+            self.live.insert(key, l);
+        }
+    }
+
+    fn emit(&mut self, e: &RawEvent, action: Action, addr: u64, size: u64, category: Category) {
+        let ev = MemEvent {
+            t_ns: e.t_ns,
+            addr,
+            size,
+            stream: e.stream,
+            step: e.step,
+            scope: e.scope,
+            action,
+            phase: Phase::from_u8(e.phase),
+            device: match self.backend {
+                Backend::Modelled(_) => 0,
+                Backend::Cuda { device } => device,
+            },
+            category,
+        };
+        self.next_seq += 1;
+        if self.pending.events.is_empty() {
+            self.pending.first_seq = self.next_seq - 1;
+        }
+        self.pending.events.push(ev);
+        if self.ring.len() == self.ring_cap {
+            self.ring.pop_front();
+        }
+        self.ring.push_back(ev);
+    }
+
+    /// Records a phase boundary at the current stream position.
+    pub fn mark(&mut self, t_ns: u64, step: u32, phase: Phase) {
+        let m = PhaseMark { seq: self.next_seq, t_ns, step, phase };
+        self.pending.marks.push(m);
+        if self.marks.len() == self.ring_cap {
+            self.marks.pop_front();
+        }
+        self.marks.push_back(m);
+    }
+
+    /// CUDA: replaces the running estimates with the allocator's own counters.
+    pub fn set_device_counters(&mut self, allocated: u64, reserved: u64, phase: Phase) {
+        self.allocated_bytes = allocated;
+        self.reserved_bytes = reserved;
+        self.note_peaks(phase);
+    }
+
+    /// CUDA: the allocator's peak since its last reset, attributed to `phase`.
+    pub fn note_phase_peak(&mut self, phase: Phase, peak_allocated: u64, peak_reserved: u64) {
+        let s = &mut self.step_stats;
+        let p = &mut s.phase_peak_allocated[phase as usize];
+        *p = (*p).max(peak_allocated);
+        s.peak_allocated = s.peak_allocated.max(peak_allocated);
+        s.peak_reserved = s.peak_reserved.max(peak_reserved);
+    }
+
+    pub fn take_batch(&mut self, scopes: Vec<(u32, String)>) -> Batch {
+        let mut b = std::mem::take(&mut self.pending);
+        b.scopes = scopes;
+        b
+    }
+
+    pub fn take_step_stats(&mut self) -> StepStats {
+        let mut fresh = StepStats::default();
+        // The next step starts from what is live now.
+        fresh.peak_allocated = self.allocated_bytes;
+        fresh.peak_reserved = self.reserved_bytes;
+        fresh.peak_active = self.active_bytes;
+        std::mem::replace(&mut self.step_stats, fresh)
+    }
+
+    pub fn trace(&self) -> impl Iterator<Item = &MemEvent> {
+        self.ring.iter()
+    }
+
+    pub fn marks(&self) -> impl Iterator<Item = &PhaseMark> {
+        self.marks.iter()
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Sum of live requested bytes recomputed from scratch (for consistency checks).
+    pub fn live_bytes_recount(&self) -> u64 {
+        self.live.values().map(|l| l.size).sum()
+    }
+
+    pub fn model(&self) -> Option<&CachingAllocatorModel> {
+        match &self.backend {
+            Backend::Modelled(m) => Some(m),
+            Backend::Cuda { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! Number formatting shared by the screens.
+
+const KIB: f64 = 1024.0;
+
+/// Bytes in binary units with three significant figures at most: "512 B", "1.50 KiB",
+/// "41.2 GiB".
+pub fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= KIB && unit + 1 < UNITS.len() {
+        v /= KIB;
+        unit += 1;
+    }
+    match (unit, v) {
+        (0, _) => format!("{b} B"),
+        (_, v) if v < 10.0 => format!("{v:.2} {}", UNITS[unit]),
+        (_, v) if v < 100.0 => format!("{v:.1} {}", UNITS[unit]),
+        (_, v) => format!("{v:.0} {}", UNITS[unit]),
+    }
+}
+
+/// A bar of `width` cells, filled in proportion to `frac` (clamped to 0..=1), with
+/// eighth-cell resolution at its edge.
+pub fn bar(frac: f64, width: usize) -> (String, String) {
+    const EIGHTHS: [char; 8] = [' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'];
+    let eighths = (frac.clamp(0.0, 1.0) * (width * 8) as f64).round() as usize;
+    let full = eighths / 8;
+    let mut filled = "█".repeat(full);
+    let mut rest = width - full;
+    if full < width && !eighths.is_multiple_of(8) {
+        filled.push(EIGHTHS[eighths % 8]);
+        rest -= 1;
+    }
+    (filled, "░".repeat(rest))
+}
+
+/// `s` cut to `width` characters, with '…' marking the cut.
+pub fn fit(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
+    if width > 0 {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_units() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1536), "1.50 KiB");
+        assert_eq!(bytes(200 << 20), "200 MiB");
+        assert_eq!(bytes(80 * (1 << 30) - (400 << 20)), "79.6 GiB");
+    }
+
+    #[test]
+    fn bars_fill_in_eighths() {
+        assert_eq!(bar(0.0, 4), (String::new(), "░░░░".into()));
+        assert_eq!(bar(1.5, 4), ("████".into(), String::new()));
+        assert_eq!(bar(0.5, 4), ("██".into(), "░░".into()));
+        assert_eq!(bar(0.5 + 1.0 / 32.0, 4), ("██▏".into(), "░".into()));
+        let (f, e) = bar(0.37, 10);
+        assert_eq!(f.chars().count() + e.chars().count(), 10);
+    }
+
+    #[test]
+    fn fit_cuts_with_ellipsis() {
+        assert_eq!(fit("NVIDIA H100", 20), "NVIDIA H100");
+        assert_eq!(fit("NVIDIA H100 80GB HBM3", 8), "NVIDIA …");
+    }
+}

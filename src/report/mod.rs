@@ -1,0 +1,3 @@
+//! Headless output: per-step lines and JSON.
+
+pub mod headless;

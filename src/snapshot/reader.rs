@@ -1,0 +1,2113 @@
+//! Fast, safe reader for PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`).
+//!
+//! A snapshot is a pickle of plain data. Instead of building a generic value tree (which
+//! costs several times the file size), this is a purpose-built pickle VM for the data-only
+//! subset of protocols 2-5 that converts dicts into typed records (`TraceEntry`, `Block`,
+//! `Segment`, `Annotation`, `Frame`) as soon as their `SETITEMS` arrives. Strings are
+//! borrowed from the input; frames are interned once per memoized frame dict.
+//!
+//! Two passes: a cheap pre-scan validates the opcode stream and records which memo slots
+//! are ever read back (`BINGET`), so the main pass keeps only those: Python memoizes every
+//! container, and keeping them all would double the memory use.
+//!
+//! Object-building opcodes (GLOBAL, REDUCE, BUILD, ...) are rejected: a snapshot is data.
+//! This file depends only on `super::model` (and libc), so the fuzz crate can include it by path.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::path::{Path, PathBuf};
+
+use super::model::{
+    Action, AllocatorSettings, Annotation, AnnotationStage, Block, BlockState, Frame, FrameId,
+    Segment, SegmentType, SettingValue, Snapshot, StackId, TraceEntry,
+};
+
+/// Deeper generic nesting is refused: real snapshots nest 6 levels, and dropping a
+/// pathologically deep tree would recurse.
+const MAX_DEPTH: u32 = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("not a pickle: the input is empty")]
+    Empty,
+    #[error(
+        "not a pickle: first byte 0x{byte:02x} (a pickle of protocol 2 to 5 starts with 0x80)"
+    )]
+    NotPickle { byte: u8 },
+    #[error("unsupported pickle protocol {version} at byte {offset}: expected 2 to 5")]
+    Protocol { version: u8, offset: usize },
+    #[error("truncated at byte {offset}: expected {expected}")]
+    Truncated { offset: usize, expected: String },
+    #[error("unsupported pickle opcode {name} (0x{code:02x}) at byte {offset}: snapshots are plain data")]
+    ObjectOpcode {
+        name: &'static str,
+        code: u8,
+        offset: usize,
+    },
+    #[error("unsupported pickle opcode {name} (0x{code:02x}) at byte {offset}: only the binary data opcodes of protocols 2 to 5 are read")]
+    UnsupportedOpcode {
+        name: &'static str,
+        code: u8,
+        offset: usize,
+    },
+    #[error("unknown pickle opcode 0x{code:02x} at byte {offset}")]
+    UnknownOpcode { code: u8, offset: usize },
+    #[error("malformed pickle at byte {offset}: {detail}")]
+    Malformed { offset: usize, detail: String },
+    #[error("not a memory snapshot: {detail}")]
+    Schema { detail: String },
+}
+
+/// Read and decode a snapshot file. Regular files are memory-mapped and the pages
+/// already decoded are released as the reader advances, so peak memory is mostly the
+/// decoded snapshot, not the file; other files are read into memory.
+pub fn read_snapshot_file(path: &Path) -> Result<Snapshot, ReadError> {
+    let io = |source| ReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    #[cfg(unix)]
+    if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
+        return decode(map.bytes(), &mut |upto| map.release(upto));
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
+    read_snapshot(&bytes)
+}
+
+/// Decode a snapshot pickle.
+pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, ReadError> {
+    decode(bytes, &mut |_| {})
+}
+
+/// How far the reader advances between calls to its `release` hook.
+const RELEASE_STEP: usize = 16 << 20;
+
+/// `release(n)` is told periodically that bytes before `n` may be dropped from memory;
+/// they must still read the same if touched again (a file mapping re-faults them).
+fn decode(bytes: &[u8], release: &mut dyn FnMut(usize)) -> Result<Snapshot, ReadError> {
+    match bytes.first() {
+        None => return Err(ReadError::Empty),
+        Some(&op::PROTO) => {}
+        Some(&byte) => return Err(ReadError::NotPickle { byte }),
+    }
+    let refs = prescan(bytes, release)?;
+    let mut vm = Vm::new(bytes, refs);
+    let top = vm.run(release)?;
+    let mut snap = vm.into_snapshot(top)?;
+    canonicalize_tables(&mut snap);
+    Ok(snap)
+}
+
+/// Pickle opcodes (the writer uses the same table).
+pub(super) mod op {
+    pub const MARK: u8 = b'(';
+    pub const STOP: u8 = b'.';
+    pub const POP: u8 = b'0';
+    pub const POP_MARK: u8 = b'1';
+    pub const DUP: u8 = b'2';
+    pub const FLOAT: u8 = b'F';
+    pub const INT: u8 = b'I';
+    pub const BININT: u8 = b'J';
+    pub const BININT1: u8 = b'K';
+    pub const LONG: u8 = b'L';
+    pub const BININT2: u8 = b'M';
+    pub const NONE: u8 = b'N';
+    pub const PERSID: u8 = b'P';
+    pub const BINPERSID: u8 = b'Q';
+    pub const REDUCE: u8 = b'R';
+    pub const STRING: u8 = b'S';
+    pub const BINSTRING: u8 = b'T';
+    pub const SHORT_BINSTRING: u8 = b'U';
+    pub const UNICODE: u8 = b'V';
+    pub const BINUNICODE: u8 = b'X';
+    pub const APPEND: u8 = b'a';
+    pub const BUILD: u8 = b'b';
+    pub const GLOBAL: u8 = b'c';
+    pub const DICT: u8 = b'd';
+    pub const EMPTY_DICT: u8 = b'}';
+    pub const APPENDS: u8 = b'e';
+    pub const GET: u8 = b'g';
+    pub const BINGET: u8 = b'h';
+    pub const INST: u8 = b'i';
+    pub const LONG_BINGET: u8 = b'j';
+    pub const LIST: u8 = b'l';
+    pub const EMPTY_LIST: u8 = b']';
+    pub const OBJ: u8 = b'o';
+    pub const PUT: u8 = b'p';
+    pub const BINPUT: u8 = b'q';
+    pub const LONG_BINPUT: u8 = b'r';
+    pub const SETITEM: u8 = b's';
+    pub const TUPLE: u8 = b't';
+    pub const EMPTY_TUPLE: u8 = b')';
+    pub const SETITEMS: u8 = b'u';
+    pub const BINFLOAT: u8 = b'G';
+    pub const PROTO: u8 = 0x80;
+    pub const NEWOBJ: u8 = 0x81;
+    pub const EXT1: u8 = 0x82;
+    pub const EXT2: u8 = 0x83;
+    pub const EXT4: u8 = 0x84;
+    pub const TUPLE1: u8 = 0x85;
+    pub const TUPLE2: u8 = 0x86;
+    pub const TUPLE3: u8 = 0x87;
+    pub const NEWTRUE: u8 = 0x88;
+    pub const NEWFALSE: u8 = 0x89;
+    pub const LONG1: u8 = 0x8a;
+    pub const LONG4: u8 = 0x8b;
+    pub const BINBYTES: u8 = b'B';
+    pub const SHORT_BINBYTES: u8 = b'C';
+    pub const SHORT_BINUNICODE: u8 = 0x8c;
+    pub const BINUNICODE8: u8 = 0x8d;
+    pub const BINBYTES8: u8 = 0x8e;
+    pub const EMPTY_SET: u8 = 0x8f;
+    pub const ADDITEMS: u8 = 0x90;
+    pub const FROZENSET: u8 = 0x91;
+    pub const NEWOBJ_EX: u8 = 0x92;
+    pub const STACK_GLOBAL: u8 = 0x93;
+    pub const MEMOIZE: u8 = 0x94;
+    pub const FRAME: u8 = 0x95;
+    pub const BYTEARRAY8: u8 = 0x96;
+    pub const NEXT_BUFFER: u8 = 0x97;
+    pub const READONLY_BUFFER: u8 = 0x98;
+}
+
+/// Opcodes that build objects or run code: refused with "snapshots are plain data".
+fn object_opcode_name(code: u8) -> Option<&'static str> {
+    Some(match code {
+        op::GLOBAL => "GLOBAL",
+        op::STACK_GLOBAL => "STACK_GLOBAL",
+        op::REDUCE => "REDUCE",
+        op::BUILD => "BUILD",
+        op::INST => "INST",
+        op::OBJ => "OBJ",
+        op::NEWOBJ => "NEWOBJ",
+        op::NEWOBJ_EX => "NEWOBJ_EX",
+        op::PERSID => "PERSID",
+        op::BINPERSID => "BINPERSID",
+        op::EXT1 => "EXT1",
+        op::EXT2 => "EXT2",
+        op::EXT4 => "EXT4",
+        _ => return None,
+    })
+}
+
+/// Valid opcodes this reader does not take (text protocol 0, sets, out-of-band buffers).
+fn unsupported_opcode_name(code: u8) -> Option<&'static str> {
+    Some(match code {
+        op::FLOAT => "FLOAT",
+        op::INT => "INT",
+        op::LONG => "LONG",
+        op::STRING => "STRING",
+        op::BINSTRING => "BINSTRING",
+        op::SHORT_BINSTRING => "SHORT_BINSTRING",
+        op::UNICODE => "UNICODE",
+        op::GET => "GET",
+        op::PUT => "PUT",
+        op::EMPTY_SET => "EMPTY_SET",
+        op::ADDITEMS => "ADDITEMS",
+        op::FROZENSET => "FROZENSET",
+        op::BYTEARRAY8 => "BYTEARRAY8",
+        op::NEXT_BUFFER => "NEXT_BUFFER",
+        op::READONLY_BUFFER => "READONLY_BUFFER",
+        _ => return None,
+    })
+}
+
+/// One decoded opcode; arguments borrow from the input.
+enum Op<'a> {
+    Proto(u8),
+    Frame,
+    Stop,
+    Mark,
+    Pop,
+    PopMark,
+    Dup,
+    None,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(&'static str, &'a [u8]),
+    Bytes(&'a [u8]),
+    EmptyList,
+    EmptyDict,
+    EmptyTuple,
+    List,
+    Dict,
+    Tuple,
+    TupleN(usize),
+    Append,
+    Appends,
+    SetItem,
+    SetItems,
+    Memoize,
+    Put(u32),
+    Get(u32),
+}
+
+/// Byte-level opcode decoder shared by the pre-scan and the main pass.
+struct Cursor<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &dyn Fn() -> String) -> Result<&'a [u8], ReadError> {
+        let remaining = self.data.len() - self.pos;
+        if n > remaining {
+            return Err(ReadError::Truncated {
+                offset: self.pos,
+                expected: format!("{} ({n} bytes, {remaining} left)", what()),
+            });
+        }
+        let s = &self.data[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn fixed<const N: usize>(&mut self, what: &str, opname: &str) -> Result<[u8; N], ReadError> {
+        let s = self.take(N, &|| format!("{N}-byte {what} for {opname}"))?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    fn length(&mut self, raw: u64, opname: &str) -> Result<usize, ReadError> {
+        // Compared with what is left before anything is sliced, so a hostile 2 GiB
+        // length costs nothing.
+        usize::try_from(raw).map_err(|_| ReadError::Truncated {
+            offset: self.pos,
+            expected: format!("{raw} bytes of {opname} data"),
+        })
+    }
+
+    /// Decode the opcode at `self.pos`; returns it with its starting offset.
+    fn next(&mut self) -> Result<(usize, Op<'a>), ReadError> {
+        let at = self.pos;
+        let Some(&code) = self.data.get(at) else {
+            return Err(ReadError::Truncated {
+                offset: at,
+                expected: "an opcode (the pickle has no STOP)".into(),
+            });
+        };
+        self.pos += 1;
+        let o = match code {
+            op::PROTO => Op::Proto(self.fixed::<1>("version", "PROTO")?[0]),
+            op::FRAME => {
+                self.fixed::<8>("length", "FRAME")?;
+                Op::Frame
+            }
+            op::STOP => Op::Stop,
+            op::MARK => Op::Mark,
+            op::POP => Op::Pop,
+            op::POP_MARK => Op::PopMark,
+            op::DUP => Op::Dup,
+            op::NONE => Op::None,
+            op::NEWTRUE => Op::Bool(true),
+            op::NEWFALSE => Op::Bool(false),
+            op::BININT => Op::Int(i32::from_le_bytes(self.fixed("integer", "BININT")?) as i64),
+            op::BININT1 => Op::Int(self.fixed::<1>("integer", "BININT1")?[0] as i64),
+            op::BININT2 => Op::Int(u16::from_le_bytes(self.fixed("integer", "BININT2")?) as i64),
+            op::LONG1 => {
+                let n = self.fixed::<1>("length", "LONG1")?[0] as usize;
+                let b = self.take(n, &|| "LONG1 integer bytes".into())?;
+                long_value(b).ok_or_else(|| out_of_range(at, "LONG1", n))?
+            }
+            op::LONG4 => {
+                let n = i32::from_le_bytes(self.fixed("length", "LONG4")?);
+                let n = usize::try_from(n).map_err(|_| ReadError::Malformed {
+                    offset: at,
+                    detail: format!("LONG4 with negative length {n}"),
+                })?;
+                let b = self.take(n, &|| "LONG4 integer bytes".into())?;
+                long_value(b).ok_or_else(|| out_of_range(at, "LONG4", n))?
+            }
+            op::BINFLOAT => Op::Float(f64::from_be_bytes(self.fixed("float", "BINFLOAT")?)),
+            op::SHORT_BINUNICODE => {
+                let n = self.fixed::<1>("length", "SHORT_BINUNICODE")?[0] as usize;
+                Op::Str(
+                    "SHORT_BINUNICODE",
+                    self.take(n, &|| "SHORT_BINUNICODE text".into())?,
+                )
+            }
+            op::BINUNICODE => {
+                let n = u32::from_le_bytes(self.fixed("length", "BINUNICODE")?) as u64;
+                let n = self.length(n, "BINUNICODE")?;
+                Op::Str("BINUNICODE", self.take(n, &|| "BINUNICODE text".into())?)
+            }
+            op::BINUNICODE8 => {
+                let n = u64::from_le_bytes(self.fixed("length", "BINUNICODE8")?);
+                let n = self.length(n, "BINUNICODE8")?;
+                Op::Str("BINUNICODE8", self.take(n, &|| "BINUNICODE8 text".into())?)
+            }
+            op::SHORT_BINBYTES => {
+                let n = self.fixed::<1>("length", "SHORT_BINBYTES")?[0] as usize;
+                Op::Bytes(self.take(n, &|| "SHORT_BINBYTES data".into())?)
+            }
+            op::BINBYTES => {
+                let n = u32::from_le_bytes(self.fixed("length", "BINBYTES")?) as u64;
+                let n = self.length(n, "BINBYTES")?;
+                Op::Bytes(self.take(n, &|| "BINBYTES data".into())?)
+            }
+            op::BINBYTES8 => {
+                let n = u64::from_le_bytes(self.fixed("length", "BINBYTES8")?);
+                let n = self.length(n, "BINBYTES8")?;
+                Op::Bytes(self.take(n, &|| "BINBYTES8 data".into())?)
+            }
+            op::EMPTY_LIST => Op::EmptyList,
+            op::EMPTY_DICT => Op::EmptyDict,
+            op::EMPTY_TUPLE => Op::EmptyTuple,
+            op::LIST => Op::List,
+            op::DICT => Op::Dict,
+            op::TUPLE => Op::Tuple,
+            op::TUPLE1 => Op::TupleN(1),
+            op::TUPLE2 => Op::TupleN(2),
+            op::TUPLE3 => Op::TupleN(3),
+            op::APPEND => Op::Append,
+            op::APPENDS => Op::Appends,
+            op::SETITEM => Op::SetItem,
+            op::SETITEMS => Op::SetItems,
+            op::MEMOIZE => Op::Memoize,
+            op::BINPUT => Op::Put(self.fixed::<1>("memo index", "BINPUT")?[0] as u32),
+            op::LONG_BINPUT => {
+                Op::Put(u32::from_le_bytes(self.fixed("memo index", "LONG_BINPUT")?))
+            }
+            op::BINGET => Op::Get(self.fixed::<1>("memo index", "BINGET")?[0] as u32),
+            op::LONG_BINGET => {
+                Op::Get(u32::from_le_bytes(self.fixed("memo index", "LONG_BINGET")?))
+            }
+            _ => {
+                if let Some(name) = object_opcode_name(code) {
+                    return Err(ReadError::ObjectOpcode {
+                        name,
+                        code,
+                        offset: at,
+                    });
+                }
+                if let Some(name) = unsupported_opcode_name(code) {
+                    return Err(ReadError::UnsupportedOpcode {
+                        name,
+                        code,
+                        offset: at,
+                    });
+                }
+                return Err(ReadError::UnknownOpcode { code, offset: at });
+            }
+        };
+        Ok((at, o))
+    }
+}
+
+fn out_of_range(offset: usize, opname: &str, n: usize) -> ReadError {
+    ReadError::Malformed {
+        offset,
+        detail: format!("{opname} integer of {n} bytes is outside the 64-bit range"),
+    }
+}
+
+/// Little-endian two's complement integer as i64, or u64 when it only fits unsigned.
+fn long_value(b: &[u8]) -> Option<Op<'static>> {
+    let negative = b.last().is_some_and(|x| x & 0x80 != 0);
+    let (low, high) = b.split_at(b.len().min(8));
+    let mut buf = [if negative { 0xff } else { 0 }; 8];
+    buf[..low.len()].copy_from_slice(low);
+    let fill = if negative { 0xff } else { 0 };
+    if !high.iter().all(|&x| x == fill) {
+        return None;
+    }
+    let v = i64::from_le_bytes(buf);
+    if b.len() > 8 && !negative && v < 0 {
+        // 9+ bytes with zero high bytes: an unsigned value past i64::MAX.
+        return Some(Op::UInt(v as u64));
+    }
+    if b.len() > 8 && negative && v >= 0 {
+        return None;
+    }
+    Some(Op::Int(v))
+}
+
+/// Memo slots read back by BINGET, as a bitset with rank support.
+struct MemoRefs {
+    words: Vec<u64>,
+    /// `ranks[i]` = number of set bits in `words[..i]`.
+    ranks: Vec<u32>,
+}
+
+impl MemoRefs {
+    fn slot(&self, idx: u32) -> Option<usize> {
+        let w = *self.words.get((idx / 64) as usize)?;
+        let bit = 1u64 << (idx % 64);
+        (w & bit != 0).then(|| {
+            self.ranks[(idx / 64) as usize] as usize + (w & (bit - 1)).count_ones() as usize
+        })
+    }
+    fn count(&self) -> usize {
+        self.ranks.last().copied().unwrap_or(0) as usize
+            + self.words.last().map_or(0, |w| w.count_ones() as usize)
+    }
+}
+
+/// Tracks Python's `len(memo)`; a put may overwrite or append, never skip ahead.
+fn memo_put(len: &mut u32, idx: u32, at: usize) -> Result<(), ReadError> {
+    if idx > *len {
+        return Err(ReadError::Malformed {
+            offset: at,
+            detail: format!("memo index {idx} skips ahead of the {len} memo entries defined"),
+        });
+    }
+    if idx == *len {
+        *len = len.checked_add(1).ok_or_else(|| ReadError::Malformed {
+            offset: at,
+            detail: "too many memo entries".into(),
+        })?;
+    }
+    Ok(())
+}
+
+fn memo_get_check(len: u32, idx: u32, at: usize) -> Result<(), ReadError> {
+    if idx >= len {
+        return Err(ReadError::Malformed {
+            offset: at,
+            detail: format!("memo index {idx} out of range (memo has {len} entries)"),
+        });
+    }
+    Ok(())
+}
+
+/// First pass: validate every opcode and its length, and find the memo slots read back.
+fn prescan(data: &[u8], release: &mut dyn FnMut(usize)) -> Result<MemoRefs, ReadError> {
+    let mut cur = Cursor { data, pos: 0 };
+    let mut words: Vec<u64> = Vec::new();
+    let mut len = 0u32;
+    let mut next_release = RELEASE_STEP;
+    loop {
+        if cur.pos >= next_release {
+            release(cur.pos);
+            next_release = cur.pos + RELEASE_STEP;
+        }
+        let (at, o) = cur.next()?;
+        match o {
+            Op::Stop => break,
+            Op::Proto(v) => check_proto(v, at)?,
+            Op::Memoize => {
+                let idx = len;
+                memo_put(&mut len, idx, at)?
+            }
+            Op::Put(idx) => memo_put(&mut len, idx, at)?,
+            Op::Get(idx) => {
+                memo_get_check(len, idx, at)?;
+                let w = (idx / 64) as usize;
+                if words.len() <= w {
+                    words.resize(w + 1, 0);
+                }
+                words[w] |= 1 << (idx % 64);
+            }
+            _ => {}
+        }
+    }
+    let mut ranks = Vec::with_capacity(words.len());
+    let mut acc = 0u32;
+    for w in &words {
+        ranks.push(acc);
+        acc += w.count_ones();
+    }
+    Ok(MemoRefs { words, ranks })
+}
+
+fn check_proto(v: u8, offset: usize) -> Result<(), ReadError> {
+    if (2..=5).contains(&v) {
+        Ok(())
+    } else {
+        Err(ReadError::Protocol { version: v, offset })
+    }
+}
+
+/// Generic container contents with the nesting depth of what it owns.
+#[derive(Clone, Debug, Default)]
+struct Seq<'a> {
+    items: Vec<Value<'a>>,
+    depth: u32,
+}
+
+/// A list, stored by element type once its elements are recognised records.
+#[derive(Clone, Debug)]
+enum ListData<'a> {
+    Values(Seq<'a>),
+    Frames(Vec<FrameId>),
+    Entries(Vec<TraceEntry>),
+    Blocks(Vec<Block>),
+    Segments(Vec<Segment>),
+    Annotations(Vec<Annotation>),
+}
+
+#[derive(Clone, Debug, Default)]
+enum Value<'a> {
+    #[default]
+    None,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+    List(ListData<'a>),
+    Tuple(Seq<'a>),
+    /// Flat `[k0, v0, k1, v1, ...]`; later duplicates win, as in Python.
+    Dict(Seq<'a>),
+    /// A memoized container that is read back later: lives in `Vm::arena`.
+    Shared(u32),
+    Frame(FrameId),
+    Stack(StackId),
+    Entry(Box<TraceEntry>),
+    Block(Box<Block>),
+    Segment(Box<Segment>),
+    Annotation(Box<Annotation>),
+    /// An arena slot whose value is being converted (a cycle if met again).
+    Taken,
+}
+
+impl<'a> Value<'a> {
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "a bool",
+            Value::Int(_) | Value::UInt(_) => "an integer",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a string",
+            Value::Bytes(_) => "bytes",
+            Value::List(_) | Value::Stack(_) => "a list",
+            Value::Tuple(_) => "a tuple",
+            Value::Dict(_) => "a dict",
+            Value::Shared(_) => "a shared container",
+            Value::Frame(_) => "a frame",
+            Value::Entry(_) => "a trace entry",
+            Value::Block(_) => "a block",
+            Value::Segment(_) => "a segment",
+            Value::Annotation(_) => "an annotation",
+            Value::Taken => "a container already used elsewhere (shared or recursive)",
+        }
+    }
+
+    fn depth(&self) -> u32 {
+        match self {
+            Value::List(ListData::Values(s)) | Value::Tuple(s) | Value::Dict(s) => s.depth + 1,
+            Value::List(_) => 1,
+            _ => 0,
+        }
+    }
+
+    /// Values a memo slot can hold by copy; containers go to the arena instead.
+    fn cheap_copy(&self) -> Option<Value<'a>> {
+        Some(match self {
+            Value::None => Value::None,
+            Value::Bool(b) => Value::Bool(*b),
+            Value::Int(i) => Value::Int(*i),
+            Value::UInt(u) => Value::UInt(*u),
+            Value::Float(f) => Value::Float(*f),
+            Value::Str(s) => Value::Str(s),
+            Value::Bytes(b) => Value::Bytes(b),
+            Value::Shared(h) => Value::Shared(*h),
+            Value::Frame(f) => Value::Frame(*f),
+            Value::Stack(s) => Value::Stack(*s),
+            _ => return None,
+        })
+    }
+}
+
+fn seq_from(items: Vec<Value<'_>>, at: usize) -> Result<Seq<'_>, ReadError> {
+    let depth = items.iter().map(Value::depth).max().unwrap_or(0);
+    check_depth(depth, at)?;
+    Ok(Seq { items, depth })
+}
+
+fn check_depth(depth: u32, at: usize) -> Result<(), ReadError> {
+    if depth > MAX_DEPTH {
+        return Err(ReadError::Malformed {
+            offset: at,
+            detail: format!("containers nested deeper than {MAX_DEPTH} levels"),
+        });
+    }
+    Ok(())
+}
+
+/// Multiply-rotate hasher: the keys are short and trusted to be non-adversarial in
+/// distribution terms only; a collision flood would slow, never break, the reader.
+#[derive(Default)]
+struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        // Final avalanche: hashbrown indexes by the low bits, which the multiply alone
+        // leaves poorly mixed.
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+        }
+        for &b in chunks.remainder() {
+            self.add(b as u64);
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_i64(&mut self, i: i64) {
+        self.add(i as u64);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+}
+
+impl FastHasher {
+    #[inline]
+    fn add(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
+/// The dict keys the reader knows. Matching a key once to this enum costs one string
+/// comparison instead of one per candidate, which matters at millions of dicts.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Key {
+    Action,
+    Addr,
+    DeviceFree,
+    Size,
+    Stream,
+    TimeUs,
+    Frames,
+    Category,
+    CompileContext,
+    UserMetadata,
+    Address,
+    RequestedSize,
+    State,
+    Device,
+    TotalSize,
+    AllocatedSize,
+    ActiveSize,
+    SegmentType,
+    SegmentPoolId,
+    IsExpandable,
+    Blocks,
+    Name,
+    Filename,
+    Line,
+    Stage,
+    Other,
+}
+
+impl Key {
+    fn name(self) -> &'static str {
+        match self {
+            Key::Action => "action",
+            Key::Addr => "addr",
+            Key::DeviceFree => "device_free",
+            Key::Size => "size",
+            Key::Stream => "stream",
+            Key::TimeUs => "time_us",
+            Key::Frames => "frames",
+            Key::Category => "category",
+            Key::CompileContext => "compile_context",
+            Key::UserMetadata => "user_metadata",
+            Key::Address => "address",
+            Key::RequestedSize => "requested_size",
+            Key::State => "state",
+            Key::Device => "device",
+            Key::TotalSize => "total_size",
+            Key::AllocatedSize => "allocated_size",
+            Key::ActiveSize => "active_size",
+            Key::SegmentType => "segment_type",
+            Key::SegmentPoolId => "segment_pool_id",
+            Key::IsExpandable => "is_expandable",
+            Key::Blocks => "blocks",
+            Key::Name => "name",
+            Key::Filename => "filename",
+            Key::Line => "line",
+            Key::Stage => "stage",
+            Key::Other => "",
+        }
+    }
+}
+
+fn key_of(k: &str) -> Key {
+    let b = k.as_bytes();
+    let Some(&first) = b.first() else {
+        return Key::Other;
+    };
+    let cand = match (b.len(), first) {
+        (4, b'a') => Key::Addr,
+        (4, b'l') => Key::Line,
+        (4, b'n') => Key::Name,
+        (4, b's') => Key::Size,
+        (5, b's') => match b[3] {
+            b't' => Key::State,
+            b'g' => Key::Stage,
+            _ => return Key::Other,
+        },
+        (6, b'a') => Key::Action,
+        (6, b'b') => Key::Blocks,
+        (6, b'd') => Key::Device,
+        (6, b'f') => Key::Frames,
+        (6, b's') => Key::Stream,
+        (7, b'a') => Key::Address,
+        (7, b't') => Key::TimeUs,
+        (8, b'c') => Key::Category,
+        (8, b'f') => Key::Filename,
+        (10, b't') => Key::TotalSize,
+        (11, b'a') => Key::ActiveSize,
+        (11, b'd') => Key::DeviceFree,
+        (12, b's') => Key::SegmentType,
+        (13, b'i') => Key::IsExpandable,
+        (13, b'u') => Key::UserMetadata,
+        (14, b'a') => Key::AllocatedSize,
+        (14, b'r') => Key::RequestedSize,
+        (15, b'c') => Key::CompileContext,
+        (15, b's') => Key::SegmentPoolId,
+        _ => return Key::Other,
+    };
+    if cand.name() == k {
+        cand
+    } else {
+        Key::Other
+    }
+}
+
+/// Keys are nearly always memoized strings, so one key arrives again and again at the
+/// same address in the input; remembering recent addresses skips the comparison.
+struct KeyCache {
+    slots: [std::cell::Cell<(usize, usize, Key)>; 64],
+}
+
+impl KeyCache {
+    fn new() -> Self {
+        KeyCache {
+            slots: std::array::from_fn(|_| std::cell::Cell::new((0, 0, Key::Other))),
+        }
+    }
+
+    /// Only valid for strings of one input buffer: same address and length, same bytes.
+    fn get(&self, k: &str) -> Key {
+        let addr = k.as_ptr() as usize;
+        let slot = &self.slots[(addr >> 1) % 64];
+        let (a, len, key) = slot.get();
+        if a == addr && len == k.len() {
+            return key;
+        }
+        let key = key_of(k);
+        slot.set((addr, k.len(), key));
+        key
+    }
+}
+
+fn action_of(s: &str) -> Option<Action> {
+    Some(match s {
+        "alloc" => Action::Alloc,
+        "free_requested" => Action::FreeRequested,
+        "free_completed" => Action::FreeCompleted,
+        "segment_alloc" => Action::SegmentAlloc,
+        "segment_free" => Action::SegmentFree,
+        "segment_map" => Action::SegmentMap,
+        "segment_unmap" => Action::SegmentUnmap,
+        "snapshot" => Action::Snapshot,
+        "oom" => Action::Oom,
+        _ => return None,
+    })
+}
+
+/// The kind of record a dict is, judged by its keys.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    Entry,
+    Block,
+    Segment,
+    Annotation,
+    Frame,
+}
+
+fn classify(pairs: &[Value<'_>], keys: &KeyCache) -> Option<Kind> {
+    let (mut filename, mut line, mut name, mut state, mut size, mut address) =
+        (false, false, false, false, false, false);
+    for k in pairs.iter().step_by(2) {
+        let Value::Str(k) = k else { continue };
+        match keys.get(k) {
+            Key::Action => return Some(Kind::Entry),
+            Key::Stage => return Some(Kind::Annotation),
+            Key::Blocks | Key::SegmentType => return Some(Kind::Segment),
+            Key::Filename => filename = true,
+            Key::Line => line = true,
+            Key::Name => name = true,
+            Key::State => state = true,
+            Key::Size => size = true,
+            Key::Address => address = true,
+            _ => {}
+        }
+    }
+    if filename && line && name {
+        Some(Kind::Frame)
+    } else if state && size && address {
+        Some(Kind::Block)
+    } else {
+        None
+    }
+}
+
+struct Vm<'a> {
+    cur: Cursor<'a>,
+    stack: Vec<Value<'a>>,
+    marks: Vec<usize>,
+    refs: MemoRefs,
+    memo: Vec<Value<'a>>,
+    memo_len: u32,
+    arena: Vec<Value<'a>>,
+    /// The memo slot of each arena entry, to store converted frames/stacks there too.
+    arena_memo: Vec<usize>,
+    frames: Vec<Frame>,
+    frame_ids: FastMap<(&'a str, &'a str, i64), FrameId>,
+    stacks: Vec<Vec<FrameId>>,
+    stack_ids: FastMap<Vec<FrameId>, StackId>,
+    scratch: Vec<Value<'a>>,
+    frame_scratch: Vec<FrameId>,
+    keys: KeyCache,
+    /// Offset of the opcode being run, for error messages.
+    at: usize,
+}
+
+fn malformed(offset: usize, detail: impl Into<String>) -> ReadError {
+    ReadError::Malformed {
+        offset,
+        detail: detail.into(),
+    }
+}
+
+impl<'a> Vm<'a> {
+    fn new(data: &'a [u8], refs: MemoRefs) -> Self {
+        let memo = vec![Value::None; refs.count()];
+        Vm {
+            cur: Cursor { data, pos: 0 },
+            stack: Vec::with_capacity(4096),
+            marks: Vec::with_capacity(64),
+            refs,
+            memo,
+            memo_len: 0,
+            arena: Vec::new(),
+            arena_memo: Vec::new(),
+            frames: Vec::new(),
+            frame_ids: FastMap::default(),
+            stacks: Vec::new(),
+            stack_ids: FastMap::default(),
+            scratch: Vec::new(),
+            frame_scratch: Vec::new(),
+            keys: KeyCache::new(),
+            at: 0,
+        }
+    }
+
+    fn schema(&self, what: &str, detail: String) -> ReadError {
+        ReadError::Schema {
+            detail: format!("{what} completed at byte {}: {detail}", self.at),
+        }
+    }
+
+    fn pop(&mut self) -> Result<Value<'a>, ReadError> {
+        if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
+            return Err(malformed(
+                self.at,
+                "a value is needed but the stack top is a MARK",
+            ));
+        }
+        self.stack
+            .pop()
+            .ok_or_else(|| malformed(self.at, "a value is needed but the stack is empty"))
+    }
+
+    fn pop_mark(&mut self) -> Result<usize, ReadError> {
+        self.marks
+            .pop()
+            .ok_or_else(|| malformed(self.at, "an opcode that needs a MARK found none"))
+    }
+
+    fn run(&mut self, release: &mut dyn FnMut(usize)) -> Result<Value<'a>, ReadError> {
+        let mut next_release = RELEASE_STEP;
+        loop {
+            if self.cur.pos >= next_release {
+                release(self.cur.pos);
+                next_release = self.cur.pos + RELEASE_STEP;
+            }
+            let (at, o) = self.cur.next()?;
+            self.at = at;
+            match o {
+                Op::Proto(v) => check_proto(v, at)?,
+                Op::Frame => {}
+                Op::Stop => {
+                    if !self.marks.is_empty() || self.stack.len() != 1 {
+                        return Err(malformed(
+                            at,
+                            format!(
+                                "STOP with {} values and {} marks on the stack, expected one value",
+                                self.stack.len(),
+                                self.marks.len()
+                            ),
+                        ));
+                    }
+                    return self.pop();
+                }
+                Op::Mark => {
+                    self.marks.push(self.stack.len());
+                    self.frame_run()?;
+                }
+                Op::Pop => {
+                    if self.marks.last() == Some(&self.stack.len()) {
+                        self.marks.pop();
+                    } else {
+                        self.pop()?;
+                    }
+                }
+                Op::PopMark => {
+                    let m = self.pop_mark()?;
+                    self.stack.truncate(m);
+                }
+                Op::Dup => {
+                    let top = self
+                        .stack
+                        .last()
+                        .ok_or_else(|| malformed(at, "DUP on an empty stack"))?;
+                    // Copying a container could multiply memory; no snapshot writer emits DUP.
+                    let v = top.cheap_copy().ok_or_else(|| {
+                        malformed(at, format!("DUP of {} is not supported", top.kind()))
+                    })?;
+                    self.stack.push(v);
+                }
+                Op::None => self.stack.push(Value::None),
+                Op::Bool(b) => self.stack.push(Value::Bool(b)),
+                Op::Int(i) => self.stack.push(Value::Int(i)),
+                Op::UInt(u) => self.stack.push(Value::UInt(u)),
+                Op::Float(f) => self.stack.push(Value::Float(f)),
+                Op::Str(name, b) => {
+                    let s = std::str::from_utf8(b)
+                        .map_err(|_| malformed(at, format!("{name} text is not valid UTF-8")))?;
+                    self.stack.push(Value::Str(s));
+                }
+                Op::Bytes(b) => self.stack.push(Value::Bytes(b)),
+                Op::EmptyList => self
+                    .stack
+                    .push(Value::List(ListData::Values(Seq::default()))),
+                Op::EmptyDict => self.stack.push(Value::Dict(Seq::default())),
+                Op::EmptyTuple => self.stack.push(Value::Tuple(Seq::default())),
+                Op::List => {
+                    let m = self.pop_mark()?;
+                    let mut list = ListData::Values(Seq::default());
+                    let mut items = self.stack.split_off(m);
+                    self.extend_list(&mut list, &mut items)?;
+                    self.stack.push(Value::List(list));
+                }
+                Op::Tuple => {
+                    let m = self.pop_mark()?;
+                    let items = self.stack.split_off(m);
+                    self.stack.push(Value::Tuple(seq_from(items, at)?));
+                }
+                Op::TupleN(n) => {
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() < floor + n {
+                        return Err(malformed(
+                            at,
+                            format!("TUPLE{n} needs {n} values on the stack"),
+                        ));
+                    }
+                    let items = self.stack.split_off(self.stack.len() - n);
+                    self.stack.push(Value::Tuple(seq_from(items, at)?));
+                }
+                Op::Dict => {
+                    let m = self.pop_mark()?;
+                    let mut d = Value::Dict(Seq::default());
+                    let mut pairs = self.stack.split_off(m);
+                    self.set_items(&mut d, &mut pairs)?;
+                    self.stack.push(d);
+                }
+                Op::Append => {
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    self.add_to_container(
+                        self.stack.len().saturating_sub(1).max(floor),
+                        Self::append_items,
+                    )?;
+                }
+                Op::Appends => {
+                    let m = self.pop_mark()?;
+                    self.add_to_container(m, Self::append_items)?;
+                }
+                Op::SetItem => {
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    self.add_to_container(
+                        self.stack.len().saturating_sub(2).max(floor),
+                        Self::set_items,
+                    )?;
+                }
+                Op::SetItems => {
+                    let m = self.pop_mark()?;
+                    self.add_to_container(m, Self::set_items)?;
+                }
+                Op::Memoize => {
+                    let idx = self.memo_len;
+                    self.put(idx)?;
+                }
+                Op::Put(idx) => self.put(idx)?,
+                Op::Get(idx) => {
+                    let v = self.memo_get(idx)?;
+                    self.stack.push(v);
+                }
+            }
+        }
+    }
+
+    fn memo_get(&self, idx: u32) -> Result<Value<'a>, ReadError> {
+        memo_get_check(self.memo_len, idx, self.at)?;
+        let slot = self
+            .refs
+            .slot(idx)
+            .ok_or_else(|| malformed(self.at, "memo slot was not seen by the pre-scan"))?;
+        Ok(match &self.memo[slot] {
+            // Converted shared records are pushed by value: no lookup later.
+            Value::Shared(h) => match &self.arena[*h as usize] {
+                Value::Frame(f) => Value::Frame(*f),
+                Value::Stack(s) => Value::Stack(*s),
+                _ => Value::Shared(*h),
+            },
+            v => v.cheap_copy().unwrap_or_default(),
+        })
+    }
+
+    /// Fast path for the bulk of a snapshot, a stack written as `MARK BINGET... APPENDS`
+    /// of already-seen frame dicts: collect frame ids straight from the bytes into the
+    /// list, skipping the value stack. Anything else stops the run; what was collected
+    /// is then pushed as ordinary values and decoding goes on as usual.
+    fn frame_run(&mut self) -> Result<(), ReadError> {
+        let mut ids = std::mem::take(&mut self.frame_scratch);
+        let data = self.cur.data;
+        loop {
+            let (idx, len) = match data.get(self.cur.pos..) {
+                Some([op::BINGET, i, ..]) => (*i as u32, 2),
+                Some([op::LONG_BINGET, a, b, c, d, ..]) => {
+                    (u32::from_le_bytes([*a, *b, *c, *d]), 5)
+                }
+                _ => break,
+            };
+            self.at = self.cur.pos;
+            match self.memo_get(idx)? {
+                Value::Frame(f) => ids.push(f),
+                _ => break,
+            }
+            self.cur.pos += len;
+        }
+        let closes = data.get(self.cur.pos) == Some(&op::APPENDS);
+        let target = self.frame_list_below_mark();
+        match target {
+            Some(list) if closes && !ids.is_empty() => {
+                match list {
+                    ListData::Frames(v) => v.extend_from_slice(&ids),
+                    list => *list = ListData::Frames(ids.clone()),
+                }
+                self.at = self.cur.pos;
+                self.cur.pos += 1;
+                self.marks.pop();
+            }
+            _ => self.stack.extend(ids.iter().map(|&f| Value::Frame(f))),
+        }
+        ids.clear();
+        self.frame_scratch = ids;
+        Ok(())
+    }
+
+    /// Put a shared container back in its arena slot; once it is a frame or a stack,
+    /// its memo slot holds the id itself, saving BINGET a lookup.
+    fn settle(&mut self, h: u32, v: Value<'a>) {
+        if let Value::Frame(_) | Value::Stack(_) = v {
+            if let Some(copy) = v.cheap_copy() {
+                self.memo[self.arena_memo[h as usize]] = copy;
+            }
+        }
+        self.arena[h as usize] = v;
+    }
+
+    /// The list the innermost MARK's APPENDS would extend, if it is a frame list or
+    /// still empty (owned on the stack or shared in the arena).
+    fn frame_list_below_mark(&mut self) -> Option<&mut ListData<'a>> {
+        let mark = *self.marks.last()?;
+        let floor = self.marks.len().checked_sub(2).map_or(0, |i| self.marks[i]);
+        if mark <= floor || self.stack.len() != mark {
+            return None;
+        }
+        let slot = match self.stack[mark - 1] {
+            Value::Shared(h) => &mut self.arena[h as usize],
+            _ => &mut self.stack[mark - 1],
+        };
+        match slot {
+            Value::List(list) => match list {
+                ListData::Frames(_) => Some(list),
+                ListData::Values(s) if s.items.is_empty() => Some(list),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Move the values from stack index `from` up into the container just below them
+    /// (resolving a shared handle to its arena slot). The values pass through a reused
+    /// scratch buffer: no allocation per dict or list.
+    fn add_to_container(
+        &mut self,
+        from: usize,
+        add: fn(&mut Self, &mut Value<'a>, &mut Vec<Value<'a>>) -> Result<(), ReadError>,
+    ) -> Result<(), ReadError> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if from == 0 || from - 1 < floor || from > self.stack.len() {
+            return Err(malformed(
+                self.at,
+                "no container on the stack to add items to",
+            ));
+        }
+        let mut items = std::mem::take(&mut self.scratch);
+        items.extend(self.stack.drain(from..));
+        let i = from - 1;
+        let (mut target, shared) = match self.stack[i] {
+            Value::Shared(h) => (
+                std::mem::replace(&mut self.arena[h as usize], Value::Taken),
+                Some(h),
+            ),
+            _ => (std::mem::take(&mut self.stack[i]), None),
+        };
+        let r = add(self, &mut target, &mut items);
+        match shared {
+            Some(h) => self.settle(h, target),
+            None => self.stack[i] = target,
+        }
+        items.clear();
+        self.scratch = items;
+        r
+    }
+
+    fn put(&mut self, idx: u32) -> Result<(), ReadError> {
+        memo_put(&mut self.memo_len, idx, self.at)?;
+        let Some(slot) = self.refs.slot(idx) else {
+            return Ok(()); // never read back: nothing to keep
+        };
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(malformed(self.at, "memoize with no value on the stack"));
+        }
+        let Some(top) = self.stack.last_mut() else {
+            return Err(malformed(self.at, "memoize with no value on the stack"));
+        };
+        let v = match top.cheap_copy() {
+            Some(v) => v,
+            None => {
+                // A container read back later is shared: both the stack and the memo
+                // refer to one arena slot, so later SETITEMS/APPENDS reach both.
+                let h = u32::try_from(self.arena.len())
+                    .map_err(|_| malformed(self.at, "too many shared containers"))?;
+                self.arena.push(std::mem::replace(top, Value::Shared(h)));
+                self.arena_memo.push(slot);
+                Value::Shared(h)
+            }
+        };
+        self.memo[slot] = v;
+        Ok(())
+    }
+
+    fn append_items(
+        &mut self,
+        target: &mut Value<'a>,
+        items: &mut Vec<Value<'a>>,
+    ) -> Result<(), ReadError> {
+        match target {
+            Value::List(list) => self.extend_list(list, items),
+            other => Err(malformed(
+                self.at,
+                format!("APPEND(S) target is {}, expected a list", other.kind()),
+            )),
+        }
+    }
+
+    fn set_items(
+        &mut self,
+        d: &mut Value<'a>,
+        pairs: &mut Vec<Value<'a>>,
+    ) -> Result<(), ReadError> {
+        if pairs.len() % 2 != 0 {
+            return Err(malformed(
+                self.at,
+                "SETITEMS with an odd number of keys and values",
+            ));
+        }
+        let Value::Dict(seq) = d else {
+            return Err(malformed(
+                self.at,
+                format!(
+                    "SETITEM(S) target is {}, expected a dict that is still being built",
+                    d.kind()
+                ),
+            ));
+        };
+        if seq.items.is_empty() {
+            if let Some(kind) = classify(pairs, &self.keys) {
+                *d = self.convert(kind, pairs)?;
+                return Ok(());
+            }
+        }
+        let depth = pairs.iter().map(Value::depth).max().unwrap_or(0);
+        seq.depth = seq.depth.max(depth);
+        check_depth(seq.depth + 1, self.at)?;
+        seq.items.append(pairs);
+        Ok(())
+    }
+
+    /// Resolve an item entering a list: shared converted frames by value, generic
+    /// record dicts converted.
+    fn list_item(&mut self, item: Value<'a>) -> Result<Value<'a>, ReadError> {
+        match item {
+            Value::Shared(h) => Ok(match &self.arena[h as usize] {
+                Value::Frame(f) => Value::Frame(*f),
+                _ => Value::Shared(h),
+            }),
+            Value::Dict(mut seq) => match classify(&seq.items, &self.keys) {
+                Some(kind) => self.convert(kind, &mut seq.items),
+                None => Ok(Value::Dict(seq)),
+            },
+            v => Ok(v),
+        }
+    }
+
+    fn extend_list(
+        &mut self,
+        list: &mut ListData<'a>,
+        items: &mut Vec<Value<'a>>,
+    ) -> Result<(), ReadError> {
+        let n = items.len();
+        for item in items.drain(..) {
+            let item = self.list_item(item)?;
+            if let ListData::Values(seq) = list {
+                if seq.items.is_empty() {
+                    // The first element picks the typed representation.
+                    match &item {
+                        Value::Frame(_) => *list = ListData::Frames(Vec::with_capacity(n)),
+                        Value::Entry(_) => *list = ListData::Entries(Vec::with_capacity(n)),
+                        Value::Block(_) => *list = ListData::Blocks(Vec::with_capacity(n)),
+                        Value::Segment(_) => *list = ListData::Segments(Vec::with_capacity(n)),
+                        Value::Annotation(_) => {
+                            *list = ListData::Annotations(Vec::with_capacity(n))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            match (&mut *list, item) {
+                (ListData::Frames(v), Value::Frame(f)) => v.push(f),
+                (ListData::Entries(v), Value::Entry(e)) => v.push(*e),
+                (ListData::Blocks(v), Value::Block(b)) => v.push(*b),
+                (ListData::Segments(v), Value::Segment(s)) => v.push(*s),
+                (ListData::Annotations(v), Value::Annotation(a)) => v.push(*a),
+                (ListData::Values(seq), item) => {
+                    seq.depth = seq.depth.max(item.depth());
+                    check_depth(seq.depth + 1, self.at)?;
+                    seq.items.push(item);
+                }
+                (typed, item) => {
+                    // Mixed element kinds: fall back to generic values.
+                    let mut seq = Seq {
+                        items: untype(std::mem::replace(typed, ListData::Frames(Vec::new()))),
+                        depth: 1,
+                    };
+                    seq.items.push(item);
+                    seq.depth = seq.items.iter().map(Value::depth).max().unwrap_or(0);
+                    *typed = ListData::Values(seq);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn convert(&mut self, kind: Kind, pairs: &mut [Value<'a>]) -> Result<Value<'a>, ReadError> {
+        match kind {
+            Kind::Frame => self.frame_from(pairs).map(Value::Frame),
+            Kind::Entry => self.entry_from(pairs).map(|e| Value::Entry(Box::new(e))),
+            Kind::Block => self.block_from(pairs).map(|b| Value::Block(Box::new(b))),
+            Kind::Segment => self
+                .segment_from(pairs)
+                .map(|s| Value::Segment(Box::new(s))),
+            Kind::Annotation => self
+                .annotation_from(pairs)
+                .map(|a| Value::Annotation(Box::new(a))),
+        }
+    }
+
+    fn frame_from(&mut self, pairs: &mut [Value<'a>]) -> Result<FrameId, ReadError> {
+        let (mut name, mut filename, mut line) = (None, None, None);
+        for kv in pairs.chunks_exact_mut(2) {
+            let Value::Str(k) = kv[0] else { continue };
+            match self.keys.get(k) {
+                Key::Name => name = Some(self.str_field("frame", k, &kv[1])?),
+                Key::Filename => filename = Some(self.str_field("frame", k, &kv[1])?),
+                Key::Line => line = Some(self.i64_field("frame", k, &kv[1])?),
+                _ => {}
+            }
+        }
+        let (Some(name), Some(filename), Some(line)) = (name, filename, line) else {
+            return Err(self.schema("frame", "needs `name`, `filename` and `line`".into()));
+        };
+        self.intern_frame(name, filename, line)
+    }
+
+    fn intern_frame(
+        &mut self,
+        name: &'a str,
+        filename: &'a str,
+        line: i64,
+    ) -> Result<FrameId, ReadError> {
+        if let Some(&id) = self.frame_ids.get(&(name, filename, line)) {
+            return Ok(id);
+        }
+        let id = FrameId::try_from(self.frames.len())
+            .map_err(|_| malformed(self.at, "too many frames"))?;
+        self.frames.push(Frame {
+            name: name.to_owned(),
+            filename: filename.to_owned(),
+            line,
+        });
+        self.frame_ids.insert((name, filename, line), id);
+        Ok(id)
+    }
+
+    fn intern_stack(&mut self, ids: Vec<FrameId>) -> Result<StackId, ReadError> {
+        if let Some(&id) = self.stack_ids.get(ids.as_slice()) {
+            return Ok(id);
+        }
+        let id = StackId::try_from(self.stacks.len())
+            .map_err(|_| malformed(self.at, "too many stacks"))?;
+        self.stacks.push(ids.clone());
+        self.stack_ids.insert(ids, id);
+        Ok(id)
+    }
+
+    /// A `frames` value as an interned stack.
+    fn stack_field(&mut self, what: &str, v: &mut Value<'a>) -> Result<StackId, ReadError> {
+        match std::mem::take(v) {
+            Value::Stack(id) => Ok(id),
+            Value::None => self.intern_stack(Vec::new()),
+            Value::List(ListData::Frames(ids)) => self.intern_stack(ids),
+            Value::List(ListData::Values(seq)) => {
+                let mut ids = Vec::with_capacity(seq.items.len());
+                for item in seq.items {
+                    ids.push(self.frame_item(what, item)?);
+                }
+                self.intern_stack(ids)
+            }
+            Value::Shared(h) => {
+                let slot = std::mem::replace(&mut self.arena[h as usize], Value::Taken);
+                let mut inner = match slot {
+                    Value::Taken => {
+                        return Err(self.schema(what, "`frames` refers to itself".into()))
+                    }
+                    Value::Shared(_) => {
+                        return Err(self.schema(what, "`frames` is a nested reference".into()))
+                    }
+                    other => other,
+                };
+                let r = self.stack_field(what, &mut inner);
+                // Keep the converted stack so each later BINGET of this list is free.
+                let settled = match r {
+                    Ok(id) => Value::Stack(id),
+                    Err(_) => inner,
+                };
+                self.settle(h, settled);
+                r
+            }
+            other => Err(self.schema(
+                what,
+                format!("`frames` is {}, expected a list", other.kind()),
+            )),
+        }
+    }
+
+    fn frame_item(&mut self, what: &str, item: Value<'a>) -> Result<FrameId, ReadError> {
+        match item {
+            Value::Frame(f) => Ok(f),
+            Value::Dict(mut seq) => self.frame_from(&mut seq.items),
+            Value::Shared(h) => {
+                match std::mem::replace(&mut self.arena[h as usize], Value::Taken) {
+                    Value::Dict(mut seq) => {
+                        let id = self.frame_from(&mut seq.items)?;
+                        self.settle(h, Value::Frame(id));
+                        Ok(id)
+                    }
+                    Value::Frame(f) => {
+                        self.arena[h as usize] = Value::Frame(f);
+                        Ok(f)
+                    }
+                    other => Err(self.schema(
+                        what,
+                        format!("a frame is {}, expected a dict", other.kind()),
+                    )),
+                }
+            }
+            other => Err(self.schema(
+                what,
+                format!("a frame is {}, expected a dict", other.kind()),
+            )),
+        }
+    }
+
+    fn str_field(&self, what: &str, key: &str, v: &Value<'a>) -> Result<&'a str, ReadError> {
+        match v {
+            Value::Str(s) => Ok(s),
+            other => Err(self.schema(
+                what,
+                format!("`{key}` is {}, expected a string", other.kind()),
+            )),
+        }
+    }
+
+    fn opt_string(
+        &self,
+        what: &str,
+        key: &str,
+        v: &Value<'a>,
+    ) -> Result<Option<String>, ReadError> {
+        match v {
+            Value::None => Ok(None),
+            v => self.str_field(what, key, v).map(|s| Some(s.to_owned())),
+        }
+    }
+
+    fn i64_field(&self, what: &str, key: &str, v: &Value<'a>) -> Result<i64, ReadError> {
+        match v {
+            Value::Int(i) => Ok(*i),
+            Value::Bool(b) => Ok(*b as i64),
+            Value::UInt(u) => Err(self.schema(
+                what,
+                format!("`{key}` = {u} does not fit a signed 64-bit integer"),
+            )),
+            other => Err(self.schema(
+                what,
+                format!("`{key}` is {}, expected an integer", other.kind()),
+            )),
+        }
+    }
+
+    fn u64_field(&self, what: &str, key: &str, v: &Value<'a>) -> Result<u64, ReadError> {
+        match v {
+            Value::Int(i) if *i >= 0 => Ok(*i as u64),
+            Value::UInt(u) => Ok(*u),
+            Value::Int(i) => Err(self.schema(what, format!("`{key}` is negative ({i})"))),
+            other => Err(self.schema(
+                what,
+                format!("`{key}` is {}, expected an integer", other.kind()),
+            )),
+        }
+    }
+
+    fn bool_field(&self, what: &str, key: &str, v: &Value<'a>) -> Result<bool, ReadError> {
+        match v {
+            Value::Bool(b) => Ok(*b),
+            Value::Int(i @ (0 | 1)) => Ok(*i == 1),
+            other => Err(self.schema(
+                what,
+                format!("`{key}` is {}, expected a bool", other.kind()),
+            )),
+        }
+    }
+
+    fn required<T>(&self, what: &str, key: &str, v: Option<T>) -> Result<T, ReadError> {
+        v.ok_or_else(|| self.schema(what, format!("no `{key}`")))
+    }
+
+    fn entry_from(&mut self, pairs: &mut [Value<'a>]) -> Result<TraceEntry, ReadError> {
+        const W: &str = "trace entry";
+        let (mut action, mut addr, mut size, mut stream, mut time_us, mut frames) =
+            (None, None, None, 0, 0, None);
+        let (mut category, mut compile_context, mut user_metadata) = (None, None, None);
+        for kv in pairs.chunks_exact_mut(2) {
+            let Value::Str(k) = kv[0] else { continue };
+            let v = &mut kv[1];
+            match self.keys.get(k) {
+                Key::Action => {
+                    let s = self.str_field(W, k, v)?;
+                    action = Some(
+                        action_of(s)
+                            .ok_or_else(|| self.schema(W, format!("unknown action `{s}`")))?,
+                    );
+                }
+                Key::Addr | Key::DeviceFree => addr = Some(self.u64_field(W, k, v)?),
+                Key::Size => size = Some(self.u64_field(W, k, v)?),
+                Key::Stream => stream = self.i64_field(W, k, v)?,
+                Key::TimeUs => time_us = self.i64_field(W, k, v)?,
+                Key::Frames => frames = Some(self.stack_field(W, v)?),
+                Key::Category => category = self.opt_string(W, k, v)?,
+                Key::CompileContext => compile_context = self.opt_string(W, k, v)?,
+                Key::UserMetadata => user_metadata = self.opt_string(W, k, v)?,
+                _ => {}
+            }
+        }
+        let frames = match frames {
+            Some(f) => f,
+            None => self.intern_stack(Vec::new())?,
+        };
+        Ok(TraceEntry {
+            action: self.required(W, "action", action)?,
+            addr: self.required(W, "addr", addr)?,
+            size: self.required(W, "size", size)?,
+            stream,
+            time_us,
+            frames,
+            category,
+            compile_context,
+            user_metadata,
+        })
+    }
+
+    fn block_from(&mut self, pairs: &mut [Value<'a>]) -> Result<Block, ReadError> {
+        const W: &str = "block";
+        let (mut address, mut size, mut requested, mut state, mut frames) =
+            (None, None, None, None, None);
+        for kv in pairs.chunks_exact_mut(2) {
+            let Value::Str(k) = kv[0] else { continue };
+            let v = &mut kv[1];
+            match self.keys.get(k) {
+                Key::Address => address = Some(self.u64_field(W, k, v)?),
+                Key::Size => size = Some(self.u64_field(W, k, v)?),
+                Key::RequestedSize => requested = Some(self.u64_field(W, k, v)?),
+                Key::State => {
+                    let s = self.str_field(W, k, v)?;
+                    state = Some(
+                        BlockState::parse(s)
+                            .ok_or_else(|| self.schema(W, format!("unknown state `{s}`")))?,
+                    );
+                }
+                Key::Frames => frames = Some(self.stack_field(W, v)?),
+                _ => {}
+            }
+        }
+        let size = self.required(W, "size", size)?;
+        let frames = match frames {
+            Some(f) => f,
+            None => self.intern_stack(Vec::new())?,
+        };
+        Ok(Block {
+            address: self.required(W, "address", address)?,
+            size,
+            requested_size: requested.unwrap_or(size),
+            state: self.required(W, "state", state)?,
+            frames,
+        })
+    }
+
+    fn segment_from(&mut self, pairs: &mut [Value<'a>]) -> Result<Segment, ReadError> {
+        const W: &str = "segment";
+        let mut seg = Segment {
+            device: 0,
+            address: 0,
+            total_size: 0,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: SegmentType::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: 0,
+            blocks: Vec::new(),
+        };
+        let (mut address, mut total, mut seg_type, mut frames) = (None, None, None, None);
+        for kv in pairs.chunks_exact_mut(2) {
+            let Value::Str(k) = kv[0] else { continue };
+            let v = &mut kv[1];
+            match self.keys.get(k) {
+                Key::Device => seg.device = self.i64_field(W, k, v)?,
+                Key::Address => address = Some(self.u64_field(W, k, v)?),
+                Key::TotalSize => total = Some(self.u64_field(W, k, v)?),
+                Key::AllocatedSize => seg.allocated_size = self.u64_field(W, k, v)?,
+                Key::ActiveSize => seg.active_size = self.u64_field(W, k, v)?,
+                Key::RequestedSize => seg.requested_size = self.u64_field(W, k, v)?,
+                Key::Stream => seg.stream = self.i64_field(W, k, v)?,
+                Key::SegmentType => {
+                    seg_type = Some(match self.str_field(W, k, v)? {
+                        "large" => SegmentType::Large,
+                        "small" => SegmentType::Small,
+                        s => return Err(self.schema(W, format!("unknown segment_type `{s}`"))),
+                    })
+                }
+                Key::SegmentPoolId => seg.segment_pool_id = self.pool_id(v)?,
+                Key::IsExpandable => seg.is_expandable = self.bool_field(W, k, v)?,
+                Key::Frames => frames = Some(self.stack_field(W, v)?),
+                Key::Blocks => seg.blocks = self.records(k, std::mem::take(v))?,
+                _ => {}
+            }
+        }
+        seg.address = self.required(W, "address", address)?;
+        seg.total_size = self.required(W, "total_size", total)?;
+        seg.segment_type = self.required(W, "segment_type", seg_type)?;
+        seg.frames = match frames {
+            Some(f) => f,
+            None => self.intern_stack(Vec::new())?,
+        };
+        Ok(seg)
+    }
+
+    fn pool_id(&self, v: &Value<'a>) -> Result<(i64, i64), ReadError> {
+        const W: &str = "segment";
+        let v = match v {
+            Value::Shared(h) => &self.arena[*h as usize],
+            v => v,
+        };
+        match v {
+            Value::Tuple(s) | Value::List(ListData::Values(s)) if s.items.len() == 2 => Ok((
+                self.i64_field(W, "segment_pool_id", &s.items[0])?,
+                self.i64_field(W, "segment_pool_id", &s.items[1])?,
+            )),
+            other => Err(self.schema(
+                W,
+                format!(
+                    "`segment_pool_id` is {}, expected a pair of integers",
+                    other.kind()
+                ),
+            )),
+        }
+    }
+
+    fn annotation_from(&mut self, pairs: &mut [Value<'a>]) -> Result<Annotation, ReadError> {
+        const W: &str = "annotation";
+        let (mut name, mut stage, mut device, mut time_us) = (None, None, 0, None);
+        for kv in pairs.chunks_exact_mut(2) {
+            let Value::Str(k) = kv[0] else { continue };
+            let v = &kv[1];
+            match self.keys.get(k) {
+                Key::Name => name = Some(self.str_field(W, k, v)?.to_owned()),
+                Key::Stage => {
+                    stage = Some(match self.str_field(W, k, v)? {
+                        "START" => AnnotationStage::Start,
+                        "END" => AnnotationStage::End,
+                        s => return Err(self.schema(W, format!("unknown stage `{s}`"))),
+                    })
+                }
+                Key::Device => device = self.i64_field(W, k, v)?,
+                Key::TimeUs => time_us = Some(self.i64_field(W, k, v)?),
+                _ => {}
+            }
+        }
+        Ok(Annotation {
+            name: self.required(W, "name", name)?,
+            stage: self.required(W, "stage", stage)?,
+            device,
+            time_us: self.required(W, "time_us", time_us)?,
+        })
+    }
+
+    /// A list of records of one kind, whatever representation it ended up in.
+    fn records<T: Record<'a>>(&mut self, key: &str, v: Value<'a>) -> Result<Vec<T>, ReadError> {
+        let items = match self.resolve(v) {
+            Value::List(list) => match T::take_typed(list) {
+                Ok(done) => return Ok(done),
+                Err(ListData::Values(seq)) => seq.items,
+                Err(other) => untype(other),
+            },
+            other => {
+                return Err(self.schema(
+                    "snapshot",
+                    format!("`{key}` is {}, expected a list", other.kind()),
+                ))
+            }
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let item = self.resolve(item);
+            let kind = item.kind();
+            match T::from_value(self, item) {
+                Some(r) => out.push(r?),
+                None => {
+                    return Err(self.schema("snapshot", format!("an element of `{key}` is {kind}")))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A shared container taken out of the arena (using it twice is refused: copying
+    /// could multiply memory), anything else as is.
+    fn resolve(&mut self, v: Value<'a>) -> Value<'a> {
+        match v {
+            Value::Shared(h) => match &self.arena[h as usize] {
+                Value::Frame(f) => Value::Frame(*f),
+                Value::Stack(s) => Value::Stack(*s),
+                _ => std::mem::replace(&mut self.arena[h as usize], Value::Taken),
+            },
+            v => v,
+        }
+    }
+
+    fn into_snapshot(mut self, top: Value<'a>) -> Result<Snapshot, ReadError> {
+        let Value::Dict(mut seq) = self.resolve(top) else {
+            return Err(ReadError::Schema {
+                detail: "top-level value is not a dict".into(),
+            });
+        };
+        let mut snap = Snapshot::default();
+        let mut have_segments = false;
+        for kv in seq.items.chunks_exact_mut(2) {
+            let Value::Str(k) = kv[0] else { continue };
+            let v = std::mem::take(&mut kv[1]);
+            match k {
+                "segments" => {
+                    snap.segments = self.records(k, v)?;
+                    have_segments = true;
+                }
+                "device_traces" => {
+                    let per_device: Vec<Value<'a>> = self.records(k, v)?;
+                    snap.device_traces = Vec::with_capacity(per_device.len());
+                    for dev in per_device {
+                        snap.device_traces
+                            .push(self.records("device_traces[i]", dev)?);
+                    }
+                }
+                "external_annotations" => snap.external_annotations = self.records(k, v)?,
+                "allocator_settings" => {
+                    snap.allocator_settings = match self.setting_value(v, 0)? {
+                        Some(SettingValue::None) => None,
+                        Some(SettingValue::Dict(entries)) => Some(AllocatorSettings { entries }),
+                        _ => {
+                            return Err(ReadError::Schema {
+                                detail: "`allocator_settings` is not a dict".into(),
+                            })
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !have_segments {
+            return Err(ReadError::Schema {
+                detail: "top-level dict has no `segments`".into(),
+            });
+        }
+        snap.frames = self.frames;
+        snap.stacks = self.stacks;
+        Ok(snap)
+    }
+
+    /// A settings value; `None` for shapes `SettingValue` cannot hold (ignored like
+    /// unknown keys elsewhere).
+    fn setting_value(
+        &mut self,
+        v: Value<'a>,
+        depth: u32,
+    ) -> Result<Option<SettingValue>, ReadError> {
+        check_depth(depth, self.at)?;
+        Ok(Some(match self.resolve(v) {
+            Value::None => SettingValue::None,
+            Value::Bool(b) => SettingValue::Bool(b),
+            Value::Int(i) => SettingValue::Int(i),
+            Value::Float(f) => SettingValue::Float(f),
+            Value::Str(s) => SettingValue::Str(s.to_owned()),
+            Value::Dict(seq) => {
+                let mut entries: Vec<(String, SettingValue)> = Vec::new();
+                let mut it = seq.items.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    let Value::Str(k) = k else { continue };
+                    if let Some(v) = self.setting_value(v, depth + 1)? {
+                        match entries.iter_mut().find(|(e, _)| e == k) {
+                            Some(slot) => slot.1 = v,
+                            None => entries.push((k.to_owned(), v)),
+                        }
+                    }
+                }
+                SettingValue::Dict(entries)
+            }
+            _ => return Ok(None),
+        }))
+    }
+}
+
+/// A record type a snapshot list holds.
+trait Record<'a>: Sized {
+    /// The list's elements when it is already stored as this type.
+    fn take_typed(list: ListData<'a>) -> Result<Vec<Self>, ListData<'a>>;
+    /// One element; `None` when it is not this kind of record.
+    fn from_value(vm: &mut Vm<'a>, v: Value<'a>) -> Option<Result<Self, ReadError>>;
+}
+
+/// Implements `Record` for a typed record: its `ListData` variant, `Value` variant,
+/// `Kind` and conversion from dict pairs.
+macro_rules! record {
+    ($t:ty, $list:ident, $val:ident, $kind:ident, $from:ident) => {
+        impl<'a> Record<'a> for $t {
+            fn take_typed(list: ListData<'a>) -> Result<Vec<Self>, ListData<'a>> {
+                match list {
+                    ListData::$list(v) => Ok(v),
+                    ListData::Values(s) if s.items.is_empty() => Ok(Vec::new()),
+                    other => Err(other),
+                }
+            }
+            fn from_value(vm: &mut Vm<'a>, v: Value<'a>) -> Option<Result<Self, ReadError>> {
+                match v {
+                    Value::$val(x) => Some(Ok(*x)),
+                    Value::Dict(mut s) if classify(&s.items, &vm.keys) == Some(Kind::$kind) => {
+                        Some(vm.$from(&mut s.items))
+                    }
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+record!(TraceEntry, Entries, Entry, Entry, entry_from);
+record!(Block, Blocks, Block, Block, block_from);
+record!(Segment, Segments, Segment, Segment, segment_from);
+record!(
+    Annotation,
+    Annotations,
+    Annotation,
+    Annotation,
+    annotation_from
+);
+
+/// Generic elements (the per-device lists of `device_traces`).
+impl<'a> Record<'a> for Value<'a> {
+    fn take_typed(list: ListData<'a>) -> Result<Vec<Self>, ListData<'a>> {
+        Err(list)
+    }
+    fn from_value(_vm: &mut Vm<'a>, v: Value<'a>) -> Option<Result<Self, ReadError>> {
+        Some(Ok(v))
+    }
+}
+
+/// A typed list back to generic values (only for lists mixing element kinds).
+fn untype(list: ListData<'_>) -> Vec<Value<'_>> {
+    match list {
+        ListData::Values(s) => s.items,
+        ListData::Frames(v) => v.into_iter().map(Value::Frame).collect(),
+        ListData::Entries(v) => v.into_iter().map(|e| Value::Entry(Box::new(e))).collect(),
+        ListData::Blocks(v) => v.into_iter().map(|b| Value::Block(Box::new(b))).collect(),
+        ListData::Segments(v) => v.into_iter().map(|s| Value::Segment(Box::new(s))).collect(),
+        ListData::Annotations(v) => v
+            .into_iter()
+            .map(|a| Value::Annotation(Box::new(a)))
+            .collect(),
+    }
+}
+
+/// Renumber stacks and frames in traversal order (segments with their blocks, then
+/// traces), dropping unused ones. The result depends only on the data, not on the order
+/// records happened to complete in the file, so `read(write(s)) == s` holds.
+fn canonicalize_tables(snap: &mut Snapshot) {
+    const UNSEEN: u32 = u32::MAX;
+    let mut stack_map = vec![UNSEEN; snap.stacks.len()];
+    let mut order: Vec<StackId> = Vec::new();
+    let mut visit = |id: &mut StackId| {
+        let slot = &mut stack_map[*id as usize];
+        if *slot == UNSEEN {
+            *slot = order.len() as StackId;
+            order.push(*id);
+        }
+        *id = *slot;
+    };
+    for seg in &mut snap.segments {
+        visit(&mut seg.frames);
+        for b in &mut seg.blocks {
+            visit(&mut b.frames);
+        }
+    }
+    for e in snap.device_traces.iter_mut().flatten() {
+        visit(&mut e.frames);
+    }
+    let mut old_stacks = std::mem::take(&mut snap.stacks);
+    let mut old_frames = std::mem::take(&mut snap.frames);
+    let mut frame_map = vec![UNSEEN; old_frames.len()];
+    for old in order {
+        let mut st = std::mem::take(&mut old_stacks[old as usize]);
+        for f in &mut st {
+            let slot = &mut frame_map[*f as usize];
+            if *slot == UNSEEN {
+                *slot = snap.frames.len() as FrameId;
+                let of = &mut old_frames[*f as usize];
+                snap.frames.push(Frame {
+                    name: std::mem::take(&mut of.name),
+                    filename: std::mem::take(&mut of.filename),
+                    line: of.line,
+                });
+            }
+            *f = *slot;
+        }
+        snap.stacks.push(st);
+    }
+}
+
+#[cfg(unix)]
+mod mapped {
+    use std::fs::File;
+    use std::io;
+    use std::os::fd::AsRawFd;
+
+    /// A read-only private mapping of a whole regular file.
+    pub struct Mapped {
+        ptr: *mut libc::c_void,
+        len: usize,
+        page: usize,
+    }
+
+    impl Mapped {
+        /// `None` when the file cannot be mapped (empty, not a regular file): the caller
+        /// reads it instead.
+        pub fn open(file: &File) -> io::Result<Option<Mapped>> {
+            let meta = file.metadata()?;
+            let Ok(len) = usize::try_from(meta.len()) else {
+                return Ok(None);
+            };
+            if len == 0 || !meta.is_file() {
+                return Ok(None);
+            }
+            // SAFETY: a fresh PROT_READ, MAP_PRIVATE mapping; we never write through it.
+            // Snapshot files are written once and renamed into place; truncating one
+            // while it is being read would fault, as with any mapped file.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                return Ok(None);
+            }
+            // SAFETY: advice on the range just mapped.
+            unsafe { libc::madvise(ptr, len, libc::MADV_SEQUENTIAL) };
+            // SAFETY: sysconf has no preconditions.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+                .unwrap_or(4096)
+                .max(1);
+            Ok(Some(Mapped { ptr, len, page }))
+        }
+
+        pub fn bytes(&self) -> &[u8] {
+            // SAFETY: the mapping is `len` readable bytes and lives as long as `self`.
+            unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+        }
+
+        /// Drop the resident pages before `upto`. The mapping stays valid: a page read
+        /// again faults back in from the (unchanged) file.
+        pub fn release(&self, upto: usize) {
+            let end = upto.min(self.len) / self.page * self.page;
+            if end > 0 {
+                // SAFETY: a page-aligned prefix of our own private read-only mapping.
+                unsafe { libc::madvise(self.ptr, end, libc::MADV_DONTNEED) };
+            }
+        }
+    }
+
+    impl Drop for Mapped {
+        fn drop(&mut self) {
+            // SAFETY: unmapping exactly what `open` mapped; `bytes()` borrows end before.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int_of(b: &[u8]) -> Option<(bool, i128)> {
+        match long_value(b)? {
+            Op::Int(i) => Some((true, i as i128)),
+            Op::UInt(u) => Some((false, u as i128)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn long_integers_decode_like_python() {
+        assert_eq!(int_of(&[]), Some((true, 0)));
+        assert_eq!(int_of(&[0xff]), Some((true, -1)));
+        assert_eq!(int_of(&[0x00, 0x80]), Some((true, -32768)));
+        assert_eq!(int_of(&[0x00, 0x80, 0x00]), Some((true, 32768)));
+        assert_eq!(
+            int_of(&[0, 0, 0, 0, 0, 0, 0, 0x80]),
+            Some((true, i64::MIN as i128))
+        );
+        // 2**63 and 2**64-1 need a ninth zero byte and come back unsigned.
+        assert_eq!(
+            int_of(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
+            Some((false, 1i128 << 63))
+        );
+        assert_eq!(
+            int_of(&[0xff; 8].iter().chain(&[0]).copied().collect::<Vec<_>>()),
+            Some((false, u64::MAX as i128))
+        );
+        // Padding that only repeats the sign is accepted; real magnitude past 64 bits is not.
+        assert_eq!(int_of(&[5, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Some((true, 5)));
+        assert_eq!(
+            int_of(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
+            Some((true, -2))
+        );
+        assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), None);
+        assert_eq!(int_of(&[0, 0, 0, 0, 0, 0, 0, 0x7f, 0xff]), None);
+    }
+
+    #[test]
+    fn memo_slots_rank_only_referenced_indices() {
+        // BINGET of memo 0 and 70 only: two slots, in index order.
+        let mut p = vec![op::PROTO, 4];
+        for _ in 0..71 {
+            p.extend([op::NONE, op::MEMOIZE, op::POP]);
+        }
+        p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
+        let refs = prescan(&p, &mut |_| {}).unwrap();
+        assert_eq!(refs.count(), 2);
+        assert_eq!(
+            (refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)),
+            (Some(0), Some(1), None, None)
+        );
+    }
+
+    #[test]
+    fn release_hook_sees_progress_and_does_not_change_the_result() {
+        let mut p = vec![
+            op::PROTO,
+            4,
+            op::EMPTY_DICT,
+            op::MARK,
+            op::SHORT_BINUNICODE,
+            8,
+        ];
+        p.extend(b"segments");
+        p.extend([op::EMPTY_LIST, op::SHORT_BINUNICODE, 3]);
+        p.extend(b"pad");
+        p.push(op::BINUNICODE);
+        let pad = RELEASE_STEP + 10;
+        p.extend((pad as u32).to_le_bytes());
+        p.extend(std::iter::repeat_n(b'x', pad));
+        p.extend([op::SETITEMS, op::STOP]);
+        let mut calls = Vec::new();
+        let snap = decode(&p, &mut |n| calls.push(n)).unwrap();
+        assert_eq!(snap, read_snapshot(&p).unwrap());
+        assert_eq!(calls.len(), 2, "one release per pass: {calls:?}");
+        assert!(calls.iter().all(|&n| n > RELEASE_STEP));
+    }
+}

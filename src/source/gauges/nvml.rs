@@ -1,0 +1,478 @@
+//! NVML gauges. Split in two so the conversion can be tested without a GPU:
+//! a `DeviceQuery` returns raw per-call results (NVML, or a recording), and
+//! `convert_device` turns them into a `DeviceSample`, deciding which failures are fatal.
+
+use std::collections::BTreeMap;
+
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::{Device, Nvml};
+use serde::{Deserialize, Serialize};
+
+use super::host::process_name;
+use super::reader::{GaugeError, GaugeReader};
+use super::sample::{DeviceSample, Gauges, ProcessSample, SourceKind};
+
+/// How one NVML call failed, reduced to what the conversion decides on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RawError {
+    /// The device or driver does not offer this reading.
+    NotSupported,
+    NoPermission,
+    /// The device or the driver is gone; nothing more will work.
+    Lost(String),
+    Other(String),
+}
+
+impl std::fmt::Display for RawError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RawError::NotSupported => f.write_str("not supported"),
+            RawError::NoPermission => f.write_str("no permission"),
+            RawError::Lost(m) | RawError::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<NvmlError> for RawError {
+    fn from(e: NvmlError) -> Self {
+        match e {
+            // An old driver without the symbol simply lacks the reading.
+            NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) => RawError::NotSupported,
+            NvmlError::NoPermission => RawError::NoPermission,
+            NvmlError::GpuLost
+            | NvmlError::ResetRequired
+            | NvmlError::DriverNotLoaded
+            | NvmlError::Uninitialized
+            | NvmlError::LibRmVersionMismatch
+            | NvmlError::OperatingSystem => RawError::Lost(e.to_string()),
+            other => RawError::Other(other.to_string()),
+        }
+    }
+}
+
+pub type Raw<T> = Result<T, RawError>;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RawMemory {
+    pub used: u64,
+    pub total: u64,
+    pub free: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RawProcess {
+    pub pid: u32,
+    pub used_bytes: Option<u64>,
+    pub name: Option<String>,
+}
+
+/// Every NVML call the gauges make for one device, each with its own result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RawDevice {
+    pub index: u32,
+    pub name: Raw<String>,
+    pub memory: Raw<RawMemory>,
+    /// (gpu, memory) utilization percent.
+    pub utilization: Raw<(u32, u32)>,
+    pub temp_c: Raw<u32>,
+    pub power_mw: Raw<u32>,
+    pub power_limit_mw: Raw<u32>,
+    pub sm_clock_mhz: Raw<u32>,
+    pub mem_clock_mhz: Raw<u32>,
+    pub compute_processes: Raw<Vec<RawProcess>>,
+    pub graphics_processes: Raw<Vec<RawProcess>>,
+    /// (pid, SM utilization percent), possibly several samples per pid, oldest first.
+    pub process_sm_util: Raw<Vec<(u32, u32)>>,
+}
+
+impl RawDevice {
+    /// A device that reports only its name and memory (every other call unsupported);
+    /// recordings fill in the rest.
+    pub fn new(index: u32, name: &str, used: u64, total: u64) -> RawDevice {
+        RawDevice {
+            index,
+            name: Ok(name.to_string()),
+            memory: Ok(RawMemory {
+                used,
+                total,
+                free: total.saturating_sub(used),
+            }),
+            utilization: Err(RawError::NotSupported),
+            temp_c: Err(RawError::NotSupported),
+            power_mw: Err(RawError::NotSupported),
+            power_limit_mw: Err(RawError::NotSupported),
+            sm_clock_mhz: Err(RawError::NotSupported),
+            mem_clock_mhz: Err(RawError::NotSupported),
+            compute_processes: Err(RawError::NotSupported),
+            graphics_processes: Err(RawError::NotSupported),
+            process_sm_util: Err(RawError::NotSupported),
+        }
+    }
+}
+
+/// Raw readings of all devices, one call per sample.
+pub trait DeviceQuery {
+    fn read_devices(&mut self) -> Raw<Vec<RawDevice>>;
+}
+
+/// An optional reading: absent when unsupported or hidden, fatal when the device is gone.
+fn optional<T>(r: Raw<T>, call: &'static str, device: u32) -> Result<Option<T>, GaugeError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(RawError::NotSupported | RawError::NoPermission | RawError::Other(_)) => Ok(None),
+        Err(RawError::Lost(detail)) => Err(GaugeError::NvmlCall {
+            call,
+            device,
+            detail,
+        }),
+    }
+}
+
+/// Turns one device's raw readings into a sample. Memory is the reading this tool exists
+/// for, so any failure there is fatal; other readings become `None` unless the device is
+/// lost. Processes listed as both compute and graphics are counted once.
+pub fn convert_device(raw: RawDevice, self_pid: u32) -> Result<DeviceSample, GaugeError> {
+    let d = raw.index;
+    let memory = raw.memory.map_err(|e| GaugeError::NvmlCall {
+        call: "memory_info",
+        device: d,
+        detail: e.to_string(),
+    })?;
+    let name = optional(raw.name, "name", d)?.unwrap_or_else(|| format!("GPU {d}"));
+    let util = optional(raw.utilization, "utilization_rates", d)?;
+
+    let mut procs: BTreeMap<u32, ProcessSample> = BTreeMap::new();
+    let lists = [
+        optional(raw.compute_processes, "running_compute_processes", d)?,
+        optional(raw.graphics_processes, "running_graphics_processes", d)?,
+    ];
+    for p in lists.into_iter().flatten().flatten() {
+        let entry = procs.entry(p.pid).or_insert_with(|| ProcessSample {
+            pid: p.pid,
+            used_bytes: None,
+            sm_util: None,
+            name: None,
+            is_self: p.pid == self_pid,
+        });
+        entry.used_bytes = entry.used_bytes.max(p.used_bytes);
+        entry.name = entry.name.take().or(p.name);
+    }
+    for (pid, sm) in optional(raw.process_sm_util, "process_utilization_stats", d)?
+        .into_iter()
+        .flatten()
+    {
+        // Later samples overwrite earlier ones: the newest period wins.
+        if let Some(p) = procs.get_mut(&pid) {
+            p.sm_util = Some(sm);
+        }
+    }
+
+    Ok(DeviceSample {
+        index: d,
+        name,
+        mem_used: memory.used,
+        mem_total: memory.total,
+        mem_free: memory.free,
+        gpu_util: util.map(|u| u.0),
+        mem_util: util.map(|u| u.1),
+        temp_c: optional(raw.temp_c, "temperature", d)?,
+        power_mw: optional(raw.power_mw, "power_usage", d)?,
+        power_limit_mw: optional(raw.power_limit_mw, "enforced_power_limit", d)?,
+        sm_clock_mhz: optional(raw.sm_clock_mhz, "clock_info(SM)", d)?,
+        mem_clock_mhz: optional(raw.mem_clock_mhz, "clock_info(memory)", d)?,
+        processes: procs.into_values().collect(),
+    })
+}
+
+/// A `GaugeReader` over any device query: NVML itself, or a recording.
+pub struct NvmlReader<Q> {
+    query: Q,
+    self_pid: u32,
+}
+
+impl<Q: DeviceQuery> NvmlReader<Q> {
+    pub fn new(query: Q, self_pid: u32) -> Self {
+        NvmlReader { query, self_pid }
+    }
+}
+
+impl<Q: DeviceQuery> GaugeReader for NvmlReader<Q> {
+    fn kind(&self) -> SourceKind {
+        SourceKind::Nvml
+    }
+
+    fn sample(&mut self) -> Result<Gauges, GaugeError> {
+        let raw = self
+            .query
+            .read_devices()
+            .map_err(|e| GaugeError::NvmlDevices(e.to_string()))?;
+        let devices = raw
+            .into_iter()
+            .map(|r| convert_device(r, self.self_pid))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Gauges::Devices(devices))
+    }
+}
+
+/// The live NVML query.
+pub struct NvmlQuery {
+    nvml: Nvml,
+    count: u32,
+    /// Per device, the newest process-utilization timestamp seen, so each call returns
+    /// only the samples of the last period.
+    last_util_us: Vec<u64>,
+}
+
+impl NvmlQuery {
+    /// Loads and initializes NVML. Fails, with the loader's own words, where there is no
+    /// driver or library, and where there are no GPUs.
+    pub fn open() -> Result<NvmlQuery, GaugeError> {
+        let nvml = Nvml::init().map_err(|e| {
+            GaugeError::NvmlUnavailable(match e {
+                // dlerror's text names the library and says why it did not load.
+                NvmlError::LibloadingError(le) => le.to_string(),
+                other => other.to_string(),
+            })
+        })?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| GaugeError::NvmlUnavailable(format!("device count failed: {e}")))?;
+        if count == 0 {
+            return Err(GaugeError::NvmlUnavailable("NVML lists no GPUs".into()));
+        }
+        Ok(NvmlQuery {
+            nvml,
+            count,
+            last_util_us: vec![0; count as usize],
+        })
+    }
+}
+
+fn raw_processes(list: Result<Vec<ProcessInfo>, NvmlError>) -> Raw<Vec<RawProcess>> {
+    Ok(list?
+        .into_iter()
+        .map(|p| RawProcess {
+            pid: p.pid,
+            used_bytes: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            },
+            name: process_name(p.pid),
+        })
+        .collect())
+}
+
+/// `last_util_us`: the newest process-utilization timestamp seen on this device.
+fn read_device(index: u32, dev: &Device<'_>, last_util_us: &mut u64) -> RawDevice {
+    let last = last_util_us;
+    let process_sm_util = match dev.process_utilization_stats(*last) {
+        Ok(samples) => {
+            *last = samples.iter().map(|s| s.timestamp).max().unwrap_or(*last);
+            let mut v: Vec<_> = samples
+                .iter()
+                .map(|s| (s.timestamp, s.pid, s.sm_util))
+                .collect();
+            v.sort_unstable();
+            Ok(v.into_iter().map(|(_, pid, sm)| (pid, sm)).collect())
+        }
+        // NVML answers NotFound when no process ran in the period.
+        Err(NvmlError::NotFound) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    };
+    RawDevice {
+        index,
+        name: dev.name().map_err(Into::into),
+        memory: dev
+            .memory_info()
+            .map(|m| RawMemory {
+                used: m.used,
+                total: m.total,
+                free: m.free,
+            })
+            .map_err(Into::into),
+        utilization: dev
+            .utilization_rates()
+            .map(|u| (u.gpu, u.memory))
+            .map_err(Into::into),
+        temp_c: dev.temperature(TemperatureSensor::Gpu).map_err(Into::into),
+        power_mw: dev.power_usage().map_err(Into::into),
+        power_limit_mw: dev.enforced_power_limit().map_err(Into::into),
+        sm_clock_mhz: dev.clock_info(Clock::SM).map_err(Into::into),
+        mem_clock_mhz: dev.clock_info(Clock::Memory).map_err(Into::into),
+        compute_processes: raw_processes(dev.running_compute_processes()),
+        graphics_processes: raw_processes(dev.running_graphics_processes()),
+        process_sm_util,
+    }
+}
+
+impl DeviceQuery for NvmlQuery {
+    fn read_devices(&mut self) -> Raw<Vec<RawDevice>> {
+        let mut out = Vec::with_capacity(self.count as usize);
+        for i in 0..self.count {
+            // Handles are cheap lookups; taking them each time keeps `Nvml` unborrowed.
+            let dev = self.nvml.device_by_index(i)?;
+            out.push(read_device(i, &dev, &mut self.last_util_us[i as usize]));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::gauges::RecordedQuery;
+
+    const GIB: u64 = 1 << 30;
+    const SELF: u32 = 4242;
+
+    fn proc_(pid: u32, mib: Option<u64>, name: &str) -> RawProcess {
+        RawProcess {
+            pid,
+            used_bytes: mib.map(|m| m << 20),
+            name: Some(name.into()),
+        }
+    }
+
+    fn busy_device() -> RawDevice {
+        RawDevice {
+            utilization: Ok((87, 41)),
+            temp_c: Ok(61),
+            power_mw: Ok(312_400),
+            power_limit_mw: Ok(700_000),
+            sm_clock_mhz: Ok(1980),
+            mem_clock_mhz: Ok(2619),
+            compute_processes: Ok(vec![
+                proc_(SELF, Some(30_000), "vramscope"),
+                proc_(77, None, "python"),
+            ]),
+            // The trainer also holds a graphics context: count it once, with its memory.
+            graphics_processes: Ok(vec![
+                proc_(SELF, Some(30_000), "vramscope"),
+                proc_(9, Some(12), "Xorg"),
+            ]),
+            process_sm_util: Ok(vec![(SELF, 50), (77, 10), (SELF, 80)]),
+            ..RawDevice::new(0, "NVIDIA H100 80GB HBM3", 40 * GIB, 80 * GIB)
+        }
+    }
+
+    #[test]
+    fn full_readings_convert_to_a_sample() {
+        let d = convert_device(busy_device(), SELF).unwrap();
+        assert_eq!(
+            (d.mem_used, d.mem_total, d.mem_free),
+            (40 * GIB, 80 * GIB, 40 * GIB)
+        );
+        assert_eq!(
+            (d.gpu_util, d.mem_util, d.temp_c),
+            (Some(87), Some(41), Some(61))
+        );
+        assert_eq!(
+            (d.power_mw, d.power_limit_mw),
+            (Some(312_400), Some(700_000))
+        );
+        assert_eq!((d.sm_clock_mhz, d.mem_clock_mhz), (Some(1980), Some(2619)));
+        let pids: Vec<u32> = d.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [9, 77, SELF], "deduplicated, in pid order");
+        let me = &d.processes[2];
+        assert!(me.is_self && !d.processes[0].is_self);
+        assert_eq!(me.used_bytes, Some(30_000 << 20));
+        assert_eq!(me.sm_util, Some(80), "the newest utilization sample wins");
+        assert_eq!(
+            d.processes[1].used_bytes, None,
+            "hidden memory stays unknown"
+        );
+        assert_eq!(d.processes[0].sm_util, None);
+    }
+
+    #[test]
+    fn unsupported_or_forbidden_readings_become_absent() {
+        let raw = RawDevice {
+            name: Err(RawError::Other("garbled".into())),
+            compute_processes: Err(RawError::NoPermission),
+            ..busy_device()
+        };
+        let d = convert_device(raw, SELF).unwrap();
+        assert_eq!(d.name, "GPU 0");
+        assert_eq!(
+            d.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
+            [9, SELF]
+        );
+        let bare = convert_device(RawDevice::new(3, "A100", GIB, 40 * GIB), SELF).unwrap();
+        assert_eq!(
+            (bare.index, bare.gpu_util, bare.power_mw, bare.temp_c),
+            (3, None, None, None)
+        );
+        assert!(bare.processes.is_empty());
+    }
+
+    #[test]
+    fn lost_device_or_memory_failure_is_fatal_and_says_where() {
+        let lost = RawDevice {
+            power_mw: Err(RawError::Lost("device's fell off the bus".into())),
+            ..busy_device()
+        };
+        assert_eq!(
+            convert_device(lost, SELF).unwrap_err().to_string(),
+            "NVML power_usage failed on GPU 0: device's fell off the bus"
+        );
+        let no_mem = RawDevice {
+            memory: Err(RawError::NoPermission),
+            ..RawDevice::new(2, "H100", 0, 0)
+        };
+        assert_eq!(
+            convert_device(no_mem, SELF).unwrap_err().to_string(),
+            "NVML memory_info failed on GPU 2: no permission"
+        );
+    }
+
+    #[test]
+    fn nvml_errors_map_to_decisions() {
+        assert_eq!(
+            RawError::from(NvmlError::NotSupported),
+            RawError::NotSupported
+        );
+        assert_eq!(
+            RawError::from(NvmlError::FailedToLoadSymbol("x".into())),
+            RawError::NotSupported
+        );
+        assert!(matches!(
+            RawError::from(NvmlError::GpuLost),
+            RawError::Lost(_)
+        ));
+        assert!(matches!(
+            RawError::from(NvmlError::DriverNotLoaded),
+            RawError::Lost(_)
+        ));
+        assert!(matches!(
+            RawError::from(NvmlError::Unknown),
+            RawError::Other(_)
+        ));
+    }
+
+    #[test]
+    fn reader_replays_a_recording_and_stops_on_loss() {
+        let frames = vec![
+            Ok(vec![
+                busy_device(),
+                RawDevice::new(1, "H100", GIB, 80 * GIB),
+            ]),
+            Err(RawError::Lost("driver not loaded".into())),
+        ];
+        let mut reader = NvmlReader::new(RecordedQuery::new(frames), SELF);
+        assert_eq!(reader.kind(), SourceKind::Nvml);
+        let Gauges::Devices(d) = reader.sample().unwrap() else {
+            panic!("host sample")
+        };
+        assert_eq!(
+            d.iter().map(|d| d.mem_used).collect::<Vec<_>>(),
+            [40 * GIB, GIB]
+        );
+        assert_eq!(
+            reader.sample().unwrap_err().to_string(),
+            "NVML device list failed: driver not loaded"
+        );
+    }
+}

@@ -1,0 +1,3 @@
+//! Producers of data for the store.
+
+pub mod gauges;

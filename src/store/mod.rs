@@ -1,0 +1,418 @@
+//! The UI side's data: everything producers send, ingested into ring buffers and live
+//! tables that screens query. Live, replay and headless consumers all feed the same store.
+
+pub mod history;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+
+use crate::event::{Action, Batch, Category, MemEvent, Phase};
+use crate::source::gauges::history::GaugeHistory;
+use crate::source::gauges::sample::{GaugeBatch, SourceKind};
+use crate::train::engine::{EngineInfo, KnobChange, OomReport, Report, StepReport};
+
+pub use history::{Column, Entry, History};
+
+/// One allocation's lifetime on the history axis, for the by-allocation view.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AllocSpan {
+    pub start: u64,
+    /// None while still live.
+    pub end: Option<u64>,
+    pub size: u64,
+    pub addr: u64,
+    pub category: Category,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveAlloc {
+    pub addr: u64,
+    pub size: u64,
+    pub category: Category,
+    pub phase: Phase,
+    pub step: u32,
+    pub scope: u32,
+    /// Key in `Store::spans`.
+    span: u64,
+}
+
+/// Something worth a marker on the timeline, at a history index.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Marker {
+    Knob(KnobChange),
+    Snapshot(PathBuf),
+    Oom(OomReport),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PhaseSpan {
+    pub start: u64,
+    pub phase: Phase,
+    pub step: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum LogKind {
+    Info,
+    Warn,
+    Error,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogLine {
+    pub kind: LogKind,
+    pub text: String,
+}
+
+pub struct Store {
+    pub history: History,
+    live: HashMap<u64, LiveAlloc>,
+    /// Allocations in the order they were made (memory_viz stacks bands in this order).
+    pub spans: BTreeMap<u64, AllocSpan>,
+    next_span: u64,
+    /// History start when spans were last pruned.
+    pruned_at: u64,
+    /// Phase changes by history index, oldest first.
+    pub phases: VecDeque<PhaseSpan>,
+    pub markers: VecDeque<(u64, Marker)>,
+    pub steps: VecDeque<StepReport>,
+    pub scopes: Vec<String>,
+    pub info: Option<EngineInfo>,
+    /// Device (NVML) or host readings, beside the allocator's view.
+    pub gauges: GaugeHistory,
+    pub log: VecDeque<LogLine>,
+    pub paused: bool,
+    pub finished: bool,
+    pub oom: Option<OomReport>,
+    /// Events known lost between producer and store (sequence gaps).
+    pub lost_events: u64,
+    next_seq: Option<u64>,
+    /// Highest live total seen, with its history index.
+    pub peak: (u64, u64),
+    /// Bumped on every change, so screens redraw only when something changed.
+    pub version: u64,
+    step_cap: usize,
+}
+
+impl Store {
+    pub fn new(history_cap: usize) -> Store {
+        Store {
+            history: History::new(history_cap),
+            live: HashMap::new(),
+            spans: BTreeMap::new(),
+            next_span: 0,
+            pruned_at: 0,
+            phases: VecDeque::new(),
+            markers: VecDeque::new(),
+            steps: VecDeque::new(),
+            scopes: vec![String::new()],
+            info: None,
+            // 10 minutes at the default 250 ms interval.
+            gauges: GaugeHistory::new(2400, 0),
+            log: VecDeque::new(),
+            paused: false,
+            finished: false,
+            oom: None,
+            lost_events: 0,
+            next_seq: None,
+            peak: (0, 0),
+            version: 0,
+            step_cap: 100_000,
+        }
+    }
+
+    pub fn ingest_batch(&mut self, b: Batch) {
+        self.version += 1;
+        for (id, name) in b.scopes {
+            let id = id as usize;
+            if self.scopes.len() <= id {
+                self.scopes.resize(id + 1, String::new());
+            }
+            self.scopes[id] = name;
+        }
+        if let Some(expected) = self.next_seq {
+            if b.first_seq > expected && !b.events.is_empty() {
+                self.lost_events += b.first_seq - expected;
+            }
+        }
+        if !b.events.is_empty() {
+            self.next_seq = Some(b.first_seq + b.events.len() as u64);
+        }
+        let mut marks = b.marks.into_iter().peekable();
+        for (i, e) in b.events.iter().enumerate() {
+            while let Some(m) = marks.next_if(|m| m.seq <= b.first_seq + i as u64) {
+                self.phases.push_back(PhaseSpan { start: self.history.end(), phase: m.phase, step: m.step });
+            }
+            self.ingest_event(e);
+        }
+        for m in marks {
+            self.phases.push_back(PhaseSpan { start: self.history.end(), phase: m.phase, step: m.step });
+        }
+        for (addr, to) in b.retags {
+            self.retag(addr, to);
+        }
+        self.forget_before(self.history.start());
+    }
+
+    fn ingest_event(&mut self, e: &MemEvent) {
+        let mut entry = Entry {
+            t_ns: e.t_ns,
+            delta: 0,
+            reserved_delta: 0,
+            category: e.category,
+            action: Some(e.action),
+            phase: e.phase,
+            step: e.step,
+        };
+        match e.action {
+            Action::Alloc => {
+                let span = self.next_span;
+                self.next_span += 1;
+                self.spans.insert(span, AllocSpan { start: self.history.end(), end: None, size: e.size, addr: e.addr, category: e.category });
+                self.live.insert(
+                    e.addr,
+                    LiveAlloc { addr: e.addr, size: e.size, category: e.category, phase: e.phase, step: e.step, scope: e.scope, span },
+                );
+                entry.delta = e.size as i64;
+            }
+            Action::FreeRequested => {
+                // The bytes leave the category they were counted under.
+                if let Some(l) = self.live.remove(&e.addr) {
+                    entry.delta = -(l.size as i64);
+                    entry.category = l.category;
+                    if let Some(s) = self.spans.get_mut(&l.span) {
+                        s.end = Some(self.history.end());
+                    }
+                }
+            }
+            Action::SegmentAlloc | Action::SegmentMap => entry.reserved_delta = e.size as i64,
+            Action::SegmentFree | Action::SegmentUnmap => entry.reserved_delta = -(e.size as i64),
+            Action::FreeCompleted | Action::Snapshot | Action::Oom => {}
+        }
+        self.history.push(entry);
+        let total = self.history.live_total();
+        if total > self.peak.0 {
+            self.peak = (total, self.history.end() - 1);
+        }
+    }
+
+    fn retag(&mut self, addr: u64, to: Category) {
+        let Some(l) = self.live.get_mut(&addr) else { return };
+        if l.category == to {
+            return;
+        }
+        let from = std::mem::replace(&mut l.category, to);
+        if let Some(s) = self.spans.get_mut(&l.span) {
+            s.category = to;
+        }
+        let size = l.size as i64;
+        let last = self.history.end().checked_sub(1).and_then(|i| self.history.get(i).copied());
+        let (t_ns, phase, step) = last.map(|e| (e.t_ns, e.phase, e.step)).unwrap_or((0, Phase::Other, 0));
+        for (category, delta) in [(from, -size), (to, size)] {
+            self.history.push(Entry { t_ns, delta, reserved_delta: 0, category, action: None, phase, step });
+        }
+    }
+
+    fn forget_before(&mut self, index: u64) {
+        // Keep the span that is open at `index`.
+        while self.phases.len() > 1 && self.phases[1].start <= index {
+            self.phases.pop_front();
+        }
+        while self.markers.front().is_some_and(|(i, _)| *i < index) {
+            self.markers.pop_front();
+        }
+        // Spans that ended before the history start can go (checked only when the history
+        // itself was trimmed, which is rare).
+        if index > self.pruned_at {
+            self.spans.retain(|_, s| s.end.is_none_or(|e| e >= index));
+            self.pruned_at = index;
+        }
+    }
+
+    pub fn ingest_gauges(&mut self, b: GaugeBatch) {
+        self.version += 1;
+        if let Some(status) = &b.status {
+            // Said once, when the source is chosen or changes, never per sample.
+            let line = match (status.kind, &status.reason) {
+                (SourceKind::Nvml, _) => "device gauges: NVML".to_string(),
+                (kind, Some(why)) => format!("device gauges: {} ({why})", kind.as_str()),
+                (kind, None) => format!("device gauges: {}", kind.as_str()),
+            };
+            let kind = if status.kind == SourceKind::Nvml { LogKind::Info } else { LogKind::Warn };
+            self.log_line(kind, line);
+        }
+        self.gauges.ingest(b);
+    }
+
+    pub fn ingest_report(&mut self, r: Report) {
+        self.version += 1;
+        let here = self.history.end();
+        match r {
+            Report::Started(info) => {
+                if let Some(n) = &info.note {
+                    self.log_line(LogKind::Info, n.clone());
+                }
+                if let Some(d) = info.device.strip_prefix("cuda:").and_then(|d| d.parse().ok()) {
+                    self.gauges.set_selected_device(d);
+                }
+                self.info = Some(info);
+            }
+            Report::Knob(k) => {
+                self.log_line(LogKind::Info, format!("{} {} → {} from step {}", k.knob, k.from, k.to, k.step));
+                if let Some(info) = &mut self.info {
+                    apply_knob(&mut info.config, &k);
+                }
+                self.markers.push_back((here, Marker::Knob(k)));
+            }
+            Report::Step(s) => {
+                if self.steps.len() == self.step_cap {
+                    self.steps.pop_front();
+                }
+                self.steps.push_back(s);
+            }
+            Report::SnapshotSaved { step, path } => {
+                self.log_line(LogKind::Info, format!("snapshot of step {step} saved: {}", path.display()));
+                self.markers.push_back((here, Marker::Snapshot(path)));
+            }
+            Report::SnapshotFailed { step, error } => {
+                self.log_line(LogKind::Error, format!("snapshot of step {step} failed: {error}"))
+            }
+            Report::Oom(o) => {
+                self.log_line(
+                    LogKind::Error,
+                    format!("out of memory at step {} ({}): {} — lower ctx with [ and resume with space", o.step, o.phase.as_str(), o.message),
+                );
+                self.markers.push_back((here, Marker::Oom(o.clone())));
+                self.oom = Some(o);
+            }
+            Report::Paused(p) => {
+                self.paused = p;
+                if !p {
+                    self.oom = None;
+                }
+            }
+            Report::Error(e) => self.log_line(LogKind::Error, e),
+            Report::Finished => self.finished = true,
+        }
+    }
+
+    pub fn log_line(&mut self, kind: LogKind, text: String) {
+        if self.log.len() == 1000 {
+            self.log.pop_front();
+        }
+        self.log.push_back(LogLine { kind, text });
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// The `n` largest live allocations, largest first.
+    pub fn largest_live(&self, n: usize) -> Vec<&LiveAlloc> {
+        let mut v: Vec<&LiveAlloc> = self.live.values().collect();
+        let n = n.min(v.len());
+        if n == 0 {
+            return Vec::new();
+        }
+        v.select_nth_unstable_by(n - 1, |a, b| b.size.cmp(&a.size).then(a.addr.cmp(&b.addr)));
+        v.truncate(n);
+        v.sort_by(|a, b| b.size.cmp(&a.size).then(a.addr.cmp(&b.addr)));
+        v
+    }
+
+    /// Allocations alive at some point of [from, to), in allocation order.
+    pub fn spans_in(&self, from: u64, to: u64) -> impl Iterator<Item = &AllocSpan> {
+        self.spans.values().filter(move |s| s.start < to && s.end.is_none_or(|e| e > from))
+    }
+
+    pub fn scope_name(&self, id: u32) -> &str {
+        self.scopes.get(id as usize).map(String::as_str).unwrap_or("")
+    }
+
+    pub fn last_step(&self) -> Option<&StepReport> {
+        self.steps.back()
+    }
+
+    /// The phase in effect at history index `i`.
+    pub fn phase_at(&self, i: u64) -> Option<PhaseSpan> {
+        let k = self.phases.partition_point(|p| p.start <= i);
+        k.checked_sub(1).map(|k| self.phases[k])
+    }
+
+    pub fn current_phase(&self) -> Phase {
+        self.phases.back().map(|p| p.phase).unwrap_or(Phase::Other)
+    }
+
+    /// The peak memory of the whole session so far (from exact step reports when any).
+    pub fn peak_allocated(&self) -> u64 {
+        self.steps.iter().map(|s| s.peak_allocated_bytes).max().unwrap_or(0)
+    }
+}
+
+fn apply_knob(c: &mut crate::train::config::StepConfig, k: &KnobChange) {
+    match k.knob.as_str() {
+        "precision" => c.precision = k.to.parse().unwrap_or(c.precision),
+        "ctx" => c.ctx = k.to.parse().unwrap_or(c.ctx),
+        "batch" => c.batch = k.to.parse().unwrap_or(c.batch),
+        "mode" => c.mode = k.to.parse().unwrap_or(c.mode),
+        "attention" => c.attention = k.to.parse().unwrap_or(c.attention),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::PhaseMark;
+
+    fn ev(action: Action, addr: u64, size: u64, cat: Category, phase: Phase) -> MemEvent {
+        MemEvent { t_ns: 0, addr, size, stream: 0, step: 0, scope: 0, action, phase, device: 0, category: cat }
+    }
+
+    #[test]
+    fn frees_leave_the_category_they_were_counted_in_and_retags_move_bytes() {
+        let mut s = Store::new(1 << 16);
+        s.ingest_batch(Batch {
+            first_seq: 0,
+            events: vec![
+                ev(Action::SegmentAlloc, 0x1000, 2 << 20, Category::Unknown, Phase::Forward),
+                ev(Action::Alloc, 0x1000, 1000, Category::Activation, Phase::Forward),
+                ev(Action::Alloc, 0x2000, 500, Category::Activation, Phase::Forward),
+            ],
+            marks: vec![PhaseMark { seq: 0, t_ns: 0, step: 0, phase: Phase::Forward }],
+            retags: vec![(0x2000, Category::Gradient)],
+            scopes: vec![(1, "layers.0.attn".into())],
+        });
+        let cats = s.history.category_bytes();
+        assert_eq!(cats[Category::Activation as usize], 1000);
+        assert_eq!(cats[Category::Gradient as usize], 500);
+        assert_eq!(s.history.reserved(), 2 << 20);
+        // The tracker reports the free as temporary (made and freed in one phase), but the
+        // bytes were counted as activation.
+        s.ingest_batch(Batch {
+            first_seq: 3,
+            events: vec![ev(Action::FreeRequested, 0x1000, 1000, Category::Temporary, Phase::Forward)],
+            ..Default::default()
+        });
+        let cats = s.history.category_bytes();
+        assert_eq!(cats[Category::Activation as usize], 0);
+        assert_eq!(cats[Category::Temporary as usize], 0);
+        assert_eq!(s.peak.0, 1500);
+        assert_eq!(s.largest_live(5).iter().map(|l| l.size).collect::<Vec<_>>(), vec![500]);
+        assert_eq!(s.scope_name(1), "layers.0.attn");
+        assert_eq!(s.lost_events, 0);
+    }
+
+    #[test]
+    fn sequence_gaps_count_lost_events() {
+        let mut s = Store::new(1 << 16);
+        let one = |seq| Batch {
+            first_seq: seq,
+            events: vec![ev(Action::Alloc, seq + 1, 8, Category::Temporary, Phase::Other)],
+            ..Default::default()
+        };
+        s.ingest_batch(one(0));
+        s.ingest_batch(one(5));
+        assert_eq!(s.lost_events, 4);
+    }
+}

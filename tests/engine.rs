@@ -1,0 +1,244 @@
+//! A real training step on CPU (tiny preset), checked for what a user relies on.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use vramscope::event::{Action, Category, Phase};
+use vramscope::store::Store;
+use vramscope::train::config::{Attention, Mode, Precision};
+use vramscope::train::engine::{Control, Engine, Report};
+
+/// Feeds a run into a store, the way the live screen does.
+fn store_of(run: &Run) -> Store {
+    let mut s = Store::new(1 << 24);
+    for b in &run.batches {
+        s.ingest_batch(b.clone());
+    }
+    for r in &run.reports {
+        s.ingest_report(r.clone());
+    }
+    s
+}
+
+#[test]
+fn every_alloc_is_freed_or_still_live_and_the_sum_is_the_live_total() {
+    let run = run(options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 2));
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut allocs = 0;
+    for b in &run.batches {
+        for e in &b.events {
+            match e.action {
+                Action::Alloc => {
+                    allocs += 1;
+                    assert!(live.insert(e.addr, e.size).is_none(), "address {:#x} allocated twice", e.addr);
+                }
+                Action::FreeRequested => {
+                    let size = live.remove(&e.addr).unwrap_or_else(|| panic!("free of unknown {:#x}", e.addr));
+                    assert_eq!(size, e.size, "a free reports the size that was allocated");
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(allocs > 200, "a training step makes hundreds of allocations, saw {allocs}");
+    let steps = run.steps();
+    assert_eq!(steps.len(), 2);
+    let last = steps.last().unwrap();
+    assert_eq!(live.values().sum::<u64>(), last.live_bytes, "sum of unfreed allocations = live total");
+    assert_eq!(last.category_bytes.values().sum::<u64>(), last.live_bytes);
+    assert_eq!(store_of(&run).history.live_total(), last.live_bytes, "the store agrees");
+    // What stays live between steps: parameters, gradients are freed by zero_grad,
+    // optimizer state stays.
+    assert!(last.category_bytes.contains_key("parameter"));
+    assert!(last.category_bytes.contains_key("optimizer_state"));
+    assert!(!last.category_bytes.contains_key("gradient"), "zero_grad frees gradients: {:?}", last.category_bytes);
+    assert!(last.reserved_bytes >= last.peak_allocated_bytes.min(last.live_bytes));
+    assert!(last.peak_allocated_bytes >= last.peak_active_bytes, "blocks are rounded up from requests");
+}
+
+#[test]
+fn forward_only_steps_make_no_gradients_or_optimizer_state() {
+    let run = run(options(tiny(32, 2, Mode::Forward, Precision::Fp32, Attention::Naive), 2));
+    for b in &run.batches {
+        for e in &b.events {
+            assert!(
+                !matches!(e.category, Category::Gradient | Category::OptimizerState),
+                "{e:?}"
+            );
+            assert!(!matches!(e.phase, Phase::Backward | Phase::Optimizer));
+        }
+        for (_, c) in &b.retags {
+            assert!(!matches!(c, Category::Gradient | Category::OptimizerState));
+        }
+    }
+    for s in run.steps() {
+        assert_eq!(s.phase_peak_bytes.keys().collect::<Vec<_>>(), vec!["forward"]);
+    }
+}
+
+#[test]
+fn the_second_full_step_allocates_no_new_optimizer_state() {
+    let run = run(options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 3));
+    let mut state_by_step: HashMap<u32, u64> = HashMap::new();
+    let mut state_addrs = HashMap::new();
+    for b in &run.batches {
+        for e in &b.events {
+            if e.action == Action::Alloc && e.phase == Phase::Optimizer {
+                state_addrs.insert(e.addr, (e.step, e.size));
+            }
+            if e.action == Action::FreeRequested {
+                state_addrs.remove(&e.addr);
+            }
+        }
+    }
+    // What the optimizer allocated and never freed is its state.
+    for (step, size) in state_addrs.values() {
+        *state_by_step.entry(*step).or_default() += size;
+    }
+    let steps = run.steps();
+    let state_after = |i: usize| steps[i].category_bytes.get("optimizer_state").copied().unwrap_or(0);
+    let params = steps[0].category_bytes["parameter"];
+    assert_eq!(state_by_step.get(&0).copied().unwrap_or(0), 2 * params, "AdamW keeps two moments per parameter");
+    assert_eq!(state_by_step.get(&1), None, "step 1 allocated new optimizer state");
+    assert_eq!(state_by_step.get(&2), None, "step 2 allocated new optimizer state");
+    assert_eq!(state_after(0), 2 * params);
+    assert_eq!(state_after(2), 2 * params);
+}
+
+/// Live activation bytes when the backward pass of `step` begins.
+fn activations_at_backward(run: &Run, step: u32) -> u64 {
+    let s = store_of(run);
+    let start = s
+        .phases
+        .iter()
+        .find(|p| p.phase == Phase::Backward && p.step == step)
+        .expect("a backward phase")
+        .start;
+    let col = s.history.columns(start - 1, start, 1)[0];
+    col.cats[Category::Activation as usize]
+}
+
+/// At a shape where activations dominate (as they do at CS336 sizes). At very small shapes
+/// the bf16 weight copies autocast keeps for backward (also live at this point) can
+/// outweigh the halved activations.
+#[test]
+fn bf16_autocast_lowers_activation_bytes() {
+    let fp32 = run(options(tiny(256, 4, Mode::Train, Precision::Fp32, Attention::Naive), 2));
+    let bf16 = run(options(tiny(256, 4, Mode::Train, Precision::Bf16, Attention::Naive), 2));
+    let (a32, a16) = (activations_at_backward(&fp32, 1), activations_at_backward(&bf16, 1));
+    assert!(a32 > 0);
+    assert!((a16 as f64) < 0.85 * a32 as f64, "bf16 activations {a16} vs fp32 {a32}");
+    let f32_peak = fp32.steps()[1].phase_peak_bytes["forward"];
+    let bf_peak = bf16.steps()[1].phase_peak_bytes["forward"];
+    assert!(bf_peak < f32_peak, "bf16 forward peak {bf_peak} vs fp32 {f32_peak}");
+}
+
+/// Largest single allocation made by layer 0's attention in the forward pass of step 0.
+fn largest_attention_alloc(ctx: i64, attention: Attention) -> u64 {
+    let run = run(options(tiny(ctx, 2, Mode::Forward, Precision::Fp32, attention), 1));
+    let store = store_of(&run);
+    let scope = store.scopes.iter().position(|s| s == "layers.0.attn").expect("scope interned") as u32;
+    run.batches
+        .iter()
+        .flat_map(|b| &b.events)
+        .filter(|e| e.action == Action::Alloc && e.scope == scope && e.phase == Phase::Forward)
+        .map(|e| e.size)
+        .max()
+        .expect("attention allocates")
+}
+
+#[test]
+fn doubling_ctx_grows_naive_scores_4x_and_fused_2x() {
+    let naive = largest_attention_alloc(256, Attention::Naive) as f64 / largest_attention_alloc(128, Attention::Naive) as f64;
+    let fused = largest_attention_alloc(256, Attention::Fused) as f64 / largest_attention_alloc(128, Attention::Fused) as f64;
+    assert!((3.6..=4.4).contains(&naive), "naive attention grew {naive:.2}x");
+    assert!((1.6..=2.4).contains(&fused), "fused attention grew {fused:.2}x");
+}
+
+#[test]
+fn a_control_message_changes_the_next_step_not_the_current_one() {
+    let engine = Engine::spawn(options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 3)).unwrap();
+    // Wait until step 0 is under way (its forward mark arrived), then change ctx.
+    'wait: loop {
+        let b = engine.batches.recv().expect("batches flow");
+        if b.marks.iter().any(|m| m.step == 0 && m.phase == Phase::Forward) {
+            break 'wait;
+        }
+    }
+    engine.control.send(Control::Ctx(64)).unwrap();
+    let run = collect(engine);
+    let steps = run.steps();
+    assert_eq!(steps[0].ctx, 32, "the step in progress keeps its ctx");
+    assert_eq!(steps[1].ctx, 64, "the next step uses the new ctx");
+    let knob = run.reports.iter().find_map(|r| if let Report::Knob(k) = r { Some(k.clone()) } else { None });
+    let knob = knob.expect("the change is itself an event");
+    assert_eq!((knob.knob.as_str(), knob.from.as_str(), knob.to.as_str(), knob.step), ("ctx", "32", "64", 1));
+}
+
+#[test]
+fn a_slow_consumer_costs_dropped_batches_not_training_time_or_exact_totals() {
+    let mut opts = options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 2);
+    opts.batch_capacity = 1;
+    let mut engine = Engine::spawn(opts).unwrap();
+    // Read reports only; never read batches until the end.
+    let mut steps = Vec::new();
+    loop {
+        match engine.reports.recv().unwrap() {
+            Report::Step(s) => steps.push(s),
+            Report::Finished => break,
+            _ => {}
+        }
+    }
+    engine.shutdown();
+    let last = steps.last().unwrap();
+    assert!(last.dropped_batches > 0 && last.dropped_events > 0, "{last:?}");
+    let full = run(options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 2));
+    assert_eq!(full.steps()[1].peak_allocated_bytes, last.peak_allocated_bytes, "totals stay exact");
+    assert_eq!(full.steps()[1].live_bytes, last.live_bytes);
+}
+
+#[test]
+fn an_out_of_memory_step_pauses_and_resumes_with_a_smaller_ctx() {
+    // Naive attention scores at this shape need 2 × 4 × 65536² × 4 bytes = 128 GiB:
+    // more than this machine (or any GPU) has, so the allocation itself fails.
+    let mut opts = options(tiny(65536, 2, Mode::Forward, Precision::Fp32, Attention::Naive), 2);
+    opts.steps = Some(2);
+    let engine = Engine::spawn(opts).unwrap();
+    let oom = loop {
+        match engine.reports.recv().unwrap() {
+            Report::Oom(o) => break o,
+            Report::Step(s) => panic!("a step at ctx 65536 should not fit: {s:?}"),
+            Report::Error(e) => panic!("reported as a generic error: {e}"),
+            _ => {}
+        }
+    };
+    assert_eq!(oom.step, 0);
+    assert_eq!(oom.phase, Phase::Forward);
+    assert!(oom.message.contains("allocate"), "{}", oom.message);
+    assert!(matches!(engine.reports.recv().unwrap(), Report::Paused(true)), "the loop pauses");
+    engine.control.send(Control::Ctx(32)).unwrap();
+    engine.control.send(Control::Resume).unwrap();
+    let run = collect(engine);
+    let steps = run.steps();
+    // The abandoned step keeps its number; the next one runs with the new ctx.
+    assert_eq!(steps.len(), 1, "the step after resuming ran");
+    assert_eq!((steps[0].step, steps[0].ctx), (1, 32));
+    // Nothing of the abandoned step is still counted as live.
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    for e in run.batches.iter().flat_map(|b| &b.events) {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, e.size);
+            }
+            Action::FreeRequested => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(live.values().sum::<u64>(), steps[0].live_bytes, "the stream agrees with the totals");
+    let (params, live_total) = (steps[0].category_bytes["parameter"], steps[0].live_bytes);
+    assert!(live_total < params + (1 << 20), "live {live_total} vs parameters {params}");
+}

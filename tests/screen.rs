@@ -1,0 +1,168 @@
+//! Whole-screen snapshots of the live screen, fed synthetic batches and reports (so they
+//! are deterministic), at 80×24 and 200×60, with keys applied through the same handler
+//! the app uses.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use vramscope::app::keys::{Action, KeyMap};
+use vramscope::app::view::View;
+use vramscope::event::{Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
+use vramscope::render::live::render_to_buffer;
+use vramscope::render::theme::Theme;
+use vramscope::store::Store;
+use vramscope::train::config::{Attention, Mode, Precision, Preset, StepConfig};
+use vramscope::train::engine::{EngineInfo, KnobChange, OomReport, Report, StepReport};
+
+const MIB: u64 = 1 << 20;
+
+fn config(ctx: i64, precision: Precision) -> StepConfig {
+    StepConfig { model_name: "tiny".into(), dims: Preset::Tiny.dims(), ctx, batch: 4, precision, mode: Mode::Train, attention: Attention::Naive }
+}
+
+/// Two training steps' worth of events: parameters, forward activations that backward
+/// frees, gradients, optimizer state on the first step, temporaries.
+fn session() -> Store {
+    let mut store = Store::new(1 << 20);
+    let info = EngineInfo { device: "cpu".into(), cuda: false, parameters: 9_316_608, config: config(256, Precision::Fp32), note: Some("no CUDA device found: training on CPU, GPU memory modelled from CPU allocations".into()) };
+    store.ingest_report(Report::Started(info));
+    let seq = std::cell::Cell::new(0u64);
+    let mut addr = 0x7f00_0000_0000u64;
+    let ev = |b: &mut Batch, action: Act, a: u64, size: u64, step: u32, phase: Phase, scope: u32, cat: Category| {
+        let n = seq.get();
+        if b.events.is_empty() {
+            b.first_seq = n;
+        }
+        b.events.push(MemEvent { t_ns: n * 1000, addr: a, size, stream: 0, step, scope, action, phase, device: 0, category: cat });
+        seq.set(n + 1);
+    };
+    let mark = |b: &mut Batch, step: u32, phase: Phase| {
+        b.marks.push(PhaseMark { seq: seq.get(), t_ns: seq.get() * 1000, step, phase });
+    };
+    let mut b = Batch { scopes: vec![(1, "layers.0.attn".into()), (2, "layers.0.ffn".into()), (3, "lm_head".into())], ..Default::default() };
+    ev(&mut b, Act::SegmentAlloc, addr, 192 * MIB, 0, Phase::Other, 0, Category::Unknown);
+    let params: Vec<u64> = (0..8).map(|i| { addr += 4 * MIB; let _ = i; addr }).collect();
+    for p in &params {
+        ev(&mut b, Act::Alloc, *p, 4 * MIB, 0, Phase::Other, 0, Category::Unknown);
+        b.retags.push((*p, Category::Parameter));
+    }
+    store.ingest_batch(b);
+    for step in 0..2u32 {
+        let mut b = Batch::default();
+        mark(&mut b, step, Phase::Forward);
+        let mut acts = Vec::new();
+        for i in 0..12u64 {
+            addr += 2 * MIB;
+            let scope = 1 + (i % 3) as u32;
+            ev(&mut b, Act::Alloc, addr, MIB + i * 64 * 1024, step, Phase::Forward, scope, Category::Activation);
+            acts.push((addr, MIB + i * 64 * 1024));
+            addr += MIB;
+            ev(&mut b, Act::Alloc, addr, MIB / 2, step, Phase::Forward, scope, Category::Activation);
+            ev(&mut b, Act::FreeRequested, addr, MIB / 2, step, Phase::Forward, scope, Category::Temporary);
+        }
+        store.ingest_batch(std::mem::take(&mut b));
+        mark(&mut b, step, Phase::Backward);
+        let mut grads = Vec::new();
+        for (a, size) in acts.iter().rev() {
+            ev(&mut b, Act::FreeRequested, *a, *size, step, Phase::Backward, 0, Category::Activation);
+            if grads.len() < 8 {
+                addr += 4 * MIB;
+                ev(&mut b, Act::Alloc, addr, 4 * MIB, step, Phase::Backward, 0, Category::Temporary);
+                grads.push(addr);
+            }
+        }
+        b.retags.extend(grads.iter().map(|g| (*g, Category::Gradient)));
+        store.ingest_batch(std::mem::take(&mut b));
+        mark(&mut b, step, Phase::Optimizer);
+        if step == 0 {
+            for _ in 0..16 {
+                addr += 4 * MIB;
+                ev(&mut b, Act::Alloc, addr, 4 * MIB, step, Phase::Optimizer, 0, Category::Temporary);
+                b.retags.push((addr, Category::OptimizerState));
+            }
+        }
+        store.ingest_batch(std::mem::take(&mut b));
+        mark(&mut b, step, Phase::ZeroGrad);
+        for g in &grads {
+            ev(&mut b, Act::FreeRequested, *g, 4 * MIB, step, Phase::ZeroGrad, 0, Category::Gradient);
+        }
+        mark(&mut b, step, Phase::Other);
+        store.ingest_batch(b);
+        let phase_peak_bytes: BTreeMap<String, u64> =
+            [("forward", 60), ("backward", 90), ("optimizer", 120), ("zero_grad", 100)].iter().map(|(p, m)| (p.to_string(), m * MIB)).collect();
+        store.ingest_report(Report::Step(StepReport {
+            step: step as u64, mode: Mode::Train, precision: Precision::Fp32, attention: Attention::Naive, ctx: 256, batch: 4,
+            peak_allocated_bytes: 120 * MIB, reserved_bytes: 160 * MIB, peak_reserved_bytes: 160 * MIB, peak_active_bytes: 118 * MIB,
+            phase_peak_bytes, category_bytes: BTreeMap::new(), live_bytes: 96 * MIB, step_time_s: 1.25, tokens_per_s: 819.2, loss: 9.2,
+            dropped_batches: 0, dropped_events: 0,
+        }));
+    }
+    store.ingest_report(Report::Knob(KnobChange { step: 2, knob: "precision".into(), from: "fp32".into(), to: "bf16".into() }));
+    store.ingest_report(Report::SnapshotSaved { step: 1, path: PathBuf::from("snapshots/tiny_ctx256_fp32_train_step1.pickle") });
+    store
+}
+
+fn text(store: &Store, view: &View, w: u16, h: u16) -> String {
+    let theme = Theme::load("dark").unwrap();
+    let buf = render_to_buffer(store, view, &KeyMap::default(), &theme, w, h);
+    (0..h)
+        .map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn whole(store: &Store) -> View {
+    View { window: store.history.end().max(64), ..View::default() }
+}
+
+#[test]
+fn live_screen_80x24() {
+    let store = session();
+    let screen = text(&store, &whole(&store), 80, 24);
+    assert!(screen.contains("bf16"), "the knob change shows in the header:\n{screen}");
+    insta::assert_snapshot!(screen);
+}
+
+#[test]
+fn live_screen_200x60() {
+    let store = session();
+    let screen = text(&store, &whole(&store), 200, 60);
+    for want in ["peak", "optimizer state", "parameter", "largest live allocations", "snapshot of step 1 saved"] {
+        assert!(screen.contains(want), "'{want}' missing:\n{screen}");
+    }
+    insta::assert_snapshot!(screen);
+}
+
+#[test]
+fn help_overlay_is_generated_from_the_key_table() {
+    let store = session();
+    let mut view = whole(&store);
+    view.help = true;
+    let screen = text(&store, &view, 200, 60);
+    for a in Action::ALL {
+        assert!(screen.contains(a.help()), "help lacks '{}'", a.help());
+    }
+    insta::assert_snapshot!(screen);
+}
+
+#[test]
+fn out_of_memory_state() {
+    let mut store = session();
+    store.ingest_report(Report::Oom(OomReport { step: 2, phase: Phase::Backward, message: "CUDA out of memory. Tried to allocate 20.00 GiB".into() }));
+    store.ingest_report(Report::Paused(true));
+    let screen = text(&store, &whole(&store), 200, 60);
+    assert!(screen.contains("OUT OF MEMORY"));
+    assert!(screen.contains("lower ctx with ["), "tells the user what to do:\n{screen}");
+    insta::assert_snapshot!(screen);
+}
+
+#[test]
+fn by_allocation_bands_and_a_too_small_terminal() {
+    let store = session();
+    let view = View { by_category: false, ..whole(&store) };
+    let screen = text(&store, &view, 200, 60);
+    assert!(screen.contains("by allocation"));
+    insta::assert_snapshot!("by_allocation", screen);
+    let small = text(&store, &view, 50, 12);
+    assert!(small.contains("needs at least 60×18"), "{small}");
+}
