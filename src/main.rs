@@ -13,6 +13,10 @@ use vramscope::train::config::{
 use vramscope::app::keys::KeyMap;
 use vramscope::app::live::LiveOptions;
 use vramscope::render::theme::{ColorSupport, Theme, BUILTIN};
+use vramscope::render::export::{self, ExportOptions};
+use vramscope::render::format::parse_bytes;
+use vramscope::report::growth::{self, LiveByOrigin};
+use vramscope::report::{estimate, fit, sweep};
 use vramscope::train::engine::{Engine, EngineOptions};
 
 #[derive(Parser)]
@@ -31,12 +35,21 @@ enum Command {
     Run(RunArgs),
     /// Device gauges for every GPU and its processes (host gauges without NVML).
     Watch(vramscope::app::watch::WatchArgs),
+    /// Measure every combination of the listed models, ctx, batch, precision, mode and
+    /// attention, one fresh engine each: a table of peaks (OOM cells included).
+    Sweep(SweepArgs),
+    /// Work out a configuration's memory without running it: parameters, gradients,
+    /// AdamW state, saved activations tensor by tensor, predicted peaks.
+    Estimate(EstimateArgs),
+    /// Draw a snapshot's active-memory timeline as an SVG or PNG.
+    Export(ExportArgs),
 }
 
+/// What one step runs: model size, shape, precision, mode, attention.
 #[derive(Args, Clone)]
-struct RunArgs {
+struct ShapeArgs {
     /// Model size: tiny, small, medium, large, xl, 2.7B, 10B.
-    #[arg(long, default_value = "tiny", value_parser = |s: &str| s.parse::<Preset>())]
+    #[arg(long, default_value = "tiny", value_parser = parse_preset)]
     model: Preset,
     /// Override the preset's width.
     #[arg(long)]
@@ -57,16 +70,22 @@ struct RunArgs {
     #[arg(long, default_value_t = 4, value_parser = parse_batch)]
     batch: i64,
     /// fp32 or bf16 (autocast).
-    #[arg(long, default_value = "fp32", value_parser = |s: &str| s.parse::<Precision>())]
+    #[arg(long, default_value = "fp32", value_parser = parse_precision)]
     precision: Precision,
     /// forward (no grad) or train (forward, backward, optimizer step, zero_grad).
-    #[arg(long, default_value = "train", value_parser = |s: &str| s.parse::<Mode>())]
+    #[arg(long, default_value = "train", value_parser = parse_mode)]
     mode: Mode,
     /// naive (materialised scores, as CS336) or fused (scaled_dot_product_attention).
-    #[arg(long, default_value = "naive", value_parser = |s: &str| s.parse::<Attention>())]
+    #[arg(long, default_value = "naive", value_parser = parse_attention)]
     attention: Attention,
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    #[command(flatten)]
+    shape: ShapeArgs,
     /// auto (CUDA if present), cpu or cuda.
-    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<DeviceChoice>())]
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceChoice,
     /// Stop after N steps (default: run until quit; 3 with --headless).
     #[arg(long)]
@@ -80,6 +99,13 @@ struct RunArgs {
     /// With --headless: one JSON object per step.
     #[arg(long)]
     json: bool,
+    /// With --headless: run N steps and fail if memory live at step end keeps growing
+    /// (naming the phase and module that allocated it) or a step spikes.
+    #[arg(long, value_name = "N", requires = "headless", conflicts_with = "steps")]
+    check_growth: Option<u64>,
+    /// Fault injection for testing --check-growth: keep this many bytes per step.
+    #[arg(long, hide = true, default_value_t = 0)]
+    inject_leak_bytes: u64,
     /// Write a snapshot after these steps (comma-separated step numbers).
     #[arg(long, value_delimiter = ',')]
     snapshot_at: Vec<u64>,
@@ -94,6 +120,100 @@ struct RunArgs {
     keys: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct SweepArgs {
+    /// Model sizes (comma-separated): tiny, small, medium, large, xl, 2.7B, 10B.
+    #[arg(long, default_value = "tiny", value_delimiter = ',', value_parser = parse_preset)]
+    model: Vec<Preset>,
+    /// Context lengths (comma-separated).
+    #[arg(long, default_value = "256", value_delimiter = ',', value_parser = parse_ctx)]
+    ctx: Vec<i64>,
+    /// Batch sizes (comma-separated).
+    #[arg(long, default_value = "4", value_delimiter = ',', value_parser = parse_batch)]
+    batch: Vec<i64>,
+    /// Precisions (comma-separated): fp32, bf16.
+    #[arg(long, default_value = "fp32", value_delimiter = ',', value_parser = parse_precision)]
+    precision: Vec<Precision>,
+    /// Modes (comma-separated): forward, train.
+    #[arg(long, default_value = "train", value_delimiter = ',', value_parser = parse_mode)]
+    mode: Vec<Mode>,
+    /// Attention kinds (comma-separated): naive, fused.
+    #[arg(long, default_value = "naive", value_delimiter = ',', value_parser = parse_attention)]
+    attention: Vec<Attention>,
+    /// Unmeasured steps before measuring each configuration.
+    #[arg(long, default_value_t = 1)]
+    warmup: u64,
+    /// Measured steps per configuration.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    steps: u64,
+    /// auto (CUDA if present), cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: DeviceChoice,
+    #[arg(long, default_value_t = 0)]
+    seed: i64,
+    /// Table format: markdown, csv or json.
+    #[arg(long, default_value = "markdown", value_parser = |s: &str| s.parse::<sweep::Format>())]
+    format: sweep::Format,
+    /// Write a snapshot of each configuration's last step into DIR.
+    #[arg(long, value_name = "DIR")]
+    snapshots: Option<PathBuf>,
+    /// Write each configuration's timeline as a PNG into DIR (snapshots go to --snapshots,
+    /// or into DIR too).
+    #[arg(long, value_name = "DIR")]
+    images: Option<PathBuf>,
+    /// Fit peak memory against batch and ctx (linear vs quadratic, R²; memory per token).
+    #[arg(long)]
+    fit: bool,
+}
+
+#[derive(Args)]
+struct EstimateArgs {
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Device memory to fit in, e.g. 80GiB: says whether the configuration fits and the
+    /// largest ctx and batch that would.
+    #[arg(long, value_parser = parse_bytes)]
+    gpu_mem: Option<u64>,
+    /// The estimate as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    /// A PyTorch memory snapshot (.pickle).
+    snapshot: PathBuf,
+    /// The image to write: a .svg or .png path (never overwritten).
+    #[arg(short, long)]
+    output: PathBuf,
+    #[arg(long, default_value_t = 1200)]
+    width: u32,
+    #[arg(long, default_value_t = 600)]
+    height: u32,
+    /// Which device's trace to draw.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Caption (the peak is appended).
+    #[arg(long, default_value = "Active memory timeline")]
+    title: String,
+}
+
+fn parse_preset(s: &str) -> Result<Preset, String> {
+    s.parse()
+}
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse()
+}
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse()
+}
+fn parse_attention(s: &str) -> Result<Attention, String> {
+    s.parse()
+}
+fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    s.parse()
+}
+
 fn parse_ctx(s: &str) -> Result<i64, String> {
     validate_ctx(s.parse::<i64>().map_err(|_| format!("--ctx must be a whole number, got '{s}'"))?)
 }
@@ -102,7 +222,7 @@ fn parse_batch(s: &str) -> Result<i64, String> {
     validate_batch(s.parse::<i64>().map_err(|_| format!("--batch must be a whole number, got '{s}'"))?)
 }
 
-impl RunArgs {
+impl ShapeArgs {
     fn step_config(&self) -> anyhow::Result<StepConfig> {
         let p = self.model.dims();
         let custom = self.d_model.is_some() || self.d_ff.is_some() || self.layers.is_some() || self.heads.is_some();
@@ -127,26 +247,43 @@ impl RunArgs {
             attention: self.attention,
         })
     }
+}
 
+impl RunArgs {
     fn engine_options(&self, default_steps: Option<u64>) -> anyhow::Result<EngineOptions> {
-        let mut o = EngineOptions::new(self.step_config()?);
+        let mut o = EngineOptions::new(self.shape.step_config()?);
         o.device = self.device;
         o.steps = self.steps.or(default_steps);
         o.seed = self.seed;
         o.snapshot_at = self.snapshot_at.clone();
         o.snapshot_dir = self.snapshot_dir.clone();
+        o.leak_bytes_per_step = self.inject_leak_bytes;
+        if let Some(n) = self.check_growth {
+            o.steps = Some(n);
+            // The check reads every event: room enough that none is dropped.
+            o.batch_capacity = 1 << 16;
+        }
         Ok(o)
     }
 }
 
-fn run(args: RunArgs) -> anyhow::Result<()> {
+fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.headless {
         let opts = args.engine_options(Some(3))?;
         let mut engine = Engine::spawn(opts).context("starting the training engine")?;
         let stdout = std::io::stdout();
-        vramscope::report::headless::run(&mut engine, args.json, &mut stdout.lock())?;
+        let mut live = LiveByOrigin::default();
+        let steps = vramscope::report::headless::run(&mut engine, args.json, &mut stdout.lock(), &mut |b| live.ingest(b))?;
         engine.shutdown();
-        return Ok(());
+        if args.check_growth.is_some() {
+            anyhow::ensure!(steps.iter().all(|s| s.dropped_events == 0), "events were dropped: the growth check needs all of them");
+            let report = growth::check(&live.finish(), &steps);
+            print!("{report}");
+            if !report.healthy() {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
     }
     anyhow::ensure!(!args.json, "--json needs --headless");
     let keys = match &args.keys {
@@ -164,7 +301,77 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     let engine = args.engine_options(None)?;
-    vramscope::app::live::run(LiveOptions { engine, keys, themes })
+    vramscope::app::live::run(LiveOptions { engine, keys, themes })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(!(a.fit && a.format == sweep::Format::Csv), "--fit prints a second table: use --format markdown or json");
+    let models: Vec<StepConfig> = a
+        .model
+        .iter()
+        .map(|p| StepConfig {
+            model_name: p.name().into(),
+            dims: p.dims(),
+            ctx: a.ctx[0],
+            batch: a.batch[0],
+            precision: a.precision[0],
+            mode: a.mode[0],
+            attention: a.attention[0],
+        })
+        .collect();
+    let configs = sweep::configurations(&models, &a.ctx, &a.batch, &a.precision, &a.mode, &a.attention);
+    let opts = sweep::SweepOptions {
+        device: a.device,
+        warmup: a.warmup,
+        steps: a.steps,
+        seed: a.seed,
+        snapshot_dir: a.snapshots.clone().or_else(|| a.images.clone()),
+    };
+    // Drawn only when stderr is a terminal.
+    let progress = indicatif::ProgressBar::new(configs.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} configurations, {elapsed} ({eta} left) {msg}")
+            .expect("the progress template parses"),
+    );
+    let rows = sweep::sweep(&configs, &opts, &progress);
+    progress.finish_and_clear();
+    if let Some(dir) = &a.images {
+        for r in &rows {
+            let Some(snap_path) = &r.snapshot else { continue };
+            let snap = vramscope::snapshot::read_snapshot_file(snap_path).with_context(|| snap_path.display().to_string())?;
+            let stem = snap_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let c = &r.config;
+            let o = ExportOptions {
+                title: format!("{} ctx {} batch {} {} {} {} attention", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention),
+                ..ExportOptions::default()
+            };
+            let path = vramscope::snapshot::unique_path(dir, &format!("{stem}.png"));
+            export::export(&snap, &path, &o)?;
+        }
+    }
+    let fits = if a.fit { fit::fits(&rows) } else { Vec::new() };
+    print!("{}", sweep::render(&rows, &fits, a.format));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
+    let cfg = a.shape.step_config()?;
+    let e = estimate::estimate(&cfg);
+    let fit = a.gpu_mem.map(|b| estimate::fit_in(&cfg, b));
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "estimate": e, "fit": fit }))?);
+    } else {
+        print!("{}", estimate::render(&e, fit.as_ref()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
+    let snap = vramscope::snapshot::read_snapshot_file(&a.snapshot).with_context(|| a.snapshot.display().to_string())?;
+    let o = ExportOptions { width: a.width, height: a.height, device: a.device, title: a.title };
+    let path = export::export(&snap, &a.output, &o)?;
+    println!("wrote {}", path.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -172,11 +379,14 @@ fn main() -> ExitCode {
     vramscope::train::engine::install_panic_filter();
     let result = match cli.command {
         Some(Command::Run(a)) => run(a),
-        Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a),
+        Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a).map(|()| ExitCode::SUCCESS),
+        Some(Command::Sweep(a)) => sweep_cmd(a),
+        Some(Command::Estimate(a)) => estimate_cmd(a),
+        Some(Command::Export(a)) => export_cmd(a),
         None => run(cli.run),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("vramscope: {e:#}");
             ExitCode::from(2)

@@ -75,3 +75,40 @@ mod tests {
         assert_eq!(fit("NVIDIA H100 80GB HBM3", 8), "NVIDIA …");
     }
 }
+
+/// Parses a size such as "80GiB", "80 GB", "1.5TiB" or "4096" (bytes). Decimal (GB) and
+/// binary (GiB) units are both accepted, as each means.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("expected a size like 80GiB, got '{s}'"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => KIB,
+        "m" | "mib" => KIB.powi(2),
+        "g" | "gib" => KIB.powi(3),
+        "t" | "tib" => KIB.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        u => return Err(format!("unknown size unit '{u}' in '{s}' (allowed: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
+    };
+    Ok((n * mult).round() as u64)
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("80GiB").unwrap(), 80 << 30);
+        assert_eq!(parse_bytes("80 GB").unwrap(), 80_000_000_000);
+        assert_eq!(parse_bytes("1.5MiB").unwrap(), 3 << 19);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("lots").unwrap_err().contains("80GiB"));
+        assert!(parse_bytes("3 parsecs").unwrap_err().contains("parsecs"));
+    }
+}

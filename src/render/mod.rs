@@ -1,5 +1,6 @@
 //! Pure drawing functions, one per screen or panel, and the theme they share.
 
+pub mod export;
 pub mod format;
 pub mod live;
 pub mod theme;

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 
+use crate::event::Batch;
 use crate::train::engine::{Engine, Report, StepReport};
 
 use crate::render::format::bytes;
@@ -30,16 +31,20 @@ pub fn step_line(r: &StepReport) -> String {
     )
 }
 
-/// Drives the engine to completion, printing as steps finish. Returns the step reports.
-/// An error report ends the run with that error.
-pub fn run(engine: &mut Engine, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
+/// Drives the engine to completion, printing as steps finish; every event batch goes to
+/// `on_batch` (headless has no store; reading batches keeps the engine from counting
+/// drops). Returns the step reports. An error report ends the run with that error.
+pub fn run(
+    engine: &mut Engine,
+    json: bool,
+    out: &mut impl Write,
+    on_batch: &mut dyn FnMut(&Batch),
+) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
-    // Headless has no store: batches are not needed, and leaving them unread would only
-    // count drops, so they are discarded as they come.
     let batches = engine.batches.clone();
     loop {
         crossbeam_channel::select! {
-            recv(batches) -> _ => {}
+            recv(batches) -> b => if let Ok(b) = b { on_batch(&b) },
             recv(engine.reports) -> msg => {
                 let Ok(report) = msg else { break };
                 match report {
@@ -69,7 +74,13 @@ pub fn run(engine: &mut Engine, json: bool, out: &mut impl Write) -> anyhow::Res
                     Report::Oom(o) => anyhow::bail!("out of memory at step {} ({}): {}", o.step, o.phase.as_str(), o.message),
                     Report::Error(e) => anyhow::bail!("{e}"),
                     Report::Knob(_) | Report::Paused(_) => {}
-                    Report::Finished => break,
+                    Report::Finished => {
+                        // Batches sent before Finished may still be queued.
+                        while let Ok(b) = batches.try_recv() {
+                            on_batch(&b);
+                        }
+                        break;
+                    }
                 }
             }
         }

@@ -1,3 +1,7 @@
-//! Headless output: per-step lines and JSON.
+//! Headless output and analysis: per-step lines, sweeps, estimates, scaling fits, growth checks.
 
+pub mod estimate;
+pub mod fit;
+pub mod growth;
 pub mod headless;
+pub mod sweep;

@@ -48,6 +48,16 @@ pub fn write_snapshot(snap: &Snapshot, out: &mut impl Write) -> io::Result<()> {
 /// Write `snap` to `path` atomically: a temp file in the same directory, fsync, then a
 /// no-overwrite link into place. Creates missing parent directories. Returns `path`.
 pub fn save_snapshot_atomic(snap: &Snapshot, path: &Path) -> Result<PathBuf, WriteError> {
+    save_atomic(path, |w| write_snapshot(snap, w))
+}
+
+/// Writes what `write` produces to `path` atomically, never overwriting: a temp file in the
+/// same directory, fsync, then a no-overwrite link into place. Creates missing parent
+/// directories. Returns `path`.
+pub fn save_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut io::BufWriter<File>) -> io::Result<()>,
+) -> Result<PathBuf, WriteError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -73,7 +83,7 @@ pub fn save_snapshot_atomic(snap: &Snapshot, path: &Path) -> Result<PathBuf, Wri
     })?;
     let result = (|| {
         let mut w = io::BufWriter::with_capacity(1 << 20, file);
-        write_snapshot(snap, &mut w)?;
+        write(&mut w)?;
         let file = w.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         // hard_link fails if `path` appeared meanwhile: never overwrites. Filesystems

@@ -121,6 +121,10 @@ pub struct EngineOptions {
     pub snapshot_at: Vec<u64>,
     pub snapshot_dir: PathBuf,
     pub start_paused: bool,
+    /// Fault injection for testing leak detection: each step's forward pass allocates this
+    /// many bytes (scope `fault_injection.leak`) and keeps them for the rest of the run —
+    /// the "tensor kept per step" bug. 0 (the default) injects nothing.
+    pub leak_bytes_per_step: u64,
 }
 
 impl EngineOptions {
@@ -135,6 +139,7 @@ impl EngineOptions {
             snapshot_at: Vec::new(),
             snapshot_dir: PathBuf::from("snapshots"),
             start_paused: false,
+            leak_bytes_per_step: 0,
         }
     }
 }
@@ -269,6 +274,8 @@ struct Worker {
     dropped_events: u64,
     epoch_us_at_zero: i64,
     writers: Vec<JoinHandle<()>>,
+    /// What `leak_bytes_per_step` kept.
+    leaked: Vec<Tensor>,
 }
 
 impl Worker {
@@ -321,6 +328,7 @@ impl Worker {
             dropped_events: 0,
             epoch_us_at_zero,
             writers: Vec::new(),
+            leaked: Vec::new(),
             opts,
         };
         w.refresh_stacks();
@@ -579,6 +587,11 @@ impl Worker {
         let bf16 = cfg.precision == Precision::Bf16;
 
         self.enter_phase(Phase::Forward);
+        if self.opts.leak_bytes_per_step > 0 {
+            let _s = self.scopes.enter(self.scopes.intern("fault_injection.leak"));
+            let n = self.opts.leak_bytes_per_step.div_ceil(4) as i64;
+            self.leaked.push(Tensor::zeros([n], (Kind::Float, self.device)));
+        }
         let forward = |model: &TransformerLm, scopes: &Scopes| {
             if bf16 {
                 capture::autocast(cuda, true).expect("enable autocast");

@@ -1,0 +1,256 @@
+//! `vramscope export`: a snapshot's active-memory timeline as an SVG or PNG for a writeup —
+//! memory_viz's stacked total, coloured by category where the snapshot records them, with
+//! training phases shaded behind it, axes in GiB and a legend.
+
+use std::io::{self, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+use ratatui::style::Color as TermColor;
+use thiserror::Error;
+
+use crate::event::{Category, Phase};
+use crate::render::format::bytes;
+use crate::render::theme::Theme;
+use crate::snapshot::model::{AnnotationStage, Snapshot};
+use crate::snapshot::timeline::Timeline;
+use crate::snapshot::writer::{save_atomic, WriteError};
+
+#[derive(Debug, Error)]
+pub enum ExportError {
+    #[error("cannot tell the image format of {0}: the name must end in .svg or .png")]
+    UnknownFormat(PathBuf),
+    #[error("drawing the timeline failed: {0}")]
+    Draw(String),
+    #[error("no TrueType font found for the labels (looked at {0}); set VRAMSCOPE_FONT to a .ttf file")]
+    NoFont(String),
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageFormat {
+    Svg,
+    Png,
+}
+
+impl ImageFormat {
+    pub fn of(path: &Path) -> Result<ImageFormat, ExportError> {
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("svg") => Ok(ImageFormat::Svg),
+            Some("png") => Ok(ImageFormat::Png),
+            _ => Err(ExportError::UnknownFormat(path.to_path_buf())),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ExportOptions {
+    pub width: u32,
+    pub height: u32,
+    pub device: usize,
+    /// Caption; the peak is appended.
+    pub title: String,
+}
+
+impl Default for ExportOptions {
+    /// 1200 × 600: two to one, readable at a page's width.
+    fn default() -> Self {
+        ExportOptions { width: 1200, height: 600, device: 0, title: "Active memory timeline".into() }
+    }
+}
+
+const FONT: &str = "sans-serif";
+const FONT_PATHS: [&str; 7] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/System/Library/Fonts/Supplemental/Arial.ttf",
+    "/Library/Fonts/Arial.ttf",
+    "C:\\Windows\\Fonts\\arial.ttf",
+];
+
+/// Labels are laid out with a real font's metrics (both formats) and drawn with it (PNG):
+/// the first usable system font, or VRAMSCOPE_FONT. Loaded once per process.
+fn ensure_font() -> Result<(), ExportError> {
+    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let env = std::env::var("VRAMSCOPE_FONT").ok();
+            for p in env.iter().map(String::as_str).chain(FONT_PATHS) {
+                if let Ok(data) = std::fs::read(p) {
+                    // plotters keeps fonts for the life of the process.
+                    let data: &'static [u8] = Box::leak(data.into_boxed_slice());
+                    if plotters::style::register_font(FONT, FontStyle::Normal, data).is_ok() {
+                        return Ok(());
+                    }
+                }
+            }
+            Err(env.into_iter().chain(FONT_PATHS.map(String::from)).collect::<Vec<_>>().join(", "))
+        })
+        .clone()
+        .map_err(ExportError::NoFont)
+}
+
+fn rgb(c: TermColor) -> RGBColor {
+    match c {
+        TermColor::Rgb(r, g, b) => RGBColor(r, g, b),
+        TermColor::Black => BLACK,
+        _ => RGBColor(128, 128, 128),
+    }
+}
+
+/// A phase's stretch of the x axis (action indices).
+struct Shade {
+    phase: Phase,
+    span: Range<f64>,
+}
+
+/// Phases from the snapshot's "forward (step N)" START/END annotations, placed on the
+/// action axis through the trace's timestamps.
+fn shades(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<Shade> {
+    let trace = snap.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+    let action_at = |time_us: i64| {
+        let entry = trace.partition_point(|e| e.time_us < time_us);
+        tl.event_positions.partition_point(|p| *p < entry) as f64
+    };
+    let mut open: Vec<(&str, f64)> = Vec::new();
+    let mut out = Vec::new();
+    for a in snap.external_annotations.iter().filter(|a| a.device == device as i64) {
+        match a.stage {
+            AnnotationStage::Start => open.push((&a.name, action_at(a.time_us))),
+            AnnotationStage::End => {
+                let Some(i) = open.iter().position(|(n, _)| *n == a.name) else { continue };
+                let (name, start) = open.remove(i);
+                let phase_name = name.split(" (").next().unwrap_or(name);
+                if let Some(phase) = Phase::ALL.into_iter().find(|p| p.as_str() == phase_name) {
+                    out.push(Shade { phase, span: start..action_at(a.time_us) });
+                }
+            }
+        }
+    }
+    out
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, snap: &Snapshot, o: &ExportOptions) -> Result<(), ExportError>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| ExportError::Draw(e.to_string());
+    let theme = Theme::load("light").expect("the built-in light theme parses");
+    let tl = Timeline::from_snapshot(snap, o.device);
+    let total = tl.total_events.max(1);
+    let buckets = total.min(o.width as usize);
+    let x_of = |k: usize| (k * total) as f64 / buckets as f64;
+    let peak = tl.peak_bytes as f64 / GIB;
+    let y_max = (peak * 1.1).max(1e-6);
+
+    root.fill(&WHITE).map_err(err)?;
+    let caption = format!("{} — peak {}", o.title, bytes(tl.peak_bytes));
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, (FONT, 22))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(0f64..total as f64, 0f64..y_max)
+        .map_err(err)?;
+    // Enough decimals that small (CPU) snapshots still get distinct ticks.
+    let decimals = if y_max >= 10.0 { 0 } else if y_max >= 1.0 { 1 } else { (-(y_max.log10())).ceil() as usize + 1 };
+    chart
+        .configure_mesh()
+        .x_desc("allocator events (allocations and frees, in order)")
+        .y_desc("active memory (GiB)")
+        .y_label_formatter(&|v| format!("{v:.decimals$}"))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 16))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(err)?;
+
+    let shades = shades(snap, &tl, o.device);
+    for phase in Phase::ALL {
+        let Some(colour) = theme.phase(phase).map(rgb) else { continue };
+        let spans: Vec<_> = shades.iter().filter(|s| s.phase == phase).collect();
+        if spans.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(spans.iter().map(|s| Rectangle::new([(s.span.start, 0.0), (s.span.end, y_max)], colour.filled())))
+            .map_err(err)?
+            .label(phase.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled()));
+    }
+
+    // Stack categories in the timeline's order; each area is drawn from its cumulative top,
+    // topmost first, so the lower ones paint over them.
+    let per_bucket = tl.category_series(0, total, buckets);
+    let mut tops: Vec<Vec<f64>> = Vec::new();
+    for (ci, _) in tl.categories.iter().enumerate() {
+        let below = tops.last().cloned().unwrap_or_else(|| vec![0.0; buckets]);
+        tops.push(below.iter().zip(&per_bucket).map(|(b, v)| b + v[ci] as f64 / GIB).collect());
+    }
+    let used: Vec<usize> = (0..tl.categories.len()).filter(|ci| per_bucket.iter().any(|v| v[*ci] > 0)).collect();
+    for &ci in used.iter().rev() {
+        let name = &tl.categories[ci];
+        let colour = Category::parse(name).map_or(RGBColor(70, 130, 180), |c| rgb(theme.category(c)));
+        // With only unknown memory (a snapshot without categories) the area is the total.
+        let label = if used.len() == 1 && name == "unknown" { "active memory".to_string() } else { name.clone() };
+        let colour = if used.len() == 1 { RGBColor(70, 130, 180) } else { colour };
+        let points = (0..buckets).flat_map(|k| [(x_of(k), tops[ci][k]), (x_of(k + 1), tops[ci][k])]);
+        chart
+            .draw_series(AreaSeries::new(points, 0.0, colour.mix(0.85)).border_style(colour))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font((FONT, 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.5))
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+pub fn render_svg(snap: &Snapshot, o: &ExportOptions) -> Result<String, ExportError> {
+    ensure_font()?;
+    let mut s = String::new();
+    draw(SVGBackend::with_string(&mut s, (o.width, o.height)).into_drawing_area(), snap, o)?;
+    Ok(s)
+}
+
+/// The PNG file's bytes.
+pub fn render_png(snap: &Snapshot, o: &ExportOptions) -> Result<Vec<u8>, ExportError> {
+    ensure_font()?;
+    let mut rgb = vec![0u8; o.width as usize * o.height as usize * 3];
+    draw(BitMapBackend::with_buffer(&mut rgb, (o.width, o.height)).into_drawing_area(), snap, o)?;
+    let mut png = Vec::new();
+    image::ImageEncoder::write_image(
+        image::codecs::png::PngEncoder::new(&mut png),
+        &rgb,
+        o.width,
+        o.height,
+        image::ColorType::Rgb8,
+    )
+    .map_err(|e| ExportError::Draw(e.to_string()))?;
+    Ok(png)
+}
+
+/// Renders to `path` (format from its extension), atomically and never over an existing file.
+pub fn export(snap: &Snapshot, path: &Path, o: &ExportOptions) -> Result<PathBuf, ExportError> {
+    let data = match ImageFormat::of(path)? {
+        ImageFormat::Svg => render_svg(snap, o)?.into_bytes(),
+        ImageFormat::Png => render_png(snap, o)?,
+    };
+    Ok(save_atomic(path, |w: &mut io::BufWriter<std::fs::File>| w.write_all(&data))?)
+}

@@ -1,0 +1,183 @@
+//! `vramscope sweep --fit`: how peak memory scales with batch size and sequence length —
+//! least-squares lines and parabolas with R², and memory per token.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::sweep::SweepRow;
+use crate::render::format::bytes;
+
+/// y ≈ Σ coeffs[k]·x^k.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Poly {
+    pub coeffs: Vec<f64>,
+    pub r2: f64,
+}
+
+impl Poly {
+    pub fn at(&self, x: f64) -> f64 {
+        self.coeffs.iter().rev().fold(0.0, |acc, c| acc * x + c)
+    }
+}
+
+/// Least-squares polynomial of `degree` through the points (normal equations, solved by
+/// Gaussian elimination; x is scaled to its maximum so ctx² stays well conditioned).
+/// None when there are not more points than coefficients' worth of distinct x values.
+pub fn fit_poly(xs: &[f64], ys: &[f64], degree: usize) -> Option<Poly> {
+    let mut distinct = xs.to_vec();
+    distinct.sort_by(f64::total_cmp);
+    distinct.dedup();
+    let n = degree + 1;
+    if distinct.len() < n || xs.len() != ys.len() {
+        return None;
+    }
+    let scale = distinct.last().copied().filter(|m| *m != 0.0).unwrap_or(1.0);
+    let mut a = vec![vec![0.0; n + 1]; n];
+    for (&x, &y) in xs.iter().zip(ys) {
+        let x = x / scale;
+        let pow: Vec<f64> = (0..n).map(|k| x.powi(k as i32)).collect();
+        for i in 0..n {
+            for j in 0..n {
+                a[i][j] += pow[i] * pow[j];
+            }
+            a[i][n] += pow[i] * y;
+        }
+    }
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[pivot][col].abs() < 1e-12 {
+            return None;
+        }
+        a.swap(col, pivot);
+        for row in 0..n {
+            if row != col {
+                let f = a[row][col] / a[col][col];
+                for k in col..=n {
+                    a[row][k] -= f * a[col][k];
+                }
+            }
+        }
+    }
+    let coeffs: Vec<f64> = (0..n).map(|k| a[k][n] / a[k][k] / scale.powi(k as i32)).collect();
+    let mean = ys.iter().sum::<f64>() / ys.len() as f64;
+    let total: f64 = ys.iter().map(|y| (y - mean).powi(2)).sum();
+    let mut p = Poly { coeffs, r2: 1.0 };
+    let resid: f64 = xs.iter().zip(ys).map(|(x, y)| (y - p.at(*x)).powi(2)).sum();
+    p.r2 = if total > 0.0 { 1.0 - resid / total } else { 1.0 };
+    Some(p)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Knob {
+    Batch,
+    Ctx,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Scaling {
+    /// The configuration held fixed, e.g. "tiny fp32 train naive ctx 128".
+    pub group: String,
+    pub knob: Knob,
+    pub points: Vec<(i64, u64)>,
+    pub linear: Poly,
+    pub quadratic: Option<Poly>,
+    /// "quadratic" when the x² term carries more than 5% of the peak at the largest x.
+    pub verdict: &'static str,
+    /// Slope per token of the linear fit (bytes).
+    pub bytes_per_token: f64,
+}
+
+/// Share of the peak at the largest x that makes the x² term count as real growth.
+const QUADRATIC_SHARE: f64 = 0.05;
+
+fn scaling(group: String, knob: Knob, mut points: Vec<(i64, u64)>, other: i64) -> Option<Scaling> {
+    points.sort();
+    let xs: Vec<f64> = points.iter().map(|p| p.0 as f64).collect();
+    let ys: Vec<f64> = points.iter().map(|p| p.1 as f64).collect();
+    let linear = fit_poly(&xs, &ys, 1)?;
+    let quadratic = fit_poly(&xs, &ys, 2);
+    let xmax = *xs.last()?;
+    let share = quadratic.as_ref().map_or(0.0, |q| q.coeffs[2] * xmax * xmax / q.at(xmax).max(1.0));
+    Some(Scaling {
+        group,
+        knob,
+        verdict: if share > QUADRATIC_SHARE { "quadratic" } else { "linear" },
+        // Tokens per unit of x: a sequence of `other` tokens per batch row, or `other`
+        // sequences per extra position.
+        bytes_per_token: linear.coeffs[1] / other as f64,
+        points,
+        linear,
+        quadratic,
+    })
+}
+
+/// Fits every group of measured rows that differ only in batch, and only in ctx.
+pub fn fits(rows: &[SweepRow]) -> Vec<Scaling> {
+    let mut by_batch: BTreeMap<(String, i64), Vec<(i64, u64)>> = BTreeMap::new();
+    let mut by_ctx: BTreeMap<(String, i64), Vec<(i64, u64)>> = BTreeMap::new();
+    for r in rows {
+        let Some(peak) = r.peak_bytes() else { continue };
+        let c = &r.config;
+        let base = format!("{} {} {} {}", c.model_name, c.precision, c.mode, c.attention);
+        by_batch.entry((format!("{base} ctx {}", c.ctx), c.ctx)).or_default().push((c.batch, peak));
+        by_ctx.entry((format!("{base} batch {}", c.batch), c.batch)).or_default().push((c.ctx, peak));
+    }
+    let batch = by_batch.into_iter().filter_map(|((g, ctx), p)| scaling(g, Knob::Batch, p, ctx));
+    let ctx = by_ctx.into_iter().filter_map(|((g, b), p)| scaling(g, Knob::Ctx, p, b));
+    batch.chain(ctx).collect()
+}
+
+pub fn render(fits: &[Scaling]) -> String {
+    let mut s = String::from("| against | held fixed | points | linear R² | quadratic R² | growth | memory per token |\n|---|---|---:|---:|---:|---|---:|\n");
+    for f in fits {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.4} | {} | {} | {} |",
+            match f.knob {
+                Knob::Batch => "batch",
+                Knob::Ctx => "ctx",
+            },
+            f.group,
+            f.points.len(),
+            f.linear.r2,
+            f.quadratic.as_ref().map_or("–".to_string(), |q| format!("{:.4}", q.r2)),
+            f.verdict,
+            bytes(f.bytes_per_token.max(0.0).round() as u64)
+        );
+    }
+    if fits.is_empty() {
+        s += "| – | no two measured configurations differ in batch or ctx alone | | | | | |\n";
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_lines_and_parabolas_are_recovered() {
+        let xs = [128.0, 256.0, 512.0, 1024.0];
+        let line: Vec<f64> = xs.iter().map(|x| 1e9 + 3e5 * x).collect();
+        let p = fit_poly(&xs, &line, 1).unwrap();
+        assert!((p.coeffs[1] - 3e5).abs() < 1e-3 && (p.r2 - 1.0).abs() < 1e-9, "{p:?}");
+        let parabola: Vec<f64> = xs.iter().map(|x| 1e9 + 3e5 * x + 2e3 * x * x).collect();
+        let lin = fit_poly(&xs, &parabola, 1).unwrap();
+        let quad = fit_poly(&xs, &parabola, 2).unwrap();
+        assert!(lin.r2 < 0.999 && (quad.r2 - 1.0).abs() < 1e-9);
+        assert!((quad.coeffs[2] - 2e3).abs() < 1e-3, "{quad:?}");
+        assert!(fit_poly(&[1.0, 1.0], &[2.0, 3.0], 1).is_none(), "one distinct x has no slope");
+    }
+
+    #[test]
+    fn verdicts_tell_quadratic_from_linear_growth() {
+        let lin = scaling("g".into(), Knob::Ctx, vec![(128, 1_000), (256, 2_000), (512, 4_000)], 2).unwrap();
+        assert_eq!(lin.verdict, "linear");
+        assert!((lin.bytes_per_token - 3.90625).abs() < 1e-9, "slope 7.8125 B per position over a batch of 2");
+        let quad = scaling("g".into(), Knob::Ctx, vec![(128, 1_000 + 128 * 128), (256, 2_000 + 256 * 256), (512, 4_000 + 512 * 512)], 2).unwrap();
+        assert_eq!(quad.verdict, "quadratic");
+    }
+}

@@ -1,0 +1,228 @@
+//! `vramscope run --headless --check-growth N`: is memory that should be gone at the end of
+//! a step piling up (the "gradual increase" pattern), or does one step spike?
+//!
+//! Memory live at the end of each step is grouped by where it was allocated (phase and
+//! module scope). A group that grows at every step after the first is a leak: the first
+//! step legitimately keeps things (AdamW's moments), later steps should keep nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use crate::event::{Batch, Phase};
+use crate::render::format::bytes;
+use crate::snapshot::model::Action;
+use crate::train::engine::StepReport;
+
+/// Where an allocation was made.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Origin {
+    pub phase: Phase,
+    /// Module scope name ("" outside any module).
+    pub scope: String,
+}
+
+/// Bytes live at the end of one step, by origin.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepLive {
+    pub step: u32,
+    pub by_origin: BTreeMap<Origin, u64>,
+}
+
+/// Follows the event stream and samples live bytes by origin at each step's end (the first
+/// event tagged with a later step closes the step).
+#[derive(Default)]
+pub struct LiveByOrigin {
+    scopes: HashMap<u32, String>,
+    live: HashMap<u64, (Phase, u32, u64)>,
+    step: Option<u32>,
+    samples: Vec<StepLive>,
+}
+
+impl LiveByOrigin {
+    pub fn ingest(&mut self, batch: &Batch) {
+        self.scopes.extend(batch.scopes.iter().cloned());
+        for e in &batch.events {
+            if self.step.is_some_and(|s| e.step > s) {
+                self.sample();
+            }
+            self.step = Some(self.step.map_or(e.step, |s| s.max(e.step)));
+            match e.action {
+                Action::Alloc => {
+                    self.live.insert(e.addr, (e.phase, e.scope, e.size));
+                }
+                Action::FreeRequested | Action::FreeCompleted => {
+                    self.live.remove(&e.addr);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn sample(&mut self) {
+        let Some(step) = self.step else { return };
+        let mut by_origin = BTreeMap::new();
+        for (phase, scope, size) in self.live.values() {
+            let scope = self.scopes.get(scope).cloned().unwrap_or_default();
+            *by_origin.entry(Origin { phase: *phase, scope }).or_insert(0) += size;
+        }
+        self.samples.push(StepLive { step, by_origin });
+    }
+
+    /// The samples, the last step's included.
+    pub fn finish(mut self) -> Vec<StepLive> {
+        self.sample();
+        self.samples
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Growth {
+    pub origin: Origin,
+    pub first_step: u32,
+    pub last_step: u32,
+    pub first_bytes: u64,
+    pub last_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spike {
+    pub step: u64,
+    pub phase: String,
+    pub peak_bytes: u64,
+    pub typical_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GrowthReport {
+    pub growth: Vec<Growth>,
+    pub spikes: Vec<Spike>,
+    /// Steps compared (after the first).
+    pub steps_checked: usize,
+}
+
+impl GrowthReport {
+    pub fn healthy(&self) -> bool {
+        self.growth.is_empty() && self.spikes.is_empty()
+    }
+}
+
+/// Steps after the first that a pattern needs before it counts as growth.
+pub const MIN_STEPS: usize = 3;
+/// A step whose peak exceeds the median of the others by this factor (and by 1 MiB) spikes.
+const SPIKE_FACTOR: f64 = 1.5;
+const SPIKE_MIN_BYTES: u64 = 1 << 20;
+
+/// Growth: an origin whose live bytes rise at every step from the second on. Spikes: a
+/// step (after the first) whose peak stands far above the median of the others.
+pub fn check(samples: &[StepLive], steps: &[StepReport]) -> GrowthReport {
+    let later: Vec<&StepLive> = samples.iter().filter(|s| s.step > 0).collect();
+    let mut report = GrowthReport { steps_checked: later.len(), ..Default::default() };
+    if later.len() >= MIN_STEPS {
+        let mut origins: Vec<&Origin> = later.iter().flat_map(|s| s.by_origin.keys()).collect();
+        origins.sort();
+        origins.dedup();
+        for o in origins {
+            let series: Vec<u64> = later.iter().map(|s| s.by_origin.get(o).copied().unwrap_or(0)).collect();
+            if series.windows(2).all(|w| w[1] > w[0]) {
+                report.growth.push(Growth {
+                    origin: o.clone(),
+                    first_step: later[0].step,
+                    last_step: later[later.len() - 1].step,
+                    first_bytes: series[0],
+                    last_bytes: series[series.len() - 1],
+                });
+            }
+        }
+    }
+    let later_steps: Vec<&StepReport> = steps.iter().filter(|s| s.step > 0).collect();
+    if later_steps.len() >= MIN_STEPS {
+        for s in &later_steps {
+            let mut others: Vec<u64> =
+                later_steps.iter().filter(|o| o.step != s.step).map(|o| o.peak_allocated_bytes).collect();
+            others.sort_unstable();
+            let typical = others[others.len() / 2];
+            if s.peak_allocated_bytes as f64 > typical as f64 * SPIKE_FACTOR
+                && s.peak_allocated_bytes > typical + SPIKE_MIN_BYTES
+            {
+                let phase = s.phase_peak_bytes.iter().max_by_key(|(_, b)| **b).map_or("other", |(p, _)| p.as_str());
+                report.spikes.push(Spike {
+                    step: s.step,
+                    phase: phase.to_string(),
+                    peak_bytes: s.peak_allocated_bytes,
+                    typical_bytes: typical,
+                });
+            }
+        }
+    }
+    report
+}
+
+impl fmt::Display for GrowthReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for g in &self.growth {
+            let steps = (g.last_step - g.first_step) as u64;
+            writeln!(
+                f,
+                "memory keeps growing: phase {}, scope {}: live at step end {} at step {} → {} at step {} (+{} per step)",
+                g.origin.phase.as_str(),
+                if g.origin.scope.is_empty() { "(none)" } else { &g.origin.scope },
+                bytes(g.first_bytes),
+                g.first_step,
+                bytes(g.last_bytes),
+                g.last_step,
+                bytes((g.last_bytes - g.first_bytes) / steps.max(1))
+            )?;
+        }
+        for s in &self.spikes {
+            writeln!(
+                f,
+                "memory spike: step {} peaked at {} in {}, the other steps at about {}",
+                s.step,
+                bytes(s.peak_bytes),
+                s.phase,
+                bytes(s.typical_bytes)
+            )?;
+        }
+        if self.healthy() {
+            writeln!(f, "no growth: live memory at step end is steady over {} steps after the first, no spikes", self.steps_checked)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(step: u32, entries: &[(Phase, &str, u64)]) -> StepLive {
+        StepLive {
+            step,
+            by_origin: entries.iter().map(|(p, s, b)| (Origin { phase: *p, scope: s.to_string() }, *b)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_series_growing_every_step_is_growth_and_a_one_off_is_not() {
+        let params = (Phase::Other, "", 1000);
+        let samples: Vec<StepLive> = (0..5)
+            .map(|s| {
+                let mut v = vec![params, (Phase::Optimizer, "", 2000)];
+                // Kept per step in layers.1.attn during forward.
+                v.push((Phase::Forward, "layers.1.attn", 512 * (s as u64 + 1)));
+                // A cache filled once at step 2.
+                if s >= 2 {
+                    v.push((Phase::Backward, "layers.0.ffn", 4096));
+                }
+                live(s, &v)
+            })
+            .collect();
+        let r = check(&samples, &[]);
+        assert_eq!(r.growth.len(), 1, "{r}");
+        assert_eq!(r.growth[0].origin.scope, "layers.1.attn");
+        assert_eq!((r.growth[0].first_bytes, r.growth[0].last_bytes), (1024, 2560));
+        let text = r.to_string();
+        assert!(text.contains("phase forward, scope layers.1.attn") && text.contains("+512 B per step"), "{text}");
+        let short = check(&samples[..3], &[]);
+        assert!(short.growth.is_empty(), "two later steps are too few to call growth");
+    }
+}

@@ -1,0 +1,385 @@
+//! `vramscope sweep`: one engine per configuration (a fresh model and an empty allocator
+//! each time, everything freed at shutdown), warm-up steps, then measured steps.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::render::format::bytes;
+use crate::train::config::{Attention, DeviceChoice, Mode, Precision, StepConfig};
+use crate::train::engine::{Engine, EngineOptions, Report, StepReport};
+
+/// What a sweep varies besides the configurations themselves.
+#[derive(Clone, Debug)]
+pub struct SweepOptions {
+    pub device: DeviceChoice,
+    pub warmup: u64,
+    pub steps: u64,
+    pub seed: i64,
+    /// Write a snapshot of each configuration's last measured step here.
+    pub snapshot_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Measured {
+    /// Highest allocated bytes over the measured steps.
+    pub peak_bytes: u64,
+    /// The phase of the measured step with that peak where the peak was reached.
+    pub peak_phase: String,
+    pub phase_peak_bytes: std::collections::BTreeMap<String, u64>,
+    pub reserved_bytes: u64,
+    /// Mean over the measured steps.
+    pub step_time_s: f64,
+    pub tokens_per_s: f64,
+    /// Every measured step, for growth checks and fits.
+    #[serde(skip)]
+    pub steps: Vec<StepReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "lowercase")]
+pub enum Outcome {
+    Measured(Measured),
+    Oom {
+        phase: String,
+        /// The size the failed allocation asked for, when the message says it.
+        requested_bytes: Option<u64>,
+        message: String,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepRow {
+    pub config: StepConfig,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    pub snapshot: Option<PathBuf>,
+}
+
+impl SweepRow {
+    pub fn peak_bytes(&self) -> Option<u64> {
+        match &self.outcome {
+            Outcome::Measured(m) => Some(m.peak_bytes),
+            _ => None,
+        }
+    }
+}
+
+/// The cross product of the lists, in the order the flags vary slowest to fastest:
+/// model, ctx, batch, precision, mode, attention.
+pub fn configurations(
+    models: &[StepConfig],
+    ctx: &[i64],
+    batch: &[i64],
+    precision: &[Precision],
+    mode: &[Mode],
+    attention: &[Attention],
+) -> Vec<StepConfig> {
+    let mut out = Vec::new();
+    for m in models {
+        for &c in ctx {
+            for &b in batch {
+                for &p in precision {
+                    for &md in mode {
+                        for &a in attention {
+                            out.push(StepConfig { ctx: c, batch: b, precision: p, mode: md, attention: a, ..m.clone() });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The size in an allocator's out-of-memory message: CUDA's "Tried to allocate 20.00 GiB",
+/// or the CPU allocator's "you tried to allocate 1099511627776 bytes".
+pub fn requested_size(message: &str) -> Option<u64> {
+    let lower = message.to_ascii_lowercase();
+    let at = lower.find("tried to allocate ")? + "tried to allocate ".len();
+    let rest = &message[at..];
+    let end = rest.find(['(', ';', ')', ',']).unwrap_or(rest.len());
+    let text = rest[..end].trim().trim_end_matches('.');
+    let text = text.strip_suffix(" bytes").unwrap_or(text);
+    crate::render::format::parse_bytes(text).ok()
+}
+
+fn snapshot_name(c: &StepConfig) -> String {
+    format!("{}_ctx{}_b{}_{}_{}_{}.pickle", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention)
+}
+
+/// Runs one configuration to completion on its own engine.
+pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
+    let total = o.warmup + o.steps.max(1);
+    let mut opts = EngineOptions::new(config.clone());
+    opts.device = o.device;
+    opts.steps = Some(total);
+    opts.seed = o.seed;
+    if let Some(dir) = &o.snapshot_dir {
+        opts.snapshot_at = vec![total - 1];
+        opts.snapshot_dir = dir.clone();
+    }
+    let mut row = SweepRow { config: config.clone(), outcome: Outcome::Failed { error: "no step finished".into() }, snapshot: None };
+    let mut engine = match Engine::spawn(opts) {
+        Ok(e) => e,
+        Err(e) => {
+            row.outcome = Outcome::Failed { error: format!("{e:#}") };
+            return row;
+        }
+    };
+    let mut measured = Vec::new();
+    let mut saved = None;
+    let mut failure = None;
+    loop {
+        crossbeam_channel::select! {
+            // Nobody needs the events; reading them keeps the engine from counting drops.
+            recv(engine.batches) -> _ => {}
+            recv(engine.reports) -> msg => match msg {
+                Ok(Report::Step(r)) if r.step >= o.warmup => measured.push(r),
+                Ok(Report::SnapshotSaved { path, .. }) => saved = Some(path),
+                Ok(Report::SnapshotFailed { error, .. }) => failure = Some(Outcome::Failed { error: format!("snapshot failed: {error}") }),
+                Ok(Report::Oom(oom)) => {
+                    failure = Some(Outcome::Oom {
+                        phase: oom.phase.as_str().to_string(),
+                        requested_bytes: requested_size(&oom.message),
+                        message: oom.message,
+                    });
+                    break;
+                }
+                Ok(Report::Error(e)) => {
+                    failure = Some(Outcome::Failed { error: e });
+                    break;
+                }
+                Ok(Report::Finished) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    }
+    // After an OOM the engine waits paused; shutting down frees everything it held. CUDA's
+    // caching allocator keeps the freed segments: hand them back so the next configuration
+    // starts from an empty device.
+    engine.shutdown();
+    if crate::capture::cuda_compiled() && tch::Cuda::is_available() {
+        let _ = crate::capture::cuda_empty_cache();
+        let _ = crate::capture::cuda_reset_peaks(0);
+    }
+    row.snapshot = saved.and_then(|p| rename_snapshot(&p, &snapshot_name(config)));
+    row.outcome = match failure {
+        Some(f) => f,
+        None if measured.is_empty() => row.outcome,
+        None => Outcome::Measured(summarize(measured)),
+    };
+    row
+}
+
+/// Runs every configuration in turn, advancing `progress` as each finishes.
+pub fn sweep(configs: &[StepConfig], o: &SweepOptions, progress: &indicatif::ProgressBar) -> Vec<SweepRow> {
+    configs
+        .iter()
+        .map(|c| {
+            progress.set_message(format!("{} ctx {} batch {} {} {} {}", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention));
+            let row = run_one(c, o);
+            progress.inc(1);
+            row
+        })
+        .collect()
+}
+
+/// Gives the engine's snapshot a name that tells configurations apart (the engine's name
+/// leaves out batch and attention).
+fn rename_snapshot(path: &Path, name: &str) -> Option<PathBuf> {
+    let dir = path.parent()?;
+    let target = crate::snapshot::unique_path(dir, name);
+    match std::fs::rename(path, &target) {
+        Ok(()) => Some(target),
+        Err(_) => Some(path.to_path_buf()),
+    }
+}
+
+fn summarize(steps: Vec<StepReport>) -> Measured {
+    let top = steps
+        .iter()
+        .max_by_key(|s| s.peak_allocated_bytes)
+        .expect("summarize gets at least one step");
+    let peak_phase = top
+        .phase_peak_bytes
+        .iter()
+        .max_by_key(|(_, b)| **b)
+        .map_or("other".to_string(), |(p, _)| p.clone());
+    let n = steps.len() as f64;
+    Measured {
+        peak_bytes: top.peak_allocated_bytes,
+        peak_phase,
+        phase_peak_bytes: top.phase_peak_bytes.clone(),
+        reserved_bytes: steps.iter().map(|s| s.peak_reserved_bytes).max().unwrap_or(0),
+        step_time_s: steps.iter().map(|s| s.step_time_s).sum::<f64>() / n,
+        tokens_per_s: steps.iter().map(|s| s.tokens_per_s).sum::<f64>() / n,
+        steps,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Markdown,
+    Csv,
+    Json,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "markdown" | "md" => Ok(Format::Markdown),
+            "csv" => Ok(Format::Csv),
+            "json" => Ok(Format::Json),
+            _ => Err(format!("unknown format '{s}' (allowed: markdown, csv, json)")),
+        }
+    }
+}
+
+const HEADER: [&str; 11] =
+    ["model", "ctx", "batch", "precision", "mode", "attention", "peak", "peak phase", "reserved", "step time (s)", "tokens/s"];
+
+/// One table row's cells; `raw` gives bytes as integers (CSV) instead of "1.50 GiB".
+fn cells(r: &SweepRow, raw: bool) -> Vec<String> {
+    let c = &r.config;
+    let size = |b: u64| if raw { b.to_string() } else { bytes(b) };
+    let mut v = vec![
+        c.model_name.clone(),
+        c.ctx.to_string(),
+        c.batch.to_string(),
+        c.precision.to_string(),
+        c.mode.to_string(),
+        c.attention.to_string(),
+    ];
+    match &r.outcome {
+        Outcome::Measured(m) => v.extend([
+            size(m.peak_bytes),
+            m.peak_phase.clone(),
+            size(m.reserved_bytes),
+            format!("{:.3}", m.step_time_s),
+            format!("{:.0}", m.tokens_per_s),
+        ]),
+        Outcome::Oom { phase, requested_bytes, .. } => v.extend([
+            match requested_bytes {
+                Some(b) => format!("OOM (tried to allocate {})", size(*b)),
+                None => "OOM".to_string(),
+            },
+            phase.clone(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]),
+        Outcome::Failed { error } => v.extend([format!("failed: {error}"), String::new(), String::new(), String::new(), String::new()]),
+    }
+    v
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The table in `format`; JSON is `{"rows": [...], "fits": [...]}`, Markdown puts the fits
+/// in a second table. CSV holds rows only (`fits` must be empty).
+pub fn render(rows: &[SweepRow], fits: &[super::fit::Scaling], format: Format) -> String {
+    match format {
+        Format::Markdown => {
+            // Numbers right-aligned, names and phases left.
+            const ALIGN: [&str; 11] = ["---", "---:", "---:", "---", "---", "---", "---:", "---", "---:", "---:", "---:"];
+            let mut s = format!("| {} |\n| {} |\n", HEADER.join(" | "), ALIGN.join(" | "));
+            for r in rows {
+                s += &format!("| {} |\n", cells(r, false).join(" | ").replace('\n', " "));
+            }
+            if !fits.is_empty() {
+                s += "\n";
+                s += &super::fit::render(fits);
+            }
+            s
+        }
+        Format::Csv => {
+            let mut s = HEADER.map(|h| h.replace(' ', "_")).join(",") + "\n";
+            for r in rows {
+                s += &(cells(r, true).iter().map(|c| csv_field(c)).collect::<Vec<_>>().join(",") + "\n");
+            }
+            s
+        }
+        Format::Json => {
+            serde_json::to_string_pretty(&serde_json::json!({ "rows": rows, "fits": fits })).expect("sweep rows serialize") + "\n"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oom_messages_give_the_requested_size() {
+        assert_eq!(
+            requested_size("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.15 GiB total capacity)"),
+            Some(20 << 30)
+        );
+        assert_eq!(
+            requested_size("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes. Error code 12"),
+            Some(1 << 40)
+        );
+        assert_eq!(requested_size("out of memory"), None);
+    }
+
+    #[test]
+    fn the_cross_product_varies_attention_fastest() {
+        let base = StepConfig {
+            model_name: "tiny".into(),
+            dims: crate::train::config::Preset::Tiny.dims(),
+            ctx: 1,
+            batch: 1,
+            precision: Precision::Fp32,
+            mode: Mode::Train,
+            attention: Attention::Naive,
+        };
+        let all = configurations(&[base], &[64, 128], &[1, 2], &[Precision::Fp32], &[Mode::Forward, Mode::Train], Attention::ALL);
+        assert_eq!(all.len(), 16);
+        assert_eq!((all[0].ctx, all[0].batch, all[0].mode, all[0].attention), (64, 1, Mode::Forward, Attention::Naive));
+        assert_eq!(all[1].attention, Attention::Fused);
+        assert_eq!(all[15].ctx, 128);
+    }
+
+    #[test]
+    fn oom_cells_say_oom_with_the_size_and_csv_quotes_commas() {
+        let row = SweepRow {
+            config: configurations(
+                &[StepConfig {
+                    model_name: "xl".into(),
+                    dims: crate::train::config::Preset::Xl.dims(),
+                    ctx: 1,
+                    batch: 1,
+                    precision: Precision::Fp32,
+                    mode: Mode::Train,
+                    attention: Attention::Naive,
+                }],
+                &[2048],
+                &[4],
+                &[Precision::Fp32],
+                &[Mode::Train],
+                &[Attention::Naive],
+            )
+            .remove(0),
+            outcome: Outcome::Oom { phase: "forward".into(), requested_bytes: Some(3 << 30), message: "a, b".into() },
+            snapshot: None,
+        };
+        let md = render(std::slice::from_ref(&row), &[], Format::Markdown);
+        assert!(md.contains("| OOM (tried to allocate 3.00 GiB) | forward |"), "{md}");
+        let csv = render(std::slice::from_ref(&row), &[], Format::Csv);
+        assert!(csv.lines().nth(1).unwrap().contains("OOM (tried to allocate 3221225472)"), "{csv}");
+        let json: serde_json::Value = serde_json::from_str(&render(&[row], &[], Format::Json)).unwrap();
+        assert_eq!(json["rows"][0]["outcome"], "oom");
+        assert_eq!(json["rows"][0]["requested_bytes"], 3u64 << 30);
+    }
+}
