@@ -41,7 +41,9 @@ pub fn run(engine: &mut Engine, json: bool, out: &mut impl Write) -> anyhow::Res
         crossbeam_channel::select! {
             recv(batches) -> _ => {}
             recv(engine.reports) -> msg => {
-                let Ok(report) = msg else { break };
+                let Ok(report) = msg else {
+                    anyhow::bail!("the training engine stopped without saying why")
+                };
                 match report {
                     Report::Started(info) => {
                         if !json {
