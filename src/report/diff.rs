@@ -119,3 +119,29 @@ pub fn diff(a: (&Snapshot, &Timeline), b: (&Snapshot, &Timeline), device: usize,
         shrank,
     }
 }
+
+/// The diff as lines for a terminal.
+pub fn write_text(out: &mut impl std::io::Write, a: &str, b: &str, d: &SnapshotDiff) -> std::io::Result<()> {
+    use crate::render::format::bytes;
+    let signed = |v: i64| if v < 0 { format!("-{}", bytes(v.unsigned_abs())) } else { format!("+{}", bytes(v as u64)) };
+    let line = |out: &mut dyn std::io::Write, what: &str, c: &Change| writeln!(out, "{what:<16} {:>10} → {:>10}  ({})", bytes(c.a), bytes(c.b), signed(c.delta));
+    writeln!(out, "A = {a}\nB = {b}")?;
+    line(out, "peak active", &d.peak_active_bytes)?;
+    line(out, "peak reserved", &d.peak_reserved_bytes)?;
+    writeln!(out, "{:<16} {:>10} → {:>10}", "allocations", d.allocations.a, d.allocations.b)?;
+    writeln!(out, "{:<16} {:>10} → {:>10}", "trace entries", d.trace_entries.a, d.trace_entries.b)?;
+    writeln!(out, "at the peak, by {}:", d.breakdown_by.replace('_', " "))?;
+    for g in d.groups.iter().filter(|g| g.bytes.delta != 0).take(10) {
+        writeln!(out, "  {:>11}  {}", signed(g.bytes.delta), g.name)?;
+    }
+    for (title, list) in [("grew", &d.grew), ("shrank", &d.shrank)] {
+        writeln!(out, "{title} (allocations alive at the peak, matched by frames and size):")?;
+        if list.is_empty() {
+            writeln!(out, "  nothing")?;
+        }
+        for c in list {
+            writeln!(out, "  {:>11}  {} × {} → {}  {}", signed(c.bytes.delta), bytes(c.size), c.count.a, c.count.b, c.top_frame.as_deref().unwrap_or("(no frames)"))?;
+        }
+    }
+    Ok(())
+}

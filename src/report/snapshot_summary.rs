@@ -370,6 +370,40 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
     }
 }
 
+/// The summary as lines for a terminal.
+pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary) -> std::io::Result<()> {
+    use crate::render::format::bytes;
+    let at = s.peak_active_time_us.map(|t| format!(", time_us {t}")).unwrap_or_default();
+    writeln!(out, "{name} · device {} of {}", s.device, s.devices)?;
+    writeln!(out, "peak active      {} at action {} of {}{at}", bytes(s.peak_active_bytes), s.peak_active_event, s.events)?;
+    writeln!(out, "peak reserved    {}", bytes(s.peak_reserved_bytes))?;
+    writeln!(out, "at the end       reserved {}, allocated {}, cached free {}", bytes(s.reserved_bytes), bytes(s.allocated_bytes), bytes(s.inactive_bytes))?;
+    writeln!(out, "fragmentation    {:.1}% of reserved holds no allocation; largest free block {}", s.fragmentation * 100.0, bytes(s.largest_free_block))?;
+    writeln!(out, "counts           {} segments, {} blocks, {} trace entries, {} allocations", s.segments, s.blocks, s.trace_entries, s.allocations)?;
+    writeln!(out, "largest allocations:")?;
+    for a in &s.largest {
+        let life = match (a.start_event, a.end_event) {
+            (None, None) => "whole trace".to_string(),
+            (Some(x), None) => format!("{x}–end"),
+            (None, Some(y)) => format!("start–{y}"),
+            (Some(x), Some(y)) => format!("{x}–{y}"),
+        };
+        writeln!(out, "  {:>10}  {:<16} {}", bytes(a.size), life, a.top_frame.as_deref().unwrap_or("(no frames)"))?;
+    }
+    writeln!(out, "at the peak, by {}:", s.breakdown.by.replace('_', " "))?;
+    for g in s.breakdown.groups.iter().take(10) {
+        writeln!(out, "  {:>10}  {:>6} allocs  {}", bytes(g.bytes), g.allocations, g.name)?;
+    }
+    if !s.annotations.is_empty() {
+        writeln!(out, "annotations:")?;
+        for a in &s.annotations {
+            let ev = a.event.map_or_else(|| "after the trace".to_string(), |e| format!("action {e}"));
+            writeln!(out, "  {:<5} {}  ({ev})", a.stage, a.name)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
