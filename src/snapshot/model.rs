@@ -152,6 +152,23 @@ pub struct TraceEntry {
     pub user_metadata: Option<String>,
 }
 
+impl TraceEntry {
+    /// An entry with no stream, time, frames (stack 0) or annotations.
+    pub fn new(action: Action, addr: u64, size: u64) -> Self {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: 0,
+            frames: 0,
+            category: None,
+            compile_context: None,
+            user_metadata: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AnnotationStage {
     Start,

@@ -120,11 +120,11 @@ impl MaxPyramid {
         let mut lvl = 0;
         while a < b {
             let level = &self.levels[lvl];
-            while a < b && a % FANOUT != 0 {
+            while a < b && !a.is_multiple_of(FANOUT) {
                 consider(level[a], lvl, a);
                 a += 1;
             }
-            while a < b && b % FANOUT != 0 {
+            while a < b && !b.is_multiple_of(FANOUT) {
                 b -= 1;
                 consider(level[b], lvl, b);
             }
@@ -208,8 +208,10 @@ impl TimelineBuilder {
     }
 
     /// One trace event; actions other than alloc/free only break a free_requested /
-    /// free_completed pair, as in memory_viz.
+    /// free_completed pair, as in memory_viz. `category` indexes the names given to `new`;
+    /// an index past them adds names `category N`.
     pub fn feed(&mut self, action: Action, addr: u64, size: u64, stack: StackId, category: u16) {
+        self.ensure_category(category);
         let pos = self.fed;
         self.fed += 1;
         let pending = self.pending_free.take();
@@ -227,6 +229,7 @@ impl TimelineBuilder {
     /// A block alive from before the first event to after the last (the final snapshot's
     /// active blocks that the trace never allocated). Later calls stack lower.
     pub fn add_alive_throughout(&mut self, addr: u64, size: u64, stack: StackId, category: u16) {
+        self.ensure_category(category);
         let tl = &mut self.tl;
         let ordinal = tl
             .stack_keys
@@ -257,10 +260,23 @@ impl TimelineBuilder {
         self.tl
     }
 
+    fn ensure_category(&mut self, category: u16) {
+        let tl = &mut self.tl;
+        let need = category as usize + 1;
+        while tl.categories.len() < need {
+            tl.categories
+                .push(format!("category {}", tl.categories.len()));
+        }
+        if tl.cat_current.len() < need {
+            tl.cat_current.resize(need, 0);
+            tl.cat_base.resize(need, 0);
+        }
+    }
+
     fn begin_step(&mut self, alloc: u32, free: bool, pos: usize) -> usize {
         let tl = &mut self.tl;
         let i = tl.steps.len();
-        if i % CHECKPOINT == 0 {
+        if i.is_multiple_of(CHECKPOINT) {
             tl.cat_checkpoints.push(tl.cat_current.clone());
         }
         tl.steps.push(Step { alloc, free });
@@ -327,6 +343,9 @@ impl TimelineBuilder {
         });
         tl.stack_keys.push(-(i as i64) - 1);
         for cp in &mut tl.cat_checkpoints {
+            if cp.len() <= category as usize {
+                cp.resize(category as usize + 1, 0);
+            }
             cp[category as usize] += size;
         }
         let during = tl.current;
@@ -705,17 +724,6 @@ mod tests {
 
     #[test]
     fn active_blocks_of_the_final_state_sit_at_the_bottom() {
-        let entry = |action, addr, size| TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: 0,
-            frames: 0,
-            category: None,
-            compile_context: None,
-            user_metadata: None,
-        };
         let block = |address, size, state| Block {
             address,
             size,
@@ -743,9 +751,9 @@ mod tests {
                 ],
             }],
             device_traces: vec![vec![
-                entry(Alloc, 0x1400, 1024),
-                entry(Alloc, 0x1800, 512),
-                entry(FreeCompleted, 0x1800, 512),
+                TraceEntry::new(Alloc, 0x1400, 1024),
+                TraceEntry::new(Alloc, 0x1800, 512),
+                TraceEntry::new(FreeCompleted, 0x1800, 512),
             ]],
             ..Default::default()
         };
@@ -758,6 +766,20 @@ mod tests {
         assert_eq!(
             layout(&t.stack_at(&v, 1)),
             vec![(2, 0, 1024), (0, 1024, 2048), (1, 2048, 2560)]
+        );
+    }
+
+    #[test]
+    fn unnamed_categories_are_added_on_first_use() {
+        let mut b = TimelineBuilder::new(Vec::new());
+        b.feed(Alloc, 1, 10, 0, 2);
+        b.feed(Alloc, 2, 5, 0, 0);
+        let t = b.finish();
+        assert_eq!(t.categories.len(), 3);
+        assert_eq!(t.category_totals_at(1), vec![5, 0, 10]);
+        assert_eq!(
+            t.category_series(0, 2, 2),
+            vec![vec![0, 0, 10], vec![5, 0, 10]]
         );
     }
 
@@ -774,7 +796,7 @@ mod tests {
             if x % 5 < 3 || live.is_empty() {
                 b.feed(Alloc, k + 1_000_000, 1 + x % 1000, 0, cat);
                 live.push(k + 1_000_000);
-            } else if x % 17 == 0 {
+            } else if x.is_multiple_of(17) {
                 b.feed(FreeCompleted, k, 1 + x % 5000, 0, cat);
             } else {
                 let addr = live.swap_remove((x as usize / 7) % live.len());

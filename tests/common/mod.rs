@@ -4,7 +4,6 @@
 pub mod tmux;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use vramscope::event::Batch;
@@ -96,24 +95,9 @@ pub const SNAPVIEWER: &str = "SnapViewer_assets_memory";
 pub const ALL: [&str; 3] = [KKAITLYN, MAGMA27, SNAPVIEWER];
 
 pub fn fixture_path(name: &str) -> PathBuf {
-    repo_root()
-        .join("../shared/fixtures/snapshots")
-        .join(format!("{name}.pickle"))
+    fixture(&format!("{name}.pickle"))
 }
 
-/// Loads a fixture through scripts/snapshot_to_json.py (cached under the target dir).
 pub fn load(name: &str) -> Snapshot {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fixture-json");
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join(format!("{name}.json"));
-    if !json.exists() {
-        let st = Command::new(python())
-            .arg(repo_root().join("scripts/snapshot_to_json.py"))
-            .arg(fixture_path(name))
-            .arg(&json)
-            .status()
-            .expect("run the project venv's python");
-        assert!(st.success(), "converting {name} failed");
-    }
-    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+    vramscope::snapshot::read_snapshot_file(&fixture_path(name)).unwrap()
 }
