@@ -9,7 +9,9 @@
 //!
 //! Run: `LD_LIBRARY_PATH=$PWD/.libtorch/lib cargo bench --bench view_first_frame`
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -69,36 +71,6 @@ with open(out + '.tmp', 'wb') as f:
 os.replace(out + '.tmp', out)
 "#;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn data_file() -> PathBuf {
-    let dir = root().join("target/bench-data");
-    std::fs::create_dir_all(&dir).expect("create target/bench-data");
-    let path = dir.join(format!("view-{ENTRIES}.pickle"));
-    if !path.exists() {
-        eprintln!("generating {} with Python (a few minutes)...", path.display());
-        let st = Command::new(root().join(".venv/bin/python"))
-            .args(["-c", GENERATOR])
-            .arg(&path)
-            .arg(ENTRIES.to_string())
-            .status()
-            .expect("run python");
-        assert!(st.success(), "generator failed");
-    }
-    path
-}
-
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Child mode: one first frame from a cold process; prints read, build, render seconds
 /// and peak RSS in KiB.
 fn child(path: &Path) {
@@ -111,7 +83,7 @@ fn child(path: &Path) {
     let buf = render_viewer_to_buffer(&data, &ui, &KeyMap::<ViewAction>::default(), &Theme::load("dark").unwrap(), 200, 60);
     let total = t0.elapsed().as_secs_f64();
     assert!(buf.area.width == 200);
-    println!("{read} {} {} {} {} {}", built - read, total - built, total, peak_rss_kib(), data.snap.trace_entry_count());
+    println!("{read} {} {} {} {} {}", built - read, total - built, total, common::peak_rss_kib(), data.snap.trace_entry_count());
 }
 
 fn main() {
@@ -119,7 +91,7 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--child") {
         return child(Path::new(&args[i + 1]));
     }
-    let path = data_file();
+    let path = common::generated(&format!("view-{ENTRIES}.pickle"), GENERATOR, &ENTRIES.to_string());
     let size = std::fs::metadata(&path).expect("data file").len();
     println!("file: {} ({:.1} MB)", path.display(), size as f64 / 1e6);
     println!("run  read_s  timeline_s  render_s  first_frame_s  peak_rss_MB  entries");
