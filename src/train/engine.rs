@@ -501,8 +501,9 @@ impl Worker {
         self.raw.clear();
         capture::drain_into(&mut self.raw);
         if self.device.is_cuda() {
-            // CPU-side tensors (scalars, RNG state) are not device memory.
-            self.raw.retain(|e| e.device != CPU_DEVICE);
+            // CPU-side tensors (scalars, RNG state) are not device memory, and other GPUs'
+            // allocators are not the one training.
+            self.raw.retain(|e| e.device != CPU_DEVICE && e.device == 0);
         }
         let raw = std::mem::take(&mut self.raw);
         self.tracker.ingest(&raw);
