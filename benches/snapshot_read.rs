@@ -7,7 +7,9 @@
 //!
 //! Run: `LD_LIBRARY_PATH=$PWD/.libtorch/lib cargo bench --bench snapshot_read`
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -60,59 +62,21 @@ with open(sys.argv[1], 'rb') as f:
     print(time.perf_counter() - t)
 "#;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python() -> PathBuf {
-    root().join(".venv/bin/python")
-}
-
-fn data_file() -> PathBuf {
-    let dir = root().join("target/bench-data");
-    std::fs::create_dir_all(&dir).expect("create target/bench-data");
-    let path = dir.join(format!("snapshot-{ENTRIES}.pickle"));
-    if !path.exists() {
-        eprintln!(
-            "generating {} with Python (about a minute)...",
-            path.display()
-        );
-        let st = Command::new(python())
-            .args(["-c", GENERATOR])
-            .arg(&path)
-            .arg(ENTRIES.to_string())
-            .status()
-            .expect("run python");
-        assert!(st.success(), "generator failed");
-    }
-    path
-}
-
 fn best_of(n: usize, mut f: impl FnMut() -> f64) -> f64 {
     (0..n).map(|_| f()).fold(f64::INFINITY, f64::min)
-}
-
-/// A `/proc/self/status` field in KiB (`VmHWM`: peak RSS, `VmRSS`: current).
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Child mode: read once; report the process's RSS before, its peak after, and the
 /// seconds the read took. The bench binary links libtorch, whose libraries alone are
 /// a few hundred MB of RSS before any reading, so the reader's own peak is the difference.
 fn child(path: &Path) {
-    let before = status_kib("VmRSS");
+    let before = common::status_kib("VmRSS");
     let t = Instant::now();
     let snap = read_snapshot_file(path).expect("read");
     let secs = t.elapsed().as_secs_f64();
     println!(
         "{before} {} {secs} {}",
-        status_kib("VmHWM"),
+        common::status_kib("VmHWM"),
         snap.trace_entry_count()
     );
 }
@@ -122,7 +86,7 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--child-read") {
         return child(Path::new(&args[i + 1]));
     }
-    let path = data_file();
+    let path = common::generated(&format!("snapshot-{ENTRIES}.pickle"), GENERATOR, &ENTRIES.to_string());
     let size = std::fs::metadata(&path).expect("data file").len();
     let mb = size as f64 / 1e6;
 
@@ -136,7 +100,7 @@ fn main() {
 
     let py = |mode: &str| {
         best_of(2, || {
-            let out = Command::new(python())
+            let out = Command::new(common::python())
                 .args(["-c", PY_LOAD])
                 .arg(&path)
                 .arg(mode)

@@ -13,7 +13,7 @@ use crate::source::gauges::history::Metric;
 use crate::source::gauges::sample::SourceKind;
 use crate::render::format::bytes;
 use crate::store::{Column, LogKind, Marker, Store};
-use crate::app::keys::{Action, KeyMap};
+use crate::app::keys::{Action, Bindable, KeyMap};
 use crate::app::view::View;
 
 use super::theme::Theme;
@@ -462,7 +462,7 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme
     f.render_widget(Paragraph::new(vec![line, Line::from(hints)]), area);
 }
 
-pub fn render_help(f: &mut Frame, area: Rect, keys: &KeyMap, theme: &Theme) {
+pub fn render_help<A: Bindable>(f: &mut Frame, area: Rect, keys: &KeyMap<A>, theme: &Theme) {
     let rows = keys.help_rows();
     let h = (rows.len() as u16 + 4).min(area.height);
     let w = 54.min(area.width);
