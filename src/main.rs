@@ -35,6 +35,10 @@ enum Command {
     Run(RunArgs),
     /// Device gauges for every GPU and its processes (host gauges without NVML).
     Watch(vramscope::app::watch::WatchArgs),
+    /// Open a PyTorch memory snapshot: timeline, largest allocations, segments, categories.
+    View(vramscope::app::snapshot_viewer::ViewArgs),
+    /// Compare two snapshots: peaks, categories, and the allocations that grew or shrank.
+    Diff(DiffArgs),
     /// Measure every combination of the listed models, ctx, batch, precision, mode and
     /// attention, one fresh engine each: a table of peaks (OOM cells included).
     Sweep(SweepArgs),
@@ -43,6 +47,23 @@ enum Command {
     Estimate(EstimateArgs),
     /// Draw a snapshot's active-memory timeline as an SVG or PNG.
     Export(ExportArgs),
+}
+
+#[derive(Args, Clone)]
+struct DiffArgs {
+    /// The baseline snapshot.
+    a: PathBuf,
+    /// The snapshot compared with it.
+    b: PathBuf,
+    /// The report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Device whose traces to compare.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// How many grown and shrunk allocation groups to list.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
 }
 
 /// What one step runs: model size, shape, precision, mode, attention.
@@ -374,12 +395,29 @@ fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn diff(args: DiffArgs) -> anyhow::Result<()> {
+    use vramscope::app::snapshot_viewer::ViewerData;
+    let a = ViewerData::open(&args.a, args.device)?;
+    let b = ViewerData::open(&args.b, args.device)?;
+    let d = vramscope::report::diff::diff((&a.snap, &a.tl), (&b.snap, &b.tl), args.device, args.top);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &d)?;
+        std::io::Write::write_all(&mut out, b"\n")?;
+    } else {
+        vramscope::report::diff::write_text(&mut out, &a.name, &b.name, &d)?;
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     vramscope::train::engine::install_panic_filter();
     let result = match cli.command {
         Some(Command::Run(a)) => run(a),
         Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a).map(|()| ExitCode::SUCCESS),
+        Some(Command::View(a)) => vramscope::app::snapshot_viewer::run_view(a).map(|()| ExitCode::SUCCESS),
+        Some(Command::Diff(a)) => diff(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Sweep(a)) => sweep_cmd(a),
         Some(Command::Estimate(a)) => estimate_cmd(a),
         Some(Command::Export(a)) => export_cmd(a),

@@ -3,5 +3,6 @@
 
 pub mod keys;
 pub mod live;
+pub mod snapshot_viewer;
 pub mod view;
 pub mod watch;

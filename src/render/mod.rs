@@ -3,5 +3,6 @@
 pub mod export;
 pub mod format;
 pub mod live;
+pub mod snapshot_viewer;
 pub mod theme;
 pub mod watch;

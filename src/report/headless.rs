@@ -46,7 +46,9 @@ pub fn run(
         crossbeam_channel::select! {
             recv(batches) -> b => if let Ok(b) = b { on_batch(&b) },
             recv(engine.reports) -> msg => {
-                let Ok(report) = msg else { break };
+                let Ok(report) = msg else {
+                    anyhow::bail!("the training engine stopped without saying why")
+                };
                 match report {
                     Report::Started(info) => {
                         if !json {
