@@ -153,7 +153,9 @@ pub fn estimate(cfg: &StepConfig) -> Estimate {
     let adamw_bytes = 2 * parameters * F32;
     let gradient_bytes = parameter_bytes;
     let largest_param = vd * F32;
-    let fixed = parameter_bytes + input_bytes + weight_copy_bytes;
+    let persistent = parameter_bytes + input_bytes;
+    // Autocast's log-softmax in fp32 first casts the bf16 logits to an fp32 copy.
+    let logits_cast = if bf16 { logprobs } else { 0 };
 
     // Moments of a naive attention: scores, masked scores and probabilities coexist (the
     // Rust temporaries live to the end of the statement).
@@ -161,25 +163,29 @@ pub fn estimate(cfg: &StepConfig) -> Estimate {
         Attention::Naive => 3 * scores.bytes - saved_already,
         Attention::Fused => 0,
     };
-    // No grad: nothing is saved; the largest moment is the head (logits + log-probs), the
-    // attention (residual, norm output, q/k/v, scores) or the FFN (four [b,t,d_ff] temporaries).
+    // No grad: nothing is saved and autocast caches no weight copies (each lives for its
+    // matmul). The largest moment is the head (logits, their fp32 cast, log-probs, the head
+    // weight's copy), the attention (residual, norm output, q/k/v, scores) or the FFN (four
+    // [b,t,d_ff] temporaries).
     let attn_moment = btd_b * (F32 * 2 + c * 3) + naive_transient(0);
     let ffn_moment = btd_b * (F32 * 2 + c) + 4 * (b * t * f) as u64 * c;
-    let head_moment = btd_b * F32 * 2 + logits + logprobs;
-    let forward_peak_bytes = fixed + attn_moment.max(ffn_moment).max(head_moment);
+    let head_copy = if bf16 { vd * BF16 } else { 0 };
+    let head_moment = btd_b * F32 * 2 + logits + logits_cast + logprobs + head_copy;
+    let forward_peak_bytes = persistent + attn_moment.max(ffn_moment).max(head_moment);
 
-    // Training, steady state (AdamW moments exist from the first step on).
-    // Its highest moment is the head (logits beside everything saved) or, with naive
+    // Training, steady state (AdamW moments exist from the first step on). Forward's highest
+    // moment is the head (logits and their cast beside everything saved) or, with naive
     // attention, the scores and masked scores beside the saved probabilities.
+    let train_fixed = persistent + weight_copy_bytes + adamw_bytes;
     let train_forward_peak_bytes =
-        fixed + adamw_bytes + activation_bytes + logits.max(naive_transient(scores.bytes));
-    // Backward starts with everything saved, the loss gradient over the vocabulary and the
-    // lm_head weight gradient; later activations are freed as gradients appear.
-    let backward_peak_bytes = fixed + adamw_bytes + activation_bytes + logprobs + logits + largest_param;
+        train_fixed + activation_bytes + (logits + logits_cast).max(naive_transient(scores.bytes));
+    // Backward peaks at its start (everything saved, the loss gradient, the lm_head weight
+    // gradient) or at its end (every gradient made).
+    let backward_peak_bytes =
+        (train_forward_peak_bytes + largest_param).max(persistent + gradient_bytes + adamw_bytes);
     // Parameters, gradients, both moments, and the update's temporaries for the largest
-    // parameter (g·(1-β1), g², √v + ε, the update).
-    let optimizer_peak_bytes =
-        parameter_bytes + input_bytes + gradient_bytes + adamw_bytes + 3 * largest_param;
+    // parameter (measured: about two of its size at a time).
+    let optimizer_peak_bytes = persistent + gradient_bytes + adamw_bytes + 2 * largest_param;
     let step_peak_bytes = train_forward_peak_bytes.max(backward_peak_bytes).max(optimizer_peak_bytes);
 
     Estimate {

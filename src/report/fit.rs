@@ -86,17 +86,24 @@ pub struct Scaling {
     pub quadratic: Option<Poly>,
     /// "quadratic" when the x² term carries more than 5% of the peak at the largest x.
     pub verdict: &'static str,
-    /// Slope per token of the linear fit (bytes).
-    pub bytes_per_token: f64,
+    /// Activation memory per token: the slope of the rows' activation bytes (forward's
+    /// addition over the step's starting memory), per token. Constant terms such as bf16
+    /// weight copies drop out of a slope. None when a row lacks the measure.
+    pub bytes_per_token: Option<f64>,
 }
 
 /// Share of the peak at the largest x that makes the x² term count as real growth.
 const QUADRATIC_SHARE: f64 = 0.05;
 
-fn scaling(group: String, knob: Knob, mut points: Vec<(i64, u64)>, other: i64) -> Option<Scaling> {
-    points.sort();
-    let xs: Vec<f64> = points.iter().map(|p| p.0 as f64).collect();
-    let ys: Vec<f64> = points.iter().map(|p| p.1 as f64).collect();
+/// A measured point: (knob value, peak bytes, activation bytes).
+type Point = (i64, u64, Option<u64>);
+
+fn scaling(group: String, knob: Knob, mut pts: Vec<Point>, other: i64) -> Option<Scaling> {
+    pts.sort();
+    let xs: Vec<f64> = pts.iter().map(|p| p.0 as f64).collect();
+    let ys: Vec<f64> = pts.iter().map(|p| p.1 as f64).collect();
+    let acts: Option<Vec<f64>> = pts.iter().map(|p| p.2.map(|a| a as f64)).collect();
+    let points: Vec<(i64, u64)> = pts.iter().map(|p| (p.0, p.1)).collect();
     let linear = fit_poly(&xs, &ys, 1)?;
     let quadratic = fit_poly(&xs, &ys, 2);
     let xmax = *xs.last()?;
@@ -107,7 +114,7 @@ fn scaling(group: String, knob: Knob, mut points: Vec<(i64, u64)>, other: i64) -
         verdict: if share > QUADRATIC_SHARE { "quadratic" } else { "linear" },
         // Tokens per unit of x: a sequence of `other` tokens per batch row, or `other`
         // sequences per extra position.
-        bytes_per_token: linear.coeffs[1] / other as f64,
+        bytes_per_token: acts.and_then(|a| fit_poly(&xs, &a, 1)).map(|l| l.coeffs[1] / other as f64),
         points,
         linear,
         quadratic,
@@ -116,14 +123,14 @@ fn scaling(group: String, knob: Knob, mut points: Vec<(i64, u64)>, other: i64) -
 
 /// Fits every group of measured rows that differ only in batch, and only in ctx.
 pub fn fits(rows: &[SweepRow]) -> Vec<Scaling> {
-    let mut by_batch: BTreeMap<(String, i64), Vec<(i64, u64)>> = BTreeMap::new();
-    let mut by_ctx: BTreeMap<(String, i64), Vec<(i64, u64)>> = BTreeMap::new();
+    let mut by_batch: BTreeMap<(String, i64), Vec<Point>> = BTreeMap::new();
+    let mut by_ctx: BTreeMap<(String, i64), Vec<Point>> = BTreeMap::new();
     for r in rows {
         let Some(peak) = r.peak_bytes() else { continue };
         let c = &r.config;
         let base = format!("{} {} {} {}", c.model_name, c.precision, c.mode, c.attention);
-        by_batch.entry((format!("{base} ctx {}", c.ctx), c.ctx)).or_default().push((c.batch, peak));
-        by_ctx.entry((format!("{base} batch {}", c.batch), c.batch)).or_default().push((c.ctx, peak));
+        by_batch.entry((format!("{base} ctx {}", c.ctx), c.ctx)).or_default().push((c.batch, peak, r.activation_bytes()));
+        by_ctx.entry((format!("{base} batch {}", c.batch), c.batch)).or_default().push((c.ctx, peak, r.activation_bytes()));
     }
     let batch = by_batch.into_iter().filter_map(|((g, ctx), p)| scaling(g, Knob::Batch, p, ctx));
     let ctx = by_ctx.into_iter().filter_map(|((g, b), p)| scaling(g, Knob::Ctx, p, b));
@@ -131,7 +138,7 @@ pub fn fits(rows: &[SweepRow]) -> Vec<Scaling> {
 }
 
 pub fn render(fits: &[Scaling]) -> String {
-    let mut s = String::from("| against | held fixed | points | linear R² | quadratic R² | growth | memory per token |\n|---|---|---:|---:|---:|---|---:|\n");
+    let mut s = String::from("| against | held fixed | points | linear R² | quadratic R² | growth | activations per token |\n|---|---|---:|---:|---:|---|---:|\n");
     for f in fits {
         let _ = writeln!(
             s,
@@ -145,7 +152,7 @@ pub fn render(fits: &[Scaling]) -> String {
             f.linear.r2,
             f.quadratic.as_ref().map_or("–".to_string(), |q| format!("{:.4}", q.r2)),
             f.verdict,
-            bytes(f.bytes_per_token.max(0.0).round() as u64)
+            f.bytes_per_token.map_or("–".to_string(), |b| bytes(b.max(0.0).round() as u64))
         );
     }
     if fits.is_empty() {
@@ -174,10 +181,14 @@ mod tests {
 
     #[test]
     fn verdicts_tell_quadratic_from_linear_growth() {
-        let lin = scaling("g".into(), Knob::Ctx, vec![(128, 1_000), (256, 2_000), (512, 4_000)], 2).unwrap();
+        let pts = vec![(128, 1_000, Some(500)), (256, 2_000, Some(1_500)), (512, 4_000, Some(3_500))];
+        let lin = scaling("g".into(), Knob::Ctx, pts, 2).unwrap();
         assert_eq!(lin.verdict, "linear");
-        assert!((lin.bytes_per_token - 3.90625).abs() < 1e-9, "slope 7.8125 B per position over a batch of 2");
-        let quad = scaling("g".into(), Knob::Ctx, vec![(128, 1_000 + 128 * 128), (256, 2_000 + 256 * 256), (512, 4_000 + 512 * 512)], 2).unwrap();
+        let per_token = lin.bytes_per_token.unwrap();
+        assert!((per_token - 3.90625).abs() < 1e-9, "activations grow 7.8125 B per position over a batch of 2: {per_token}");
+        let quad_pts = [128i64, 256, 512].map(|x| (x, (1_000 + 8 * x + x * x) as u64, None)).to_vec();
+        let quad = scaling("g".into(), Knob::Ctx, quad_pts, 2).unwrap();
         assert_eq!(quad.verdict, "quadratic");
+        assert_eq!(quad.bytes_per_token, None);
     }
 }

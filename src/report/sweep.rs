@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::event::Phase;
 use crate::render::format::bytes;
 use crate::train::config::{Attention, DeviceChoice, Mode, Precision, StepConfig};
 use crate::train::engine::{Engine, EngineOptions, Report, StepReport};
@@ -27,6 +28,10 @@ pub struct Measured {
     /// The phase of the measured step with that peak where the peak was reached.
     pub peak_phase: String,
     pub phase_peak_bytes: std::collections::BTreeMap<String, u64>,
+    /// What the forward pass adds at its highest over the memory live when the step starts
+    /// (saved activations and forward temporaries; in bf16 also autocast's weight copies).
+    /// Highest over the measured steps; None when no measured step has a step before it.
+    pub activation_bytes: Option<u64>,
     pub reserved_bytes: u64,
     /// Mean over the measured steps.
     pub step_time_s: f64,
@@ -66,6 +71,13 @@ impl SweepRow {
             _ => None,
         }
     }
+
+    pub fn activation_bytes(&self) -> Option<u64> {
+        match &self.outcome {
+            Outcome::Measured(m) => m.activation_bytes,
+            _ => None,
+        }
+    }
 }
 
 /// The cross product of the lists, in the order the flags vary slowest to fastest:
@@ -100,11 +112,13 @@ pub fn configurations(
 pub fn requested_size(message: &str) -> Option<u64> {
     let lower = message.to_ascii_lowercase();
     let at = lower.find("tried to allocate ")? + "tried to allocate ".len();
-    let rest = &message[at..];
-    let end = rest.find(['(', ';', ')', ',']).unwrap_or(rest.len());
-    let text = rest[..end].trim().trim_end_matches('.');
-    let text = text.strip_suffix(" bytes").unwrap_or(text);
-    crate::render::format::parse_bytes(text).ok()
+    // "<number> <unit>" with the unit's trailing punctuation cut: "20.00 GiB (GPU 0 ...",
+    // "1099511627776 bytes. Error code 12".
+    let mut words = message[at..].split_whitespace();
+    let number = words.next()?;
+    let unit = words.next().unwrap_or("").trim_end_matches(|c: char| !c.is_ascii_alphabetic());
+    let unit = if unit.eq_ignore_ascii_case("bytes") { "B" } else { unit };
+    crate::render::format::parse_bytes(&format!("{number}{unit}")).ok()
 }
 
 fn snapshot_name(c: &StepConfig) -> String {
@@ -130,7 +144,7 @@ pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
             return row;
         }
     };
-    let mut measured = Vec::new();
+    let mut all_steps = Vec::new();
     let mut saved = None;
     let mut failure = None;
     loop {
@@ -138,7 +152,7 @@ pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
             // Nobody needs the events; reading them keeps the engine from counting drops.
             recv(engine.batches) -> _ => {}
             recv(engine.reports) -> msg => match msg {
-                Ok(Report::Step(r)) if r.step >= o.warmup => measured.push(r),
+                Ok(Report::Step(r)) => all_steps.push(r),
                 Ok(Report::SnapshotSaved { path, .. }) => saved = Some(path),
                 Ok(Report::SnapshotFailed { error, .. }) => failure = Some(Outcome::Failed { error: format!("snapshot failed: {error}") }),
                 Ok(Report::Oom(oom)) => {
@@ -169,8 +183,8 @@ pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
     row.snapshot = saved.and_then(|p| rename_snapshot(&p, &snapshot_name(config)));
     row.outcome = match failure {
         Some(f) => f,
-        None if measured.is_empty() => row.outcome,
-        None => Outcome::Measured(summarize(measured)),
+        None if all_steps.len() as u64 <= o.warmup => row.outcome,
+        None => Outcome::Measured(summarize(all_steps, o.warmup)),
     };
     row
 }
@@ -199,7 +213,14 @@ fn rename_snapshot(path: &Path, name: &str) -> Option<PathBuf> {
     }
 }
 
-fn summarize(steps: Vec<StepReport>) -> Measured {
+/// Summarizes the steps after the `warmup` first ones.
+fn summarize(all: Vec<StepReport>, warmup: u64) -> Measured {
+    let activation_bytes = all
+        .windows(2)
+        .filter(|w| w[1].step >= warmup)
+        .filter_map(|w| w[1].phase_peak_bytes.get(Phase::Forward.as_str()).map(|p| p.saturating_sub(w[0].live_bytes)))
+        .max();
+    let steps: Vec<StepReport> = all.into_iter().filter(|s| s.step >= warmup).collect();
     let top = steps
         .iter()
         .max_by_key(|s| s.peak_allocated_bytes)
@@ -214,6 +235,7 @@ fn summarize(steps: Vec<StepReport>) -> Measured {
         peak_bytes: top.peak_allocated_bytes,
         peak_phase,
         phase_peak_bytes: top.phase_peak_bytes.clone(),
+        activation_bytes,
         reserved_bytes: steps.iter().map(|s| s.peak_reserved_bytes).max().unwrap_or(0),
         step_time_s: steps.iter().map(|s| s.step_time_s).sum::<f64>() / n,
         tokens_per_s: steps.iter().map(|s| s.tokens_per_s).sum::<f64>() / n,
@@ -240,8 +262,10 @@ impl std::str::FromStr for Format {
     }
 }
 
-const HEADER: [&str; 11] =
-    ["model", "ctx", "batch", "precision", "mode", "attention", "peak", "peak phase", "reserved", "step time (s)", "tokens/s"];
+const HEADER: [&str; 12] = [
+    "model", "ctx", "batch", "precision", "mode", "attention", "peak", "peak phase", "activations", "reserved",
+    "step time (s)", "tokens/s",
+];
 
 /// One table row's cells; `raw` gives bytes as integers (CSV) instead of "1.50 GiB".
 fn cells(r: &SweepRow, raw: bool) -> Vec<String> {
@@ -259,6 +283,7 @@ fn cells(r: &SweepRow, raw: bool) -> Vec<String> {
         Outcome::Measured(m) => v.extend([
             size(m.peak_bytes),
             m.peak_phase.clone(),
+            m.activation_bytes.map(size).unwrap_or_default(),
             size(m.reserved_bytes),
             format!("{:.3}", m.step_time_s),
             format!("{:.0}", m.tokens_per_s),
@@ -269,12 +294,11 @@ fn cells(r: &SweepRow, raw: bool) -> Vec<String> {
                 None => "OOM".to_string(),
             },
             phase.clone(),
-            String::new(),
-            String::new(),
-            String::new(),
         ]),
-        Outcome::Failed { error } => v.extend([format!("failed: {error}"), String::new(), String::new(), String::new(), String::new()]),
+        Outcome::Failed { error } => v.push(format!("failed: {error}")),
     }
+    // Cells a failed configuration has no value for.
+    v.resize(HEADER.len(), String::new());
     v
 }
 
@@ -292,7 +316,7 @@ pub fn render(rows: &[SweepRow], fits: &[super::fit::Scaling], format: Format) -
     match format {
         Format::Markdown => {
             // Numbers right-aligned, names and phases left.
-            const ALIGN: [&str; 11] = ["---", "---:", "---:", "---", "---", "---", "---:", "---", "---:", "---:", "---:"];
+            const ALIGN: [&str; 12] = ["---", "---:", "---:", "---", "---", "---", "---:", "---", "---:", "---:", "---:", "---:"];
             let mut s = format!("| {} |\n| {} |\n", HEADER.join(" | "), ALIGN.join(" | "));
             for r in rows {
                 s += &format!("| {} |\n", cells(r, false).join(" | ").replace('\n', " "));
