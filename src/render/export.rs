@@ -137,6 +137,8 @@ fn shades(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<Shade> {
     out
 }
 
+/// Pixels for the legend strip.
+const LEGEND_WIDTH: u32 = 190;
 const GIB: f64 = (1u64 << 30) as f64;
 
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, snap: &Snapshot, o: &ExportOptions) -> Result<(), ExportError>
@@ -154,8 +156,11 @@ where
 
     root.fill(&WHITE).map_err(err)?;
     let caption = format!("{} — peak {}", o.title, bytes(tl.peak_bytes));
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, (FONT, 22))
+    let root = root.titled(&caption, (FONT, 22)).map_err(err)?;
+    // The legend gets its own strip at the right so it never hides the data.
+    let (plot, side) = root.split_horizontally(o.width.saturating_sub(LEGEND_WIDTH));
+    let mut legend: Vec<(String, RGBColor)> = Vec::new();
+    let mut chart = ChartBuilder::on(&plot)
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -184,20 +189,23 @@ where
         }
         chart
             .draw_series(spans.iter().map(|s| Rectangle::new([(s.span.start, 0.0), (s.span.end, y_max)], colour.filled())))
-            .map_err(err)?
-            .label(phase.as_str())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled()));
+            .map_err(err)?;
+        legend.push((format!("{} (phase)", phase.as_str()), colour));
     }
 
-    // Stack categories in the timeline's order; each area is drawn from its cumulative top,
-    // topmost first, so the lower ones paint over them.
+    // Stack categories in torch.profiler's order (parameters at the bottom, unknown on top);
+    // each area is drawn from its cumulative top, topmost first, so lower ones paint over.
     let per_bucket = tl.category_series(0, total, buckets);
-    let mut tops: Vec<Vec<f64>> = Vec::new();
-    for (ci, _) in tl.categories.iter().enumerate() {
-        let below = tops.last().cloned().unwrap_or_else(|| vec![0.0; buckets]);
-        tops.push(below.iter().zip(&per_bucket).map(|(b, v)| b + v[ci] as f64 / GIB).collect());
+    let rank = |name: &String| Category::parse(name).map_or(Category::ALL.len(), |c| c as usize);
+    let mut used: Vec<usize> = (0..tl.categories.len()).filter(|ci| per_bucket.iter().any(|v| v[*ci] > 0)).collect();
+    used.sort_by_key(|ci| rank(&tl.categories[*ci]));
+    let mut tops: Vec<Vec<f64>> = vec![Vec::new(); tl.categories.len()];
+    let mut below = vec![0.0; buckets];
+    for &ci in &used {
+        below = below.iter().zip(&per_bucket).map(|(b, v)| b + v[ci] as f64 / GIB).collect();
+        tops[ci] = below.clone();
     }
-    let used: Vec<usize> = (0..tl.categories.len()).filter(|ci| per_bucket.iter().any(|v| v[*ci] > 0)).collect();
+    let mut category_legend = Vec::new();
     for &ci in used.iter().rev() {
         let name = &tl.categories[ci];
         let colour = Category::parse(name).map_or(RGBColor(70, 130, 180), |c| rgb(theme.category(c)));
@@ -207,18 +215,17 @@ where
         let points = (0..buckets).flat_map(|k| [(x_of(k), tops[ci][k]), (x_of(k + 1), tops[ci][k])]);
         chart
             .draw_series(AreaSeries::new(points, 0.0, colour.mix(0.85)).border_style(colour))
-            .map_err(err)?
-            .label(label)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled()));
+            .map_err(err)?;
+        category_legend.push((label, colour));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 14))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK.mix(0.5))
-        .draw()
-        .map_err(err)?;
+    // Categories top to bottom as stacked, then the phases.
+    category_legend.append(&mut legend);
+    for (i, (name, colour)) in category_legend.iter().enumerate() {
+        let y = 24 + 22 * i as i32;
+        side.draw(&Rectangle::new([(4, y), (18, y + 14)], colour.filled())).map_err(err)?;
+        side.draw(&Rectangle::new([(4, y), (18, y + 14)], BLACK.mix(0.4))).map_err(err)?;
+        side.draw(&Text::new(name.clone(), (24, y), (FONT, 14))).map_err(err)?;
+    }
     root.present().map_err(err)
 }
 
