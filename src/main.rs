@@ -11,7 +11,10 @@ use vramscope::train::config::{
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::app::keys::KeyMap;
-use vramscope::app::live::LiveOptions;
+use vramscope::app::live::{LiveOptions, Screen};
+use vramscope::record::player::Script;
+use vramscope::record::writer::Recorder;
+use vramscope::source::feed::engine_items;
 use vramscope::render::theme::{ColorSupport, Theme, BUILTIN};
 use vramscope::train::engine::{Engine, EngineOptions};
 
@@ -31,6 +34,26 @@ enum Command {
     Run(RunArgs),
     /// Device gauges for every GPU and its processes (host gauges without NVML).
     Watch(vramscope::app::watch::WatchArgs),
+    /// Play a recording (or a memory snapshot's trace) on the screen, or --headless.
+    Replay(ReplayArgs),
+}
+
+#[derive(Args, Clone)]
+struct ReplayArgs {
+    #[command(flatten)]
+    replay: vramscope::app::replay::ReplayArgs,
+    #[command(flatten)]
+    screen: ScreenArgs,
+}
+
+#[derive(Args, Clone)]
+struct ScreenArgs {
+    /// Colour theme: dark, light, ansi16, or a theme file's path.
+    #[arg(long, default_value = "dark")]
+    theme: String,
+    /// A TOML file whose [keys] table overrides key bindings.
+    #[arg(long)]
+    keys: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -86,12 +109,11 @@ struct RunArgs {
     /// Where snapshots go.
     #[arg(long, default_value = "snapshots")]
     snapshot_dir: PathBuf,
-    /// Colour theme: dark, light, ansi16, or a theme file's path.
-    #[arg(long, default_value = "dark")]
-    theme: String,
-    /// A TOML file whose [keys] table overrides key bindings.
+    #[command(flatten)]
+    screen: ScreenArgs,
+    /// Record everything the screen (or --headless) is fed into this new file.
     #[arg(long)]
-    keys: Option<PathBuf>,
+    record: Option<PathBuf>,
 }
 
 fn parse_ctx(s: &str) -> Result<i64, String> {
@@ -142,29 +164,55 @@ impl RunArgs {
 fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.headless {
         let opts = args.engine_options(Some(3))?;
+        let mut recorder = args.record.as_deref().map(Recorder::create).transpose()?;
         let mut engine = Engine::spawn(opts).context("starting the training engine")?;
-        let stdout = std::io::stdout();
-        vramscope::report::headless::run(&mut engine, args.json, &mut stdout.lock())?;
+        let mut out = std::io::stdout().lock();
+        let items = engine_items(&engine);
+        match &mut recorder {
+            Some(r) => vramscope::report::headless::run(r.tee(items), args.json, &mut out)?,
+            None => vramscope::report::headless::run(items, args.json, &mut out)?,
+        };
         engine.shutdown();
+        if let Some(r) = recorder {
+            let s = r.finish()?;
+            eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
+        }
         return Ok(());
     }
     anyhow::ensure!(!args.json, "--json needs --headless");
-    let keys = match &args.keys {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
-            KeyMap::from_toml(&text).with_context(|| p.display().to_string())?
-        }
-        None => KeyMap::default(),
-    };
-    let support = ColorSupport::detect();
-    let mut themes = vec![Theme::load(&args.theme)?.adapted(support)];
-    for (name, _) in BUILTIN {
-        if name != args.theme {
-            themes.push(Theme::load(name)?.adapted(support));
-        }
-    }
+    let screen = args.screen.load()?;
     let engine = args.engine_options(None)?;
-    vramscope::app::live::run(LiveOptions { engine, keys, themes })
+    vramscope::app::live::run(LiveOptions { engine, screen, record: args.record })
+}
+
+fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let r = args.replay;
+    let script = Script::open(&r.file)?;
+    if r.headless {
+        return vramscope::app::replay::run_replay_headless(&script, r.json, &mut std::io::stdout().lock());
+    }
+    anyhow::ensure!(!r.json, "--json needs --headless");
+    vramscope::app::replay::run_replay(script, r.speed, args.screen.load()?)
+}
+
+impl ScreenArgs {
+    fn load(&self) -> anyhow::Result<Screen> {
+        let keys = match &self.keys {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
+                KeyMap::from_toml(&text).with_context(|| p.display().to_string())?
+            }
+            None => KeyMap::default(),
+        };
+        let support = ColorSupport::detect();
+        let mut themes = vec![Theme::load(&self.theme)?.adapted(support)];
+        for (name, _) in BUILTIN {
+            if name != self.theme {
+                themes.push(Theme::load(name)?.adapted(support));
+            }
+    }
+    Ok(Screen { keys, themes })
+    }
 }
 
 fn main() -> ExitCode {
@@ -173,6 +221,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Run(a)) => run(a),
         Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a),
+        Some(Command::Replay(a)) => replay(a),
         None => run(cli.run),
     };
     match result {

@@ -3,5 +3,6 @@
 
 pub mod keys;
 pub mod live;
+pub mod replay;
 pub mod view;
 pub mod watch;

@@ -2,7 +2,8 @@
 
 use std::io::Write;
 
-use crate::train::engine::{Engine, Report, StepReport};
+use crate::source::feed::Incoming;
+use crate::train::engine::{Report, StepReport};
 
 use crate::render::format::bytes;
 
@@ -30,48 +31,41 @@ pub fn step_line(r: &StepReport) -> String {
     )
 }
 
-/// Drives the engine to completion, printing as steps finish. Returns the step reports.
-/// An error report ends the run with that error.
-pub fn run(engine: &mut Engine, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
+/// Prints a session's steps as its items arrive, from any source (an engine, a recording).
+/// Returns the step reports; an error report ends the run with that error.
+pub fn run(items: impl Iterator<Item = Incoming>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
-    // Headless has no store: batches are not needed, and leaving them unread would only
-    // count drops, so they are discarded as they come.
-    let batches = engine.batches.clone();
-    loop {
-        crossbeam_channel::select! {
-            recv(batches) -> _ => {}
-            recv(engine.reports) -> msg => {
-                let Ok(report) = msg else { break };
-                match report {
-                    Report::Started(info) => {
-                        if !json {
-                            writeln!(out, "vramscope: {} on {} ({} parameters){}", info.config.model_name, info.device,
-                                info.parameters, info.note.map(|n| format!(" — {n}")).unwrap_or_default())?;
-                        }
-                    }
-                    Report::Step(r) => {
-                        if json {
-                            writeln!(out, "{}", serde_json::to_string(&r)?)?;
-                        } else {
-                            writeln!(out, "{}", step_line(&r))?;
-                        }
-                        out.flush()?;
-                        steps.push(r);
-                    }
-                    Report::SnapshotSaved { step, path } => {
-                        if !json {
-                            writeln!(out, "snapshot of step {step} saved: {}", path.display())?;
-                        }
-                    }
-                    Report::SnapshotFailed { step, error } => {
-                        anyhow::bail!("snapshot of step {step} failed: {error}")
-                    }
-                    Report::Oom(o) => anyhow::bail!("out of memory at step {} ({}): {}", o.step, o.phase.as_str(), o.message),
-                    Report::Error(e) => anyhow::bail!("{e}"),
-                    Report::Knob(_) | Report::Paused(_) => {}
-                    Report::Finished => break,
+    // Headless has no store: batches and gauges pass by unread.
+    for item in items {
+        let Incoming::Report(report) = item else { continue };
+        match report {
+            Report::Started(info) => {
+                if !json {
+                    writeln!(out, "vramscope: {} on {} ({} parameters){}", info.config.model_name, info.device,
+                        info.parameters, info.note.map(|n| format!(" — {n}")).unwrap_or_default())?;
                 }
             }
+            Report::Step(r) => {
+                if json {
+                    writeln!(out, "{}", serde_json::to_string(&r)?)?;
+                } else {
+                    writeln!(out, "{}", step_line(&r))?;
+                }
+                out.flush()?;
+                steps.push(r);
+            }
+            Report::SnapshotSaved { step, path } => {
+                if !json {
+                    writeln!(out, "snapshot of step {step} saved: {}", path.display())?;
+                }
+            }
+            Report::SnapshotFailed { step, error } => {
+                anyhow::bail!("snapshot of step {step} failed: {error}")
+            }
+            Report::Oom(o) => anyhow::bail!("out of memory at step {} ({}): {}", o.step, o.phase.as_str(), o.message),
+            Report::Error(e) => anyhow::bail!("{e}"),
+            Report::Knob(_) | Report::Paused(_) => {}
+            Report::Finished => break,
         }
     }
     Ok(steps)

@@ -94,7 +94,7 @@ pub struct OomReport {
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Report {
     Started(EngineInfo),
     Knob(KnobChange),
