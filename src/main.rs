@@ -35,11 +35,11 @@ enum Command {
     /// Device gauges for every GPU and its processes (host gauges without NVML).
     Watch(vramscope::app::watch::WatchArgs),
     /// Play a recording (or a memory snapshot's trace) on the screen, or --headless.
-    Replay(ReplayArgs),
+    Replay(ReplayCommand),
 }
 
 #[derive(Args, Clone)]
-struct ReplayArgs {
+struct ReplayCommand {
     #[command(flatten)]
     replay: vramscope::app::replay::ReplayArgs,
     #[command(flatten)]
@@ -185,7 +185,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     vramscope::app::live::run(LiveOptions { engine, screen, record: args.record })
 }
 
-fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+fn replay(args: ReplayCommand) -> anyhow::Result<()> {
     let r = args.replay;
     let script = Script::open(&r.file)?;
     if r.headless {
@@ -210,8 +210,8 @@ impl ScreenArgs {
             if name != self.theme {
                 themes.push(Theme::load(name)?.adapted(support));
             }
-    }
-    Ok(Screen { keys, themes })
+        }
+        Ok(Screen { keys, themes })
     }
 }
 
