@@ -21,10 +21,25 @@ struct VsRawEvent {
 };
 }
 
+#include <exception>
+
 namespace vs {
 // Appends one event tagged with the current step/phase/scope. Cheap; called from
 // allocator paths (any thread), so it only takes a short mutex.
 void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_t device);
 bool capture_enabled();
 void set_error(const char* msg);
+
+// Runs `f`, turning a C++ exception into -1 and a message for `vs_last_error`: exceptions
+// must not cross into Rust.
+template <class F>
+int guard(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+    return -1;
+  }
+}
 }  // namespace vs

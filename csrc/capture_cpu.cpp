@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,21 +81,17 @@ extern "C" {
 // Installs the recording CPU allocator. Must run before any tensor the session cares about
 // is created: tensors allocated earlier keep the old deleter and their frees go unseen.
 int vs_install_cpu_allocator() {
-  try {
-    if (g_inner != nullptr) return 0;
-    g_inner = c10::GetDefaultCPUAllocator();
-    g_inner_delete = g_inner->raw_deleter();
-    if (g_inner_delete == nullptr) {
-      vs::set_error("default CPU allocator has no raw deleter");
-      return -1;
+  if (g_inner != nullptr) return 0;
+  return vs::guard([] {
+    c10::Allocator* inner = c10::GetDefaultCPUAllocator();
+    if (inner->raw_deleter() == nullptr) {
+      throw std::runtime_error("default CPU allocator has no raw deleter");
     }
+    g_inner_delete = inner->raw_deleter();
+    g_inner = inner;
     g_buf.reserve(1 << 16);
     c10::SetCPUAllocator(&g_recording, /*priority=*/10);
-    return 0;
-  } catch (const std::exception& e) {
-    vs::set_error(e.what());
-    return -1;
-  }
+  });
 }
 
 void vs_set_tags(uint32_t step, uint8_t phase) {
@@ -128,7 +125,7 @@ size_t vs_pending() {
 
 // device_type: 0 = CPU, 1 = CUDA. Mirrors Python's `torch.autocast.__enter__/__exit__`.
 int vs_autocast(int device_type, bool enabled) {
-  try {
+  return vs::guard([&] {
     const auto dev = device_type == 1 ? at::kCUDA : at::kCPU;
     if (enabled) {
       at::autocast::set_autocast_dtype(dev, at::kBFloat16);
@@ -140,11 +137,7 @@ int vs_autocast(int device_type, bool enabled) {
       // step reads stale weights.
       if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     }
-    return 0;
-  } catch (const std::exception& e) {
-    vs::set_error(e.what());
-    return -1;
-  }
+  });
 }
 
 // optimizer.zero_grad(set_to_none=True): drops the gradient tensor so its memory is freed,

@@ -9,7 +9,6 @@
 
 #ifdef VS_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 
 namespace cca = c10::cuda::CUDACachingAllocator;
@@ -27,19 +26,16 @@ struct VsCudaStats {
   uint64_t num_ooms;
 };
 
-int vs_cuda_compiled() {
+void vs_free(void* p) { std::free(p); }
+
 #ifdef VS_WITH_CUDA
-  return 1;
-#else
-  return 0;
-#endif
-}
+
+int vs_cuda_compiled() { return 1; }
 
 // Starts forwarding the caching allocator's trace into the event buffer. With
 // `history_entries` > 0 PyTorch also keeps its own trace ring (for its snapshot).
 int vs_cuda_attach(int64_t history_entries) {
-#ifdef VS_WITH_CUDA
-  try {
+  return vs::guard([&] {
     cca::attachAllocatorTraceTracker([](const cca::TraceEntry& te) {
       if (!vs::capture_enabled()) return;
       vs::record(static_cast<uint8_t>(te.action_), static_cast<uint64_t>(te.addr_),
@@ -50,21 +46,11 @@ int vs_cuda_attach(int64_t history_entries) {
     if (history_entries > 0) {
       torch::cuda::_record_memory_history(true, true, history_entries, true, false);
     }
-    return 0;
-  } catch (const std::exception& e) {
-    vs::set_error(e.what());
-    return -1;
-  }
-#else
-  (void)history_entries;
-  vs::set_error("this build's libtorch has no CUDA");
-  return -1;
-#endif
+  });
 }
 
 int vs_cuda_stats(int device, VsCudaStats* out) {
-#ifdef VS_WITH_CUDA
-  try {
+  return vs::guard([&] {
     const auto s = cca::getDeviceStats(static_cast<c10::DeviceIndex>(device));
     const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     out->allocated = static_cast<uint64_t>(s.allocated_bytes[agg].current);
@@ -74,76 +60,42 @@ int vs_cuda_stats(int device, VsCudaStats* out) {
     out->active = static_cast<uint64_t>(s.active_bytes[agg].current);
     out->requested = static_cast<uint64_t>(s.requested_bytes[agg].current);
     out->num_ooms = static_cast<uint64_t>(s.num_ooms);
-    return 0;
-  } catch (const std::exception& e) {
-    vs::set_error(e.what());
-    return -1;
-  }
-#else
-  (void)device;
-  (void)out;
-  vs::set_error("this build's libtorch has no CUDA");
-  return -1;
-#endif
+  });
 }
 
 int vs_cuda_reset_peaks(int device) {
-#ifdef VS_WITH_CUDA
-  try {
-    cca::resetPeakStats(static_cast<c10::DeviceIndex>(device));
-    return 0;
-  } catch (const std::exception& e) {
-    vs::set_error(e.what());
-    return -1;
-  }
-#else
-  (void)device;
-  vs::set_error("this build's libtorch has no CUDA");
-  return -1;
-#endif
+  return vs::guard([&] { cca::resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
 }
 
 int vs_cuda_empty_cache() {
-#ifdef VS_WITH_CUDA
-  try {
-    cca::emptyCache();
-    return 0;
-  } catch (const std::exception& e) {
-    vs::set_error(e.what());
-    return -1;
-  }
-#else
-  vs::set_error("this build's libtorch has no CUDA");
-  return -1;
-#endif
+  return vs::guard([] { cca::emptyCache(); });
 }
 
 // PyTorch's own snapshot pickle (segments and blocks as the real allocator holds them).
 // The caller frees `*out` with vs_free.
 int vs_cuda_snapshot(char** out, size_t* len) {
-#ifdef VS_WITH_CUDA
-  try {
+  return vs::guard([&] {
     const std::string s = torch::cuda::_memory_snapshot_pickled();
     *out = static_cast<char*>(std::malloc(s.size()));
-    if (*out == nullptr) {
-      vs::set_error("out of host memory for the snapshot");
-      return -1;
-    }
+    if (*out == nullptr) throw std::bad_alloc();
     std::memcpy(*out, s.data(), s.size());
     *len = s.size();
-    return 0;
-  } catch (const std::exception& e) {
-    vs::set_error(e.what());
-    return -1;
-  }
-#else
-  (void)out;
-  (void)len;
-  vs::set_error("this build's libtorch has no CUDA");
-  return -1;
-#endif
+  });
 }
 
-void vs_free(void* p) { std::free(p); }
+#else  // libtorch without CUDA: the same entry points, each saying why it cannot work.
+
+static int no_cuda() {
+  vs::set_error("this build's libtorch has no CUDA");
+  return -1;
+}
+int vs_cuda_compiled() { return 0; }
+int vs_cuda_attach(int64_t) { return no_cuda(); }
+int vs_cuda_stats(int, VsCudaStats*) { return no_cuda(); }
+int vs_cuda_reset_peaks(int) { return no_cuda(); }
+int vs_cuda_empty_cache() { return no_cuda(); }
+int vs_cuda_snapshot(char**, size_t*) { return no_cuda(); }
+
+#endif
 
 }  // extern "C"

@@ -36,6 +36,10 @@ enum Command {
     Watch(vramscope::app::watch::WatchArgs),
     /// Play a recording (or a memory snapshot's trace) on the screen, or --headless.
     Replay(ReplayCommand),
+    /// Open a PyTorch memory snapshot: timeline, largest allocations, segments, categories.
+    View(vramscope::app::snapshot_viewer::ViewArgs),
+    /// Compare two snapshots: peaks, categories, and the allocations that grew or shrank.
+    Diff(DiffArgs),
 }
 
 #[derive(Args, Clone)]
@@ -54,6 +58,23 @@ struct ScreenArgs {
     /// A TOML file whose [keys] table overrides key bindings.
     #[arg(long)]
     keys: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct DiffArgs {
+    /// The baseline snapshot.
+    a: PathBuf,
+    /// The snapshot compared with it.
+    b: PathBuf,
+    /// The report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Device whose traces to compare.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// How many grown and shrunk allocation groups to list.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
 }
 
 #[derive(Args, Clone)]
@@ -215,6 +236,21 @@ impl ScreenArgs {
     }
 }
 
+fn diff(args: DiffArgs) -> anyhow::Result<()> {
+    use vramscope::app::snapshot_viewer::ViewerData;
+    let a = ViewerData::open(&args.a, args.device)?;
+    let b = ViewerData::open(&args.b, args.device)?;
+    let d = vramscope::report::diff::diff((&a.snap, &a.tl), (&b.snap, &b.tl), args.device, args.top);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &d)?;
+        std::io::Write::write_all(&mut out, b"\n")?;
+    } else {
+        vramscope::report::diff::write_text(&mut out, &a.name, &b.name, &d)?;
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     vramscope::train::engine::install_panic_filter();
@@ -222,6 +258,8 @@ fn main() -> ExitCode {
         Some(Command::Run(a)) => run(a),
         Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a),
         Some(Command::Replay(a)) => replay(a),
+        Some(Command::View(a)) => vramscope::app::snapshot_viewer::run_view(a),
+        Some(Command::Diff(a)) => diff(a),
         None => run(cli.run),
     };
     match result {

@@ -10,6 +10,7 @@ use vramscope::app::view::View;
 use vramscope::event::{Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
 use vramscope::render::live::render_to_buffer;
 use vramscope::render::theme::Theme;
+use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, SourceKind, SourceStatus};
 use vramscope::store::Store;
 use vramscope::train::config::{Attention, Mode, Precision, Preset, StepConfig};
 use vramscope::train::engine::{EngineInfo, KnobChange, OomReport, Report, StepReport};
@@ -102,6 +103,43 @@ fn session() -> Store {
     store
 }
 
+/// NVML readings every 10 events' worth of time: the device holds reserved memory plus a
+/// CUDA context the allocator never sees.
+fn with_gpu(mut store: Store) -> Store {
+    if let Some(info) = &mut store.info {
+        info.device = "cuda:0".into();
+        info.cuda = true;
+    }
+    let end = store.history.end();
+    let samples = (0..end / 10)
+        .map(|k| {
+            let t = store.history.get(k * 10).map(|e| e.t_ns).unwrap_or(0);
+            let used = 192 * MIB + 500 * MIB;
+            GaugeSample {
+                t_ns: t,
+                gauges: Gauges::Devices(vec![DeviceSample {
+                    index: 0, name: "NVIDIA H100 80GB HBM3".into(), mem_used: used, mem_total: 80 << 30, mem_free: (80 << 30) - used,
+                    gpu_util: Some(97), mem_util: Some(40), temp_c: Some(61), power_mw: Some(512_000), power_limit_mw: Some(700_000),
+                    sm_clock_mhz: Some(1980), mem_clock_mhz: Some(2619), processes: Vec::new(),
+                }]),
+            }
+        })
+        .collect();
+    store.ingest_gauges(GaugeBatch { first_seq: 0, status: Some(SourceStatus { kind: SourceKind::Nvml, reason: None }), samples });
+    store
+}
+
+/// A machine without NVML: host gauges, and the reason said once.
+fn with_host(mut store: Store) -> Store {
+    let host = HostSample { rss_bytes: 900 * MIB, mem_total: 24 << 30, mem_used: 6 << 30, cpu_percent: Some(180.0), self_cpu_percent: Some(170.0), cpu_count: 2 };
+    store.ingest_gauges(GaugeBatch {
+        first_seq: 0,
+        status: Some(SourceStatus { kind: SourceKind::Host, reason: Some("NVML unavailable: libnvidia-ml.so.1: cannot open shared object file".into()) }),
+        samples: vec![GaugeSample { t_ns: 0, gauges: Gauges::Host(host) }],
+    });
+    store
+}
+
 fn text(store: &Store, view: &View, w: u16, h: u16) -> String {
     let theme = Theme::load("dark").unwrap();
     let buf = render_to_buffer(store, view, &KeyMap::default(), &theme, w, h);
@@ -117,17 +155,17 @@ fn whole(store: &Store) -> View {
 
 #[test]
 fn live_screen_80x24() {
-    let store = session();
+    let store = with_host(session());
     let screen = text(&store, &whole(&store), 80, 24);
     assert!(screen.contains("bf16"), "the knob change shows in the header:\n{screen}");
     insta::assert_snapshot!(screen);
 }
 
 #[test]
-fn live_screen_200x60() {
-    let store = session();
+fn live_screen_200x60_on_a_gpu() {
+    let store = with_gpu(session());
     let screen = text(&store, &whole(&store), 200, 60);
-    for want in ["peak", "optimizer state", "parameter", "largest live allocations", "snapshot of step 1 saved"] {
+    for want in ["peak", "optimizer state", "parameter", "largest live allocations", "device gauges: NVML", "cuda:0", "GPU 0 NVIDIA H100", "non-PyTorch", "500 MiB", "┄"] {
         assert!(screen.contains(want), "'{want}' missing:\n{screen}");
     }
     insta::assert_snapshot!(screen);
@@ -135,7 +173,7 @@ fn live_screen_200x60() {
 
 #[test]
 fn help_overlay_is_generated_from_the_key_table() {
-    let store = session();
+    let store = with_host(session());
     let mut view = whole(&store);
     view.help = true;
     let screen = text(&store, &view, 200, 60);
@@ -147,7 +185,7 @@ fn help_overlay_is_generated_from_the_key_table() {
 
 #[test]
 fn out_of_memory_state() {
-    let mut store = session();
+    let mut store = with_host(session());
     store.ingest_report(Report::Oom(OomReport { step: 2, phase: Phase::Backward, message: "CUDA out of memory. Tried to allocate 20.00 GiB".into() }));
     store.ingest_report(Report::Paused(true));
     let screen = text(&store, &whole(&store), 200, 60);
@@ -158,7 +196,7 @@ fn out_of_memory_state() {
 
 #[test]
 fn by_allocation_bands_and_a_too_small_terminal() {
-    let store = session();
+    let store = with_host(session());
     let view = View { by_category: false, ..whole(&store) };
     let screen = text(&store, &view, 200, 60);
     assert!(screen.contains("by allocation"));

@@ -1,78 +1,12 @@
 //! The real binary in a real terminal: tmux runs `vramscope`, keys go in with send-keys,
 //! the screen comes back with capture-pane.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-struct Session {
-    name: String,
-}
-
-fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux").args(args).output().expect("tmux is installed (scripts/test installs it)");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-impl Session {
-    /// Starts `cmd` in a detached 200×60 session whose pane stays after the program exits.
-    fn start(name: &str, cmd: &str) -> Session {
-        let _ = Command::new("tmux").args(["kill-session", "-t", name]).output();
-        let status = Command::new("tmux")
-            .args(["new-session", "-d", "-s", name, "-x", "200", "-y", "60"])
-            .arg(format!("TERM=xterm-256color {cmd}; sleep 30"))
-            .status()
-            .expect("tmux starts");
-        assert!(status.success());
-        Session { name: name.into() }
-    }
-
-    fn screen(&self) -> String {
-        tmux(&["capture-pane", "-p", "-t", &self.name])
-    }
-
-    fn keys(&self, keys: &str) {
-        tmux(&["send-keys", "-t", &self.name, keys]);
-    }
-
-    fn display(&self, what: &str) -> String {
-        tmux(&["display-message", "-p", "-t", &self.name, what]).trim().to_string()
-    }
-
-    /// Waits until the screen satisfies `pred`, or fails showing the last screen.
-    fn wait_for(&self, what: &str, secs: u64, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            let s = self.screen();
-            if pred(&s) {
-                return s;
-            }
-            if Instant::now() > deadline {
-                panic!("timed out waiting for {what}; screen:\n{s}");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["kill-session", "-t", &self.name]).output();
-    }
-}
-
-fn wait_file(path: &Path, secs: u64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if !s.is_empty() {
-                return s;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("{} never appeared", path.display());
-}
+use common::tmux::{wait_file, Session};
 
 /// The step counter in the header ("step N").
 fn shown_step(screen: &str) -> Option<u64> {
@@ -134,4 +68,25 @@ fn sighup_stops_cleanly_and_restores_the_terminal() {
     assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
     assert_eq!(wait_file(&dir.path().join("exit"), 60).trim(), "0", "a hangup is a clean stop");
     assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
+}
+
+#[test]
+fn view_opens_a_snapshot_moves_detail_inspects_and_quits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let file = common::fixture_path(common::MAGMA27);
+    let cmd = format!("{bin} view {}; echo $? > {}/exit", file.display(), dir.path().display());
+    let s = Session::start("vramscope-e2e-view", &cmd);
+    let first = s.wait_for("the timeline", 30, |sc| sc.contains("active memory timeline") && sc.contains("peak 13.0 GiB"));
+    assert_eq!(s.display("#{alternate_on}"), "1", "the viewer draws on the alternate screen");
+    assert!(first.contains("detail 100%"), "{first}");
+    s.keys("[");
+    s.wait_for("less detail", 10, |sc| sc.contains("detail 50%"));
+    s.keys("Enter");
+    let inspected = s.wait_for("the inspector", 10, |sc| sc.contains(" allocation ") && sc.contains("requested") && sc.contains("frames (collapsed"));
+    assert!(inspected.contains("address"), "{inspected}");
+    s.keys("q");
+    assert_eq!(wait_file(&dir.path().join("exit"), 20).trim(), "0", "exit code");
+    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
+    assert_eq!(s.display("#{cursor_flag}"), "1", "cursor shown again");
 }

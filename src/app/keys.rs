@@ -6,21 +6,41 @@ use std::collections::HashMap;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use serde::Deserialize;
 
+/// What a key table needs of its action enum; `actions!` implements it.
+pub trait Bindable: Copy + Eq + std::hash::Hash + std::fmt::Debug + 'static {
+    const ALL: &'static [Self];
+    /// The action ctrl-c always maps to.
+    const QUIT: Self;
+    /// The name used in key files.
+    fn name(self) -> &'static str;
+    fn help(self) -> &'static str;
+    fn default_key(self) -> &'static str;
+}
+
+/// One enum per screen: (variant, key-file name, default key, help text) rows.
 macro_rules! actions {
-    ($($var:ident, $name:literal, $key:literal, $help:literal;)+) => {
+    ($(#[$doc:meta])* $enum:ident, quit = $quit:ident; $($var:ident, $name:literal, $key:literal, $help:literal;)+) => {
+        $(#[$doc])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum Action { $($var),+ }
-        impl Action {
-            pub const ALL: &'static [Action] = &[$(Action::$var),+];
-            /// The name used in key files.
-            pub fn name(self) -> &'static str { match self { $(Action::$var => $name),+ } }
-            pub fn help(self) -> &'static str { match self { $(Action::$var => $help),+ } }
-            fn default_key(self) -> &'static str { match self { $(Action::$var => $key),+ } }
+        pub enum $enum { $($var),+ }
+        impl $enum {
+            pub const ALL: &'static [$enum] = &[$($enum::$var),+];
+            pub fn name(self) -> &'static str { match self { $($enum::$var => $name),+ } }
+            pub fn help(self) -> &'static str { match self { $($enum::$var => $help),+ } }
+        }
+        impl Bindable for $enum {
+            const ALL: &'static [$enum] = $enum::ALL;
+            const QUIT: $enum = $enum::$quit;
+            fn name(self) -> &'static str { $enum::name(self) }
+            fn help(self) -> &'static str { $enum::help(self) }
+            fn default_key(self) -> &'static str { match self { $($enum::$var => $key),+ } }
         }
     };
 }
 
 actions! {
+    /// The live screen's actions.
+    Action, quit = Quit;
     TogglePrecision, "toggle_precision", "p", "precision fp32 / bf16 autocast";
     CtxHalve, "ctx_halve", "[", "halve context length";
     CtxDouble, "ctx_double", "]", "double context length";
@@ -44,8 +64,31 @@ actions! {
     ToggleRecord, "toggle_record", "r", "start / stop recording the session";
     SpeedUp, "speed_up", ">", "replay: twice as fast";
     SpeedDown, "speed_down", "<", "replay: half as fast";
-    NextStep, "next_step", "n", "replay: seek to the end of the next step";
-    PrevStep, "prev_step", "N", "replay: seek to the end of the previous step";
+    NextStep, "next_step", "n", "replay: seek a step forward";
+    PrevStep, "prev_step", "N", "replay: seek a step back";
+    Help, "help", "?", "this help";
+    Quit, "quit", "q", "quit";
+}
+
+actions! {
+    /// `vramscope view`'s actions.
+    ViewAction, quit = Quit;
+    NextTab, "next_tab", "tab", "next view: timeline, largest, segments, categories";
+    CursorLeft, "cursor_left", "left", "timeline: cursor back (pans at the edge)";
+    CursorRight, "cursor_right", "right", "timeline: cursor forward (pans at the edge)";
+    SelectUp, "select_up", "up", "select the band above / the previous row";
+    SelectDown, "select_down", "down", "select the band below / the next row";
+    ZoomIn, "zoom_in", "+", "zoom in around the cursor";
+    ZoomOut, "zoom_out", "-", "zoom out";
+    DetailLess, "detail_less", "[", "detail: fewer allocations drawn one by one";
+    DetailMore, "detail_more", "]", "detail: more allocations drawn one by one";
+    JumpToPeak, "jump_to_peak", "p", "move the cursor to the peak";
+    Inspect, "inspect", "enter", "open / close the allocation inspector";
+    AllFrames, "all_frames", "f", "inspector: all frames / collapsed frames";
+    Sort, "sort", "s", "largest list: next sort order";
+    Search, "search", "/", "largest list: search frames or address";
+    NextDevice, "next_device", "d", "next device";
+    NextTheme, "next_theme", "t", "next theme";
     Help, "help", "?", "this help";
     Quit, "quit", "q", "quit";
 }
@@ -131,10 +174,11 @@ impl Key {
     }
 }
 
+/// A screen's key table: every action of `A` bound to one key, no key bound twice.
 #[derive(Clone, Debug)]
-pub struct KeyMap {
-    by_key: HashMap<Key, Action>,
-    by_action: Vec<(Action, Key)>,
+pub struct KeyMap<A: Bindable = Action> {
+    by_key: HashMap<Key, A>,
+    by_action: Vec<(A, Key)>,
 }
 
 #[derive(Deserialize)]
@@ -144,19 +188,19 @@ struct KeyFile {
     keys: HashMap<String, String>,
 }
 
-impl Default for KeyMap {
+impl<A: Bindable> Default for KeyMap<A> {
     fn default() -> Self {
-        let pairs = Action::ALL
+        let pairs = A::ALL
             .iter()
             .map(|a| (*a, Key::parse(a.default_key()).expect("default keys parse")))
             .collect();
-        KeyMap::build(pairs).expect("default keys are unique")
+        Self::build(pairs).expect("default keys are unique")
     }
 }
 
-impl KeyMap {
-    fn build(by_action: Vec<(Action, Key)>) -> Result<KeyMap, KeyError> {
-        let mut by_key: HashMap<Key, Action> = HashMap::new();
+impl<A: Bindable> KeyMap<A> {
+    fn build(by_action: Vec<(A, Key)>) -> Result<Self, KeyError> {
+        let mut by_key: HashMap<Key, A> = HashMap::new();
         for (a, k) in &by_action {
             if let Some(prev) = by_key.insert(*k, *a) {
                 return Err(KeyError::Duplicate {
@@ -170,33 +214,33 @@ impl KeyMap {
     }
 
     /// Defaults overridden by a TOML file's `[keys]` table (`toggle_precision = "P"`).
-    pub fn from_toml(text: &str) -> Result<KeyMap, KeyError> {
+    pub fn from_toml(text: &str) -> Result<Self, KeyError> {
         let file: KeyFile = toml::from_str(text).map_err(|e| KeyError::Toml(e.message().to_string()))?;
-        let mut pairs: Vec<(Action, Key)> = KeyMap::default().by_action;
+        let mut pairs: Vec<(A, Key)> = Self::default().by_action;
         let mut overrides: Vec<_> = file.keys.into_iter().collect();
         overrides.sort();
         for (name, key) in overrides {
-            let action = Action::ALL.iter().find(|a| a.name() == name).ok_or_else(|| {
-                KeyError::UnknownAction(name.clone(), Action::ALL.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "))
+            let action = A::ALL.iter().find(|a| a.name() == name).ok_or_else(|| {
+                KeyError::UnknownAction(name.clone(), A::ALL.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "))
             })?;
             let k = Key::parse(&key).ok_or(KeyError::BadKey { action: name.clone(), key })?;
             for p in pairs.iter_mut().filter(|p| p.0 == *action) {
                 p.1 = k;
             }
         }
-        KeyMap::build(pairs)
+        Self::build(pairs)
     }
 
-    pub fn action(&self, e: &KeyEvent) -> Option<Action> {
+    pub fn action(&self, e: &KeyEvent) -> Option<A> {
         let k = Key::from_event(e);
         // ctrl-c always quits, whatever the table says: the way out must never be rebound away.
         if k.ctrl && k.code == KeyCode::Char('c') {
-            return Some(Action::Quit);
+            return Some(A::QUIT);
         }
         self.by_key.get(&k).copied()
     }
 
-    pub fn key_of(&self, a: Action) -> Key {
+    pub fn key_of(&self, a: A) -> Key {
         self.by_action.iter().find(|p| p.0 == a).map(|p| p.1).expect("every action has a key")
     }
 
@@ -216,7 +260,7 @@ mod tests {
 
     #[test]
     fn defaults_cover_every_action_from_the_issue() {
-        let k = KeyMap::default();
+        let k: KeyMap = KeyMap::default();
         assert_eq!(k.action(&press(KeyCode::Char('p'))), Some(Action::TogglePrecision));
         assert_eq!(k.action(&press(KeyCode::Char(']'))), Some(Action::CtxDouble));
         assert_eq!(k.action(&press(KeyCode::Char(' '))), Some(Action::TogglePause));
@@ -226,22 +270,33 @@ mod tests {
     }
 
     #[test]
+    fn the_viewer_table_is_complete_and_unique() {
+        let k: KeyMap<ViewAction> = KeyMap::default();
+        assert_eq!(k.help_rows().len(), ViewAction::ALL.len());
+        assert_eq!(k.action(&press(KeyCode::Char(']'))), Some(ViewAction::DetailMore));
+        assert_eq!(k.action(&press(KeyCode::Enter)), Some(ViewAction::Inspect));
+        assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(ViewAction::Quit));
+        let e = KeyMap::<ViewAction>::from_toml("[keys]\nsort = \"q\"\n").unwrap_err();
+        assert!(matches!(e, KeyError::Duplicate { .. }), "{e}");
+    }
+
+    #[test]
     fn a_file_overrides_and_duplicates_are_rejected() {
-        let k = KeyMap::from_toml("[keys]\ntoggle_precision = \"P\"\n").unwrap();
+        let k = KeyMap::<Action>::from_toml("[keys]\ntoggle_precision = \"P\"\n").unwrap();
         assert_eq!(k.action(&press(KeyCode::Char('P'))), Some(Action::TogglePrecision));
         assert_eq!(k.action(&press(KeyCode::Char('p'))), None);
-        let e = KeyMap::from_toml("[keys]\nsnapshot = \"q\"\n").unwrap_err();
+        let e = KeyMap::<Action>::from_toml("[keys]\nsnapshot = \"q\"\n").unwrap_err();
         assert!(matches!(e, KeyError::Duplicate { .. }), "{e}");
         assert!(e.to_string().contains("'q' is bound to both"), "{e}");
-        let e = KeyMap::from_toml("[keys]\nfly = \"x\"\n").unwrap_err();
+        let e = KeyMap::<Action>::from_toml("[keys]\nfly = \"x\"\n").unwrap_err();
         assert!(e.to_string().contains("unknown action 'fly'"));
-        let e = KeyMap::from_toml("[keys]\nquit = \"xyz\"\n").unwrap_err();
+        let e = KeyMap::<Action>::from_toml("[keys]\nquit = \"xyz\"\n").unwrap_err();
         assert!(matches!(e, KeyError::BadKey { .. }));
     }
 
     #[test]
     fn ctrl_c_always_quits() {
-        let k = KeyMap::from_toml("[keys]\nquit = \"x\"\n").unwrap();
+        let k = KeyMap::<Action>::from_toml("[keys]\nquit = \"x\"\n").unwrap();
         assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(Action::Quit));
     }
 }

@@ -314,3 +314,98 @@ impl Tracker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(action: u8, addr: u64, size: u64, step: u32, phase: Phase, device: u8) -> RawEvent {
+        RawEvent { t_ns: 0, addr, size, stream: 0, step, scope: 0, action, phase: phase as u8, device, ..Default::default() }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn cpu_requests_become_a_caching_allocator_stream() {
+        let mut t = Tracker::modelled();
+        t.ingest(&[raw(RAW_ALLOC, 0x1000, 1000, 0, Phase::Forward, super::super::CPU_DEVICE)]);
+        let b = t.take_batch(Vec::new());
+        let actions: Vec<Action> = b.events.iter().map(|e| e.action).collect();
+        assert_eq!(actions, [Action::SegmentAlloc, Action::Alloc]);
+        assert_eq!(b.events[0].size, 2 * MIB, "a small request opens a 2 MiB small-pool segment");
+        assert_eq!(b.events[1].size, 1000, "alloc events carry the request, as PyTorch's do");
+        assert_eq!(t.allocated_bytes, 1024, "allocated counts the rounded block");
+        assert_eq!((t.reserved_bytes, t.active_bytes), (2 * MIB, 1000));
+        // Freed in the phase it was made: scratch, whatever it was presumed to be.
+        t.ingest(&[raw(RAW_FREE, 0x1000, 0, 0, Phase::Forward, super::super::CPU_DEVICE)]);
+        let b = t.take_batch(Vec::new());
+        let actions: Vec<Action> = b.events.iter().map(|e| e.action).collect();
+        assert_eq!(actions, [Action::FreeRequested, Action::FreeCompleted]);
+        assert_eq!(b.events[0].category, Category::Temporary);
+        assert_eq!(b.retags, vec![(b.events[0].addr, Category::Temporary)]);
+        assert_eq!((t.active_bytes, t.allocated_bytes, t.reserved_bytes), (0, 0, 2 * MIB), "the segment stays cached");
+        // The ring holds the same stream for snapshots, with the corrected category.
+        let ring: Vec<(Action, Category)> = t.trace().map(|e| (e.action, e.category)).collect();
+        assert_eq!(ring[1], (Action::Alloc, Category::Temporary));
+    }
+
+    #[test]
+    fn tags_name_categories_and_survivors_keep_theirs() {
+        let mut t = Tracker::modelled();
+        let cpu = super::super::CPU_DEVICE;
+        t.ingest(&[
+            raw(RAW_ALLOC, 0x10, 4 * MIB, 0, Phase::Other, cpu),
+            raw(RAW_ALLOC, 0x20, 3 * MIB, 0, Phase::Forward, cpu),
+        ]);
+        t.tag(0x10, Category::Parameter);
+        assert_eq!(t.category_bytes[Category::Parameter as usize], 4 * MIB);
+        assert_eq!(t.category_bytes[Category::Activation as usize], 3 * MIB);
+        // An activation freed in backward stays an activation.
+        t.ingest(&[raw(RAW_FREE, 0x20, 0, 0, Phase::Backward, cpu)]);
+        let frees: Vec<Category> = t.take_batch(Vec::new()).events.iter().filter(|e| e.action == Action::FreeRequested).map(|e| e.category).collect();
+        assert_eq!(frees, [Category::Activation]);
+        assert_eq!(t.live_bytes_recount(), 4 * MIB);
+        let stats = t.take_step_stats();
+        assert_eq!(stats.phase_peak_allocated[Phase::Forward as usize], 7 * MIB);
+        assert_eq!(stats.peak_active, 7 * MIB);
+    }
+
+    #[test]
+    fn cuda_trace_passes_through_with_reserved_from_segment_events() {
+        let mut t = Tracker::new(Backend::Cuda { device: 0 }, 16);
+        t.ingest(&[
+            raw(Action::SegmentAlloc as u8, 0xa000, 20 * MIB, 0, Phase::Forward, 0),
+            raw(Action::Alloc as u8, 0xa000, 5 * MIB, 0, Phase::Forward, 0),
+            raw(Action::FreeRequested as u8, 0xa000, 5 * MIB, 0, Phase::Backward, 0),
+            raw(Action::FreeCompleted as u8, 0xa000, 5 * MIB, 0, Phase::Backward, 0),
+            raw(Action::Oom as u8, 1 << 30, 80 << 30, 0, Phase::Backward, 0),
+            raw(Action::SegmentFree as u8, 0xa000, 20 * MIB, 0, Phase::Other, 0),
+        ]);
+        let b = t.take_batch(Vec::new());
+        let actions: Vec<Action> = b.events.iter().map(|e| e.action).collect();
+        assert_eq!(
+            actions,
+            [Action::SegmentAlloc, Action::Alloc, Action::FreeRequested, Action::FreeCompleted, Action::Oom, Action::SegmentFree]
+        );
+        assert_eq!(b.events[1].addr, 0xa000, "real device addresses are kept");
+        assert_eq!(b.events[4].size, 80 << 30, "an oom entry carries the requested size");
+        assert_eq!(t.reserved_bytes, 0);
+        let s = t.take_step_stats();
+        assert_eq!(s.peak_reserved, 20 * MIB);
+        assert_eq!(s.peak_active, 5 * MIB);
+        // The allocator's own counters replace the running estimate at phase ends.
+        t.note_phase_peak(Phase::Forward, 6 * MIB, 20 * MIB);
+        t.set_device_counters(0, 0, Phase::Other);
+        assert_eq!(t.take_step_stats().phase_peak_allocated[Phase::Forward as usize], 6 * MIB);
+    }
+
+    #[test]
+    fn the_trace_ring_keeps_the_newest_events() {
+        let mut t = Tracker::new(Backend::Cuda { device: 0 }, 4);
+        let evs: Vec<RawEvent> = (0..10).map(|i| raw(Action::Alloc as u8, 0x100 + i, 512, 0, Phase::Forward, 0)).collect();
+        t.ingest(&evs);
+        let addrs: Vec<u64> = t.trace().map(|e| e.addr).collect();
+        assert_eq!(addrs, [0x106, 0x107, 0x108, 0x109]);
+        assert_eq!(t.next_seq(), 10);
+    }
+}

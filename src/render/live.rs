@@ -3,7 +3,7 @@
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::style::{Modifier, Style};
+use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 use ratatui::Frame;
@@ -12,8 +12,8 @@ use crate::event::{Category, Phase};
 use crate::source::gauges::history::Metric;
 use crate::source::gauges::sample::SourceKind;
 use crate::render::format::bytes;
-use crate::store::{LogKind, Marker, Store};
-use crate::app::keys::{Action, KeyMap};
+use crate::store::{Column, LogKind, Marker, Store};
+use crate::app::keys::{Action, Bindable, KeyMap};
 use crate::app::view::View;
 
 use super::theme::Theme;
@@ -198,9 +198,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
     }
     buf.set_string(inner.x, plot.y + plot.height - 1, format!("{:>8}", "0"), Style::default().fg(theme.ui.dim));
     let rows = plot.height as u64;
-    // By allocation: each allocation its own band, stacked in allocation order as
-    // memory_viz draws them (a freed band's upper neighbours slide down).
-    let spans: Vec<_> = if view.by_category { Vec::new() } else { store.spans_in(from, to).copied().collect() };
+    let bands_by_column = (!view.by_category).then(|| allocation_bands(store, from, to, &cols, ymax, rows, theme));
     for (x, col) in cols.iter().enumerate() {
         let cx = plot.x + x as u16;
         let col_start = from + span * x as u64 / cols.len() as u64;
@@ -217,20 +215,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
         let h = eighths(col.total);
         let reserved_row = eighths(col.reserved) / 8;
         let device_row = device[x].map(|d| eighths(d) / 8);
-        let mut bands: Vec<(u64, ratatui::style::Color)> = Vec::new();
-        let h = if view.by_category {
-            h
-        } else {
-            let mid = col_start + span / cols.len() as u64 / 2;
-            let mut acc = 0u64;
-            for (k, s) in spans.iter().filter(|s| s.start <= mid && s.end.is_none_or(|e| e > mid)).enumerate() {
-                acc += s.size;
-                // Neighbours alternate shades of their category so bands stay distinct.
-                let c = theme.category(s.category);
-                bands.push((eighths(acc), if k % 2 == 0 { c } else { theme.ui.dim }));
-            }
-            eighths(acc)
-        };
+        let bands: &[(u64, Color)] = bands_by_column.as_ref().map(|b| b[x].as_slice()).unwrap_or(&[]);
         let at = |pos: u64| {
             if view.by_category {
                 theme.category(bounds.iter().find(|(b, _)| *b > pos).map(|(_, c)| *c).unwrap_or(Category::Unknown))
@@ -320,6 +305,59 @@ pub fn render_side(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
     lines.push(Line::from(""));
     lines.extend(gauge_lines(store, theme));
     f.render_widget(Paragraph::new(lines), inner);
+}
+
+/// Per column, the allocation bands stacked in allocation order as memory_viz draws them
+/// (upper bounds in eighths of a cell, with colours). Allocations too small to fill an eighth
+/// of a cell form one summarized band on top, as memory_viz summarizes what it does not draw.
+fn allocation_bands(
+    store: &Store,
+    from: u64,
+    to: u64,
+    cols: &[Column],
+    ymax: u64,
+    rows: u64,
+    theme: &Theme,
+) -> Vec<Vec<(u64, Color)>> {
+    let eighths = |b: u64| (b as u128 * rows as u128 * 8 / ymax.max(1) as u128) as u64;
+    let min_size = (ymax / (rows * 8).max(1)).max(1);
+    let big: Vec<_> = store.spans_in(from, to, min_size).copied().collect();
+    let mut by_end: Vec<usize> = (0..big.len()).collect();
+    by_end.sort_by_key(|&i| big[i].end.unwrap_or(u64::MAX));
+    let (mut next_start, mut next_end) = (0, 0);
+    let mut active = std::collections::BTreeSet::new();
+    let span = (to - from).max(1);
+    // Sweep the columns left to right, adding allocations as they start and dropping them as
+    // they end, so each column costs only what is alive in it.
+    cols.iter()
+        .enumerate()
+        .map(|(x, col)| {
+            let mid = from + span * (2 * x as u64 + 1) / (2 * cols.len() as u64);
+            while next_start < big.len() && big[next_start].start <= mid {
+                active.insert(next_start);
+                next_start += 1;
+            }
+            while next_end < by_end.len() && big[by_end[next_end]].end.is_some_and(|e| e <= mid) {
+                active.remove(&by_end[next_end]);
+                next_end += 1;
+            }
+            let mut acc = 0u64;
+            let mut bands: Vec<(u64, Color)> = active
+                .iter()
+                .map(|&i| {
+                    acc += big[i].size;
+                    // Neighbours alternate their category's colour with a neutral one so
+                    // each band stays distinct.
+                    let c = if i % 2 == 0 { theme.category(big[i].category) } else { theme.ui.dim };
+                    (eighths(acc), c)
+                })
+                .collect();
+            if col.total > acc {
+                bands.push((eighths(col.total), theme.chart.gauge_empty));
+            }
+            bands
+        })
+        .collect()
 }
 
 /// (capture-clock ns, bytes used) of the engine's device, when NVML is the source.
@@ -428,7 +466,7 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme
     f.render_widget(Paragraph::new(vec![line, Line::from(hints)]), area);
 }
 
-pub fn render_help(f: &mut Frame, area: Rect, keys: &KeyMap, theme: &Theme) {
+pub fn render_help<A: Bindable>(f: &mut Frame, area: Rect, keys: &KeyMap<A>, theme: &Theme) {
     let rows = keys.help_rows();
     let h = (rows.len() as u16 + 4).min(area.height);
     let w = 54.min(area.width);

@@ -2,5 +2,6 @@
 
 pub mod format;
 pub mod live;
+pub mod snapshot_viewer;
 pub mod theme;
 pub mod watch;

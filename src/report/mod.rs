@@ -1,3 +1,5 @@
-//! Headless output: per-step lines and JSON.
+//! Headless output: per-step lines and JSON, and the analyses of snapshot files.
 
 pub mod headless;
+pub mod diff;
+pub mod snapshot_summary;

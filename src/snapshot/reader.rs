@@ -258,6 +258,7 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    #[inline]
     fn take(&mut self, n: usize, what: &dyn Fn() -> String) -> Result<&'a [u8], ReadError> {
         let remaining = self.data.len() - self.pos;
         if n > remaining {
@@ -271,6 +272,7 @@ impl<'a> Cursor<'a> {
         Ok(s)
     }
 
+    #[inline]
     fn fixed<const N: usize>(&mut self, what: &str, opname: &str) -> Result<[u8; N], ReadError> {
         let s = self.take(N, &|| format!("{N}-byte {what} for {opname}"))?;
         let mut a = [0u8; N];
@@ -288,6 +290,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// Decode the opcode at `self.pos`; returns it with its starting offset.
+    #[inline]
     fn next(&mut self) -> Result<(usize, Op<'a>), ReadError> {
         let at = self.pos;
         let Some(&code) = self.data.get(at) else {
@@ -440,6 +443,7 @@ struct MemoRefs {
 }
 
 impl MemoRefs {
+    #[inline]
     fn slot(&self, idx: u32) -> Option<usize> {
         let w = *self.words.get((idx / 64) as usize)?;
         let bit = 1u64 << (idx % 64);
@@ -491,6 +495,41 @@ fn prescan(data: &[u8], release: &mut dyn FnMut(usize)) -> Result<MemoRefs, Read
             release(cur.pos);
             next_release = cur.pos + RELEASE_STEP;
         }
+        // The opcodes that make up nearly all of a snapshot, skipped without decoding
+        // when complete; anything else (or a truncated one) takes the full decoder.
+        if let Some((idx, n)) = memo_ref(&data[cur.pos..]) {
+            mark_get(&mut words, len, idx, cur.pos)?;
+            cur.pos += n;
+            continue;
+        }
+        match &data[cur.pos..] {
+            [op::MEMOIZE, ..] => {
+                let idx = len;
+                memo_put(&mut len, idx, cur.pos)?;
+                cur.pos += 1;
+                continue;
+            }
+            [op::MARK
+            | op::EMPTY_DICT
+            | op::EMPTY_LIST
+            | op::SETITEMS
+            | op::APPENDS
+            | op::NONE
+            | op::NEWTRUE
+            | op::NEWFALSE, ..] => {
+                cur.pos += 1;
+                continue;
+            }
+            [op::BININT1, _, ..] => {
+                cur.pos += 2;
+                continue;
+            }
+            [op::SHORT_BINUNICODE, n, rest @ ..] if rest.len() >= *n as usize => {
+                cur.pos += 2 + *n as usize;
+                continue;
+            }
+            _ => {}
+        }
         let (at, o) = cur.next()?;
         match o {
             Op::Stop => break,
@@ -500,14 +539,7 @@ fn prescan(data: &[u8], release: &mut dyn FnMut(usize)) -> Result<MemoRefs, Read
                 memo_put(&mut len, idx, at)?
             }
             Op::Put(idx) => memo_put(&mut len, idx, at)?,
-            Op::Get(idx) => {
-                memo_get_check(len, idx, at)?;
-                let w = (idx / 64) as usize;
-                if words.len() <= w {
-                    words.resize(w + 1, 0);
-                }
-                words[w] |= 1 << (idx % 64);
-            }
+            Op::Get(idx) => mark_get(&mut words, len, idx, at)?,
             _ => {}
         }
     }
@@ -518,6 +550,28 @@ fn prescan(data: &[u8], release: &mut dyn FnMut(usize)) -> Result<MemoRefs, Read
         acc += w.count_ones();
     }
     Ok(MemoRefs { words, ranks })
+}
+
+/// A complete BINGET or LONG_BINGET at the start of `bytes`: its memo index and length.
+#[inline]
+fn memo_ref(bytes: &[u8]) -> Option<(u32, usize)> {
+    match bytes {
+        [op::BINGET, i, ..] => Some((*i as u32, 2)),
+        [op::LONG_BINGET, a, b, c, d, ..] => Some((u32::from_le_bytes([*a, *b, *c, *d]), 5)),
+        _ => None,
+    }
+}
+
+/// Record that memo slot `idx` is read back (checked against the `len` slots defined).
+#[inline]
+fn mark_get(words: &mut Vec<u64>, len: u32, idx: u32, at: usize) -> Result<(), ReadError> {
+    memo_get_check(len, idx, at)?;
+    let w = (idx / 64) as usize;
+    if words.len() <= w {
+        words.resize(w + 1, 0);
+    }
+    words[w] |= 1 << (idx % 64);
+    Ok(())
 }
 
 fn check_proto(v: u8, offset: usize) -> Result<(), ReadError> {
@@ -603,20 +657,55 @@ impl<'a> Value<'a> {
     }
 
     /// Values a memo slot can hold by copy; containers go to the arena instead.
-    fn cheap_copy(&self) -> Option<Value<'a>> {
+    fn cheap_copy(&self) -> Option<Memo<'a>> {
         Some(match self {
-            Value::None => Value::None,
-            Value::Bool(b) => Value::Bool(*b),
-            Value::Int(i) => Value::Int(*i),
-            Value::UInt(u) => Value::UInt(*u),
-            Value::Float(f) => Value::Float(*f),
-            Value::Str(s) => Value::Str(s),
-            Value::Bytes(b) => Value::Bytes(b),
-            Value::Shared(h) => Value::Shared(*h),
-            Value::Frame(f) => Value::Frame(*f),
-            Value::Stack(s) => Value::Stack(*s),
+            Value::None => Memo::None,
+            Value::Bool(b) => Memo::Bool(*b),
+            Value::Int(i) => Memo::Int(*i),
+            Value::UInt(u) => Memo::UInt(*u),
+            Value::Float(f) => Memo::Float(*f),
+            Value::Str(s) => Memo::Str(s),
+            Value::Bytes(b) => Memo::Bytes(b),
+            Value::Shared(h) => Memo::Shared(*h),
+            Value::Frame(f) => Memo::Frame(*f),
+            Value::Stack(s) => Memo::Stack(*s),
             _ => return None,
         })
+    }
+}
+
+/// What a memo slot holds: the `Value`s that copy cheaply, as a small `Copy` type so
+/// the millions of BINGETs copy 24 bytes and never run `Value`'s drop or clone.
+#[derive(Clone, Copy, Debug, Default)]
+enum Memo<'a> {
+    #[default]
+    None,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+    Shared(u32),
+    Frame(FrameId),
+    Stack(StackId),
+}
+
+impl<'a> Memo<'a> {
+    #[inline]
+    fn value(self) -> Value<'a> {
+        match self {
+            Memo::None => Value::None,
+            Memo::Bool(b) => Value::Bool(b),
+            Memo::Int(i) => Value::Int(i),
+            Memo::UInt(u) => Value::UInt(u),
+            Memo::Float(f) => Value::Float(f),
+            Memo::Str(s) => Value::Str(s),
+            Memo::Bytes(b) => Value::Bytes(b),
+            Memo::Shared(h) => Value::Shared(h),
+            Memo::Frame(f) => Value::Frame(f),
+            Memo::Stack(s) => Value::Stack(s),
+        }
     }
 }
 
@@ -869,20 +958,110 @@ fn classify(pairs: &[Value<'_>], keys: &KeyCache) -> Option<Kind> {
     }
 }
 
+/// Stack interning, the hottest lookup of a snapshot (one per trace entry, 20-40 frames
+/// each, and distinct stacks too many for the cache): an open-addressing table whose
+/// slots carry a hash tag and where the stack's frames lie in one flat pool, so a
+/// lookup costs two memory accesses (slot, frames) and one comparison.
+#[derive(Default)]
+struct StackTable {
+    stacks: Vec<Vec<FrameId>>,
+    /// The frames of every stack, back to back: `pool[slot.start..][..slot.len]`.
+    pool: Vec<FrameId>,
+    /// Power-of-two length, at most half full; `id == 0` marks an empty slot.
+    slots: Vec<StackSlot>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct StackSlot {
+    tag: u32,
+    len: u32,
+    start: u32,
+    /// Stack id + 1.
+    id: u32,
+}
+
+impl StackTable {
+    fn hash(ids: &[FrameId]) -> u64 {
+        let mut h = FastHasher(ids.len() as u64);
+        let mut pairs = ids.chunks_exact(2);
+        for p in &mut pairs {
+            h.add((p[0] as u64) << 32 | p[1] as u64);
+        }
+        if let [last] = pairs.remainder() {
+            h.add(*last as u64);
+        }
+        h.finish()
+    }
+
+    /// The id of this stack, added if new; `None` when the table is full (4 G stacks
+    /// or frames).
+    fn intern(&mut self, ids: Vec<FrameId>) -> Option<StackId> {
+        let h = Self::hash(&ids);
+        let tag = (h >> 32) as u32;
+        if self.slots.is_empty() {
+            self.slots = vec![StackSlot::default(); 1024];
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = h as usize & mask;
+        loop {
+            let s = self.slots[i];
+            if s.id == 0 {
+                break;
+            }
+            if s.tag == tag
+                && s.len as usize == ids.len()
+                && self
+                    .pool
+                    .get(s.start as usize..s.start as usize + ids.len())
+                    == Some(&ids)
+            {
+                return Some(s.id - 1);
+            }
+            i = (i + 1) & mask;
+        }
+        let id = StackId::try_from(self.stacks.len()).ok()?;
+        self.slots[i] = StackSlot {
+            tag,
+            len: u32::try_from(ids.len()).ok()?,
+            start: u32::try_from(self.pool.len()).ok()?,
+            id: id.checked_add(1)?,
+        };
+        self.pool.extend_from_slice(&ids);
+        self.stacks.push(ids);
+        if self.stacks.len() * 2 > self.slots.len() {
+            self.grow();
+        }
+        Some(id)
+    }
+
+    fn grow(&mut self) {
+        let mut slots = vec![StackSlot::default(); self.slots.len() * 2];
+        let mask = slots.len() - 1;
+        for s in self.slots.iter().filter(|s| s.id != 0) {
+            let ids = &self.pool[s.start as usize..][..s.len as usize];
+            let mut i = Self::hash(ids) as usize & mask;
+            while slots[i].id != 0 {
+                i = (i + 1) & mask;
+            }
+            slots[i] = *s;
+        }
+        self.slots = slots;
+    }
+}
+
 struct Vm<'a> {
     cur: Cursor<'a>,
     stack: Vec<Value<'a>>,
     marks: Vec<usize>,
     refs: MemoRefs,
-    memo: Vec<Value<'a>>,
+    memo: Vec<Memo<'a>>,
     memo_len: u32,
     arena: Vec<Value<'a>>,
     /// The memo slot of each arena entry, to store converted frames/stacks there too.
     arena_memo: Vec<usize>,
     frames: Vec<Frame>,
     frame_ids: FastMap<(&'a str, &'a str, i64), FrameId>,
-    stacks: Vec<Vec<FrameId>>,
-    stack_ids: FastMap<Vec<FrameId>, StackId>,
+    stacks: StackTable,
     scratch: Vec<Value<'a>>,
     frame_scratch: Vec<FrameId>,
     keys: KeyCache,
@@ -899,7 +1078,7 @@ fn malformed(offset: usize, detail: impl Into<String>) -> ReadError {
 
 impl<'a> Vm<'a> {
     fn new(data: &'a [u8], refs: MemoRefs) -> Self {
-        let memo = vec![Value::None; refs.count()];
+        let memo = vec![Memo::None; refs.count()];
         Vm {
             cur: Cursor { data, pos: 0 },
             stack: Vec::with_capacity(4096),
@@ -911,8 +1090,7 @@ impl<'a> Vm<'a> {
             arena_memo: Vec::new(),
             frames: Vec::new(),
             frame_ids: FastMap::default(),
-            stacks: Vec::new(),
-            stack_ids: FastMap::default(),
+            stacks: StackTable::default(),
             scratch: Vec::new(),
             frame_scratch: Vec::new(),
             keys: KeyCache::new(),
@@ -950,6 +1128,31 @@ impl<'a> Vm<'a> {
             if self.cur.pos >= next_release {
                 release(self.cur.pos);
                 next_release = self.cur.pos + RELEASE_STEP;
+            }
+            // The opcodes that make up nearly all of a snapshot, run straight from the
+            // bytes when complete; anything else (or a truncated one) is decoded fully.
+            let at = self.cur.pos;
+            self.at = at;
+            let rest = &self.cur.data[at..];
+            let fast = match rest {
+                [op::BINGET | op::LONG_BINGET, ..] => match memo_ref(rest) {
+                    Some((idx, len)) => Some((self.memo_get(idx)?, len)),
+                    None => None,
+                },
+                [op::BININT1, i, ..] => Some((Value::Int(*i as i64), 2)),
+                [op::EMPTY_DICT, ..] => Some((Value::Dict(Seq::default()), 1)),
+                [op::EMPTY_LIST, ..] => Some((Value::List(ListData::Values(Seq::default())), 1)),
+                [op::MEMOIZE, ..] => {
+                    self.cur.pos += 1;
+                    self.put(self.memo_len)?;
+                    continue;
+                }
+                _ => None,
+            };
+            if let Some((v, len)) = fast {
+                self.cur.pos += len;
+                self.stack.push(v);
+                continue;
             }
             let (at, o) = self.cur.next()?;
             self.at = at;
@@ -993,7 +1196,7 @@ impl<'a> Vm<'a> {
                     let v = top.cheap_copy().ok_or_else(|| {
                         malformed(at, format!("DUP of {} is not supported", top.kind()))
                     })?;
-                    self.stack.push(v);
+                    self.stack.push(v.value());
                 }
                 Op::None => self.stack.push(Value::None),
                 Op::Bool(b) => self.stack.push(Value::Bool(b)),
@@ -1082,15 +1285,28 @@ impl<'a> Vm<'a> {
             .refs
             .slot(idx)
             .ok_or_else(|| malformed(self.at, "memo slot was not seen by the pre-scan"))?;
-        Ok(match &self.memo[slot] {
+        Ok(match self.memo[slot] {
             // Converted shared records are pushed by value: no lookup later.
-            Value::Shared(h) => match &self.arena[*h as usize] {
+            Memo::Shared(h) => match &self.arena[h as usize] {
                 Value::Frame(f) => Value::Frame(*f),
                 Value::Stack(s) => Value::Stack(*s),
-                _ => Value::Shared(*h),
+                _ => Value::Shared(h),
             },
-            v => v.cheap_copy().unwrap_or_default(),
+            m => m.value(),
         })
+    }
+
+    /// The frame a memo index holds once converted; anything else (including an index
+    /// out of range) is `None` and left to the generic BINGET.
+    #[inline]
+    fn memo_frame(&self, idx: u32) -> Option<FrameId> {
+        if idx >= self.memo_len {
+            return None;
+        }
+        match self.memo.get(self.refs.slot(idx)?)? {
+            Memo::Frame(f) => Some(*f),
+            _ => None,
+        }
     }
 
     /// Fast path for the bulk of a snapshot, a stack written as `MARK BINGET... APPENDS`
@@ -1101,24 +1317,18 @@ impl<'a> Vm<'a> {
         let mut ids = std::mem::take(&mut self.frame_scratch);
         let data = self.cur.data;
         loop {
-            let (idx, len) = match data.get(self.cur.pos..) {
-                Some([op::BINGET, i, ..]) => (*i as u32, 2),
-                Some([op::LONG_BINGET, a, b, c, d, ..]) => {
-                    (u32::from_le_bytes([*a, *b, *c, *d]), 5)
-                }
-                _ => break,
+            let Some((idx, len)) = memo_ref(&data[self.cur.pos..]) else {
+                break;
             };
-            self.at = self.cur.pos;
-            match self.memo_get(idx)? {
-                Value::Frame(f) => ids.push(f),
-                _ => break,
+            match self.memo_frame(idx) {
+                Some(f) => ids.push(f),
+                None => break,
             }
             self.cur.pos += len;
         }
-        let closes = data.get(self.cur.pos) == Some(&op::APPENDS);
-        let target = self.frame_list_below_mark();
-        match target {
-            Some(list) if closes && !ids.is_empty() => {
+        let closes = !ids.is_empty() && data.get(self.cur.pos) == Some(&op::APPENDS);
+        match self.frame_list_below_mark().filter(|_| closes) {
+            Some(list) => {
                 match list {
                     ListData::Frames(v) => v.extend_from_slice(&ids),
                     list => *list = ListData::Frames(ids.clone()),
@@ -1127,7 +1337,7 @@ impl<'a> Vm<'a> {
                 self.cur.pos += 1;
                 self.marks.pop();
             }
-            _ => self.stack.extend(ids.iter().map(|&f| Value::Frame(f))),
+            None => self.stack.extend(ids.iter().map(|&f| Value::Frame(f))),
         }
         ids.clear();
         self.frame_scratch = ids;
@@ -1223,7 +1433,7 @@ impl<'a> Vm<'a> {
                     .map_err(|_| malformed(self.at, "too many shared containers"))?;
                 self.arena.push(std::mem::replace(top, Value::Shared(h)));
                 self.arena_memo.push(slot);
-                Value::Shared(h)
+                Memo::Shared(h)
             }
         };
         self.memo[slot] = v;
@@ -1394,14 +1604,9 @@ impl<'a> Vm<'a> {
     }
 
     fn intern_stack(&mut self, ids: Vec<FrameId>) -> Result<StackId, ReadError> {
-        if let Some(&id) = self.stack_ids.get(ids.as_slice()) {
-            return Ok(id);
-        }
-        let id = StackId::try_from(self.stacks.len())
-            .map_err(|_| malformed(self.at, "too many stacks"))?;
-        self.stacks.push(ids.clone());
-        self.stack_ids.insert(ids, id);
-        Ok(id)
+        self.stacks
+            .intern(ids)
+            .ok_or_else(|| malformed(self.at, "too many stacks"))
     }
 
     /// A `frames` value as an interned stack.
@@ -1804,7 +2009,7 @@ impl<'a> Vm<'a> {
             });
         }
         snap.frames = self.frames;
-        snap.stacks = self.stacks;
+        snap.stacks = self.stacks.stacks;
         Ok(snap)
     }
 

@@ -190,6 +190,8 @@ pub struct TimelineBuilder {
     open: HashMap<u64, u32>,
     pending_free: Option<(u64, usize)>,
     fed: usize,
+    /// Blocks added by `add_alive_throughout` so far (counting them per call was quadratic).
+    alive_throughout: i64,
 }
 
 const SEGMENT_BLOCK_KEY: i64 = -(1 << 48);
@@ -231,11 +233,8 @@ impl TimelineBuilder {
     pub fn add_alive_throughout(&mut self, addr: u64, size: u64, stack: StackId, category: u16) {
         self.ensure_category(category);
         let tl = &mut self.tl;
-        let ordinal = tl
-            .stack_keys
-            .iter()
-            .filter(|&&k| k <= SEGMENT_BLOCK_KEY)
-            .count() as i64;
+        let ordinal = self.alive_throughout;
+        self.alive_throughout += 1;
         tl.stack_keys.push(SEGMENT_BLOCK_KEY - ordinal);
         tl.allocations.push(TimelineAlloc {
             addr,

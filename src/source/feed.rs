@@ -44,6 +44,7 @@ pub fn next_item(batches: &Receiver<Batch>, reports: &Receiver<Report>, gauges: 
 }
 
 /// An engine's items in order, ending after `Report::Finished` (for headless consumers).
+/// An engine thread that goes away without finishing (a panic) ends with an error report.
 pub fn engine_items(engine: &Engine) -> impl Iterator<Item = Incoming> + '_ {
     let mut finished = false;
     std::iter::from_fn(move || {
@@ -51,8 +52,9 @@ pub fn engine_items(engine: &Engine) -> impl Iterator<Item = Incoming> + '_ {
             // What the engine sent before finishing still belongs to the session.
             return engine.batches.try_recv().ok().map(Incoming::Batch);
         }
-        let item = next_item(&engine.batches, &engine.reports, None)?;
-        finished = matches!(item, Incoming::Report(Report::Finished));
+        let item = next_item(&engine.batches, &engine.reports, None)
+            .unwrap_or_else(|| Incoming::Report(Report::Error("the training engine stopped without saying why".into())));
+        finished = matches!(item, Incoming::Report(Report::Finished | Report::Error(_)));
         Some(item)
     })
 }

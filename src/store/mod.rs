@@ -3,7 +3,9 @@
 
 pub mod history;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
 use crate::event::{Action, Batch, Category, MemEvent, Phase};
@@ -32,8 +34,8 @@ pub struct LiveAlloc {
     pub phase: Phase,
     pub step: u32,
     pub scope: u32,
-    /// Key in `Store::spans`.
-    span: u64,
+    /// Index in `Store::spans`.
+    span: usize,
 }
 
 /// Something worth a marker on the timeline, at a history index.
@@ -66,10 +68,9 @@ pub struct LogLine {
 
 pub struct Store {
     pub history: History,
-    live: HashMap<u64, LiveAlloc>,
+    live: FxHashMap<u64, LiveAlloc>,
     /// Allocations in the order they were made (memory_viz stacks bands in this order).
-    pub spans: BTreeMap<u64, AllocSpan>,
-    next_span: u64,
+    spans: Vec<AllocSpan>,
     /// History start when spans were last pruned.
     pruned_at: u64,
     /// Phase changes by history index, oldest first.
@@ -100,9 +101,8 @@ impl Store {
     pub fn new(history_cap: usize) -> Store {
         Store {
             history: History::new(history_cap),
-            live: HashMap::new(),
-            spans: BTreeMap::new(),
-            next_span: 0,
+            live: FxHashMap::default(),
+            spans: Vec::new(),
             pruned_at: 0,
             phases: VecDeque::new(),
             markers: VecDeque::new(),
@@ -169,9 +169,8 @@ impl Store {
         };
         match e.action {
             Action::Alloc => {
-                let span = self.next_span;
-                self.next_span += 1;
-                self.spans.insert(span, AllocSpan { start: self.history.end(), end: None, size: e.size, addr: e.addr, category: e.category });
+                let span = self.spans.len();
+                self.spans.push(AllocSpan { start: self.history.end(), end: None, size: e.size, addr: e.addr, category: e.category });
                 self.live.insert(
                     e.addr,
                     LiveAlloc { addr: e.addr, size: e.size, category: e.category, phase: e.phase, step: e.step, scope: e.scope, span },
@@ -183,9 +182,7 @@ impl Store {
                 if let Some(l) = self.live.remove(&e.addr) {
                     entry.delta = -(l.size as i64);
                     entry.category = l.category;
-                    if let Some(s) = self.spans.get_mut(&l.span) {
-                        s.end = Some(self.history.end());
-                    }
+                    self.spans[l.span].end = Some(self.history.end());
                 }
             }
             Action::SegmentAlloc | Action::SegmentMap => entry.reserved_delta = e.size as i64,
@@ -205,9 +202,7 @@ impl Store {
             return;
         }
         let from = std::mem::replace(&mut l.category, to);
-        if let Some(s) = self.spans.get_mut(&l.span) {
-            s.category = to;
-        }
+        self.spans[l.span].category = to;
         let size = l.size as i64;
         let last = self.history.end().checked_sub(1).and_then(|i| self.history.get(i).copied());
         let (t_ns, phase, step) = last.map(|e| (e.t_ns, e.phase, e.step)).unwrap_or((0, Phase::Other, 0));
@@ -224,10 +219,21 @@ impl Store {
         while self.markers.front().is_some_and(|(i, _)| *i < index) {
             self.markers.pop_front();
         }
-        // Spans that ended before the history start can go (checked only when the history
-        // itself was trimmed, which is rare).
+        // Spans that ended before the history start can go (only when the history itself
+        // was trimmed, which is rare); live allocations' indices move with them.
         if index > self.pruned_at {
-            self.spans.retain(|_, s| s.end.is_none_or(|e| e >= index));
+            let mut remap = vec![usize::MAX; self.spans.len()];
+            let mut kept = 0;
+            for (i, s) in self.spans.iter().enumerate() {
+                if s.end.is_none_or(|e| e >= index) {
+                    remap[i] = kept;
+                    kept += 1;
+                }
+            }
+            self.spans.retain(|s| s.end.is_none_or(|e| e >= index));
+            for l in self.live.values_mut() {
+                l.span = remap[l.span];
+            }
             self.pruned_at = index;
         }
     }
@@ -323,9 +329,12 @@ impl Store {
         v
     }
 
-    /// Allocations alive at some point of [from, to), in allocation order.
-    pub fn spans_in(&self, from: u64, to: u64) -> impl Iterator<Item = &AllocSpan> {
-        self.spans.values().filter(move |s| s.start < to && s.end.is_none_or(|e| e > from))
+    /// Allocations of at least `min_size` bytes alive at some point of [from, to), in
+    /// allocation order. (Smaller ones cannot show as bands of their own.)
+    pub fn spans_in(&self, from: u64, to: u64, min_size: u64) -> impl Iterator<Item = &AllocSpan> {
+        self.spans
+            .iter()
+            .filter(move |s| s.size >= min_size && s.start < to && s.end.is_none_or(|e| e > from))
     }
 
     pub fn scope_name(&self, id: u32) -> &str {

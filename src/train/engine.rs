@@ -177,15 +177,19 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name(ENGINE_THREAD.into())
             .spawn(move || {
-                let mut worker = match Worker::new(opts, device, batch_tx, rep_tx.clone(), stop2) {
-                    Ok(w) => w,
-                    Err(e) => {
-                        let _ = rep_tx.send(Report::Error(format!("{e:#}")));
-                        let _ = rep_tx.send(Report::Finished);
-                        return;
+                // Steps catch their own failures; this catches a bug anywhere else, so the
+                // consumer always hears why the engine ended.
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    match Worker::new(opts, device, batch_tx, rep_tx.clone(), stop2) {
+                        Ok(mut worker) => worker.run(ctl_rx),
+                        Err(e) => {
+                            let _ = rep_tx.send(Report::Error(format!("{e:#}")));
+                        }
                     }
-                };
-                worker.run(ctl_rx);
+                }));
+                if let Err(p) = outcome {
+                    let _ = rep_tx.send(Report::Error(format!("the training engine failed: {}", panic_message(&p))));
+                }
                 let _ = rep_tx.send(Report::Finished);
             });
         let thread = match thread {
@@ -352,21 +356,13 @@ impl Worker {
 
     /// Gives every (scope, phase) pair its snapshot stack, for scopes interned so far.
     fn refresh_stacks(&mut self) {
-        let count = self.scopes.intern("") as usize; // id 0, always present
-        debug_assert_eq!(count, 0);
-        let mut id = 0u32;
-        loop {
-            let name = self.scopes.name(id);
-            if id != 0 && name.is_empty() {
-                break;
-            }
+        for id in 0..self.scopes.len() as u32 {
             for phase in Phase::ALL {
                 if !self.tracker.stack_of.contains_key(&(id, phase)) {
-                    let s = self.frames.stack_for(&name, phase);
+                    let s = self.frames.stack_for(&self.scopes.name(id), phase);
                     self.tracker.stack_of.insert((id, phase), s);
                 }
             }
-            id += 1;
         }
     }
 
@@ -501,8 +497,9 @@ impl Worker {
         self.raw.clear();
         capture::drain_into(&mut self.raw);
         if self.device.is_cuda() {
-            // CPU-side tensors (scalars, RNG state) are not device memory.
-            self.raw.retain(|e| e.device != CPU_DEVICE);
+            // CPU-side tensors (scalars, RNG state) are not device memory, and other GPUs'
+            // allocators are not the one training.
+            self.raw.retain(|e| e.device != CPU_DEVICE && e.device == 0);
         }
         let raw = std::mem::take(&mut self.raw);
         self.tracker.ingest(&raw);

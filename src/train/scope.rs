@@ -41,6 +41,11 @@ impl Scopes {
         id
     }
 
+    /// Number of scope ids handed out (id 0, "no module", included).
+    pub fn len(&self) -> usize {
+        self.names.borrow().len()
+    }
+
     pub fn name(&self, id: u32) -> String {
         self.names.borrow().get(id as usize).cloned().unwrap_or_default()
     }

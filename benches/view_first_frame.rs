@@ -1,0 +1,104 @@
+//! Time from nothing to `vramscope view`'s first frame on a ~1 GB snapshot, and the peak
+//! RSS it takes: the same library calls the viewer makes before its first draw (read,
+//! timeline + detail view, render), drawn into a 200×60 TestBackend buffer.
+//!
+//! Generates (once, cached under target/bench-data/) a snapshot-shaped pickle with Python:
+//! 4000 segments, millions of trace entries whose allocs and frees pair up the way a
+//! training loop's do, and 20-40 frames per entry drawn from shared frame dicts. Each
+//! measurement runs in a fresh child process so VmHWM is that run's alone.
+//!
+//! Run: `LD_LIBRARY_PATH=$PWD/.libtorch/lib cargo bench --bench view_first_frame`
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use vramscope::app::keys::{KeyMap, ViewAction};
+use vramscope::app::snapshot_viewer::{ViewerData, ViewerUi};
+use vramscope::render::snapshot_viewer::render_viewer_to_buffer;
+use vramscope::render::theme::Theme;
+use vramscope::snapshot::read_snapshot_file;
+
+const ENTRIES: usize = 4_500_000;
+
+const GENERATOR: &str = r#"
+import os, pickle, random, sys
+random.seed(11)
+out, n = sys.argv[1], int(sys.argv[2])
+frames = [{'name': f'layer_{i}.forward', 'filename': f'/home/user/project/pkg/module_{i % 300}.py', 'line': (i * 37) % 2000}
+          for i in range(5000)]
+stacks = [random.sample(frames, random.randint(20, 40)) for _ in range(20000)]
+base = 0x7f0000000000
+segments = []
+for s in range(4000):
+    addr = base + s * (20 << 20)
+    blocks = [{'address': addr + b * (2 << 20), 'size': 2 << 20, 'requested_size': (2 << 20) - b * 512,
+               'state': ('active_allocated', 'inactive')[b % 2], 'frames': list(random.choice(stacks))}
+              for b in range(10)]
+    segments.append({'device': 0, 'address': addr, 'total_size': 20 << 20, 'allocated_size': 10 << 20,
+                     'active_size': 10 << 20, 'requested_size': 10 << 20, 'stream': 0, 'segment_type': 'large',
+                     'segment_pool_id': (0, 0), 'is_expandable': False, 'frames': list(random.choice(stacks)), 'blocks': blocks})
+trace, live, nxt, t = [], [], base + (1 << 40), 1759252584402607
+def entry(action, addr, size, stack):
+    global t
+    t += 3
+    return {'action': action, 'addr': addr, 'size': size, 'stream': 0, 'time_us': t,
+            'compile_context': '', 'user_metadata': '', 'frames': list(stack)}
+while len(trace) < n:
+    # Activations pile up (forward) then drain (backward), around a steady core.
+    grow = (len(trace) // 200000) % 2 == 0
+    if not live or random.random() < (0.62 if grow else 0.4):
+        stack = random.choice(stacks)
+        size = random.choice((512, 4096, 1 << 20, 3 << 20, 16 << 20)) + random.randrange(512)
+        trace.append(entry('alloc', nxt, size, stack))
+        live.append((nxt, size, stack))
+        nxt += 1 << 25
+        if len(trace) % 997 == 0:
+            trace.append(entry('segment_alloc', nxt, 20 << 20, stack))
+    else:
+        addr, size, stack = live.pop(random.randrange(len(live)))
+        trace.append(entry('free_requested', addr, size, stack))
+        trace.append(entry('free_completed', addr, size, stack))
+settings = {'PYTORCH_CUDA_ALLOC_CONF': '', 'max_split_size': -1, 'garbage_collection_threshold': 0.0,
+            'expandable_segments': False, 'roundup_power2_divisions': {str(1 << k): 0 for k in range(16)}}
+marks = [{'name': 'Optimizer.step#AdamW.step', 'stage': st, 'device': 0, 'time_us': 1759252584402607 + k * 300000}
+         for k, st in enumerate(['START', 'END'] * 20)]
+snap = {'segments': segments, 'device_traces': [trace], 'allocator_settings': settings, 'external_annotations': marks}
+with open(out + '.tmp', 'wb') as f:
+    pickle.dump(snap, f, protocol=4)
+os.replace(out + '.tmp', out)
+"#;
+
+/// Child mode: one first frame from a cold process; prints read, build, render seconds
+/// and peak RSS in KiB.
+fn child(path: &Path) {
+    let t0 = Instant::now();
+    let snap = read_snapshot_file(path).expect("read");
+    let read = t0.elapsed().as_secs_f64();
+    let data = ViewerData::new("bench".into(), snap, 0);
+    let ui = ViewerUi::new(&data);
+    let built = t0.elapsed().as_secs_f64();
+    let buf = render_viewer_to_buffer(&data, &ui, &KeyMap::<ViewAction>::default(), &Theme::load("dark").unwrap(), 200, 60);
+    let total = t0.elapsed().as_secs_f64();
+    assert!(buf.area.width == 200);
+    println!("{read} {} {} {} {} {}", built - read, total - built, total, common::status_kib("VmHWM"), data.snap.trace_entry_count());
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        return child(Path::new(&args[i + 1]));
+    }
+    let path = common::generated(&format!("view-{ENTRIES}.pickle"), GENERATOR, &ENTRIES.to_string());
+    let size = std::fs::metadata(&path).expect("data file").len();
+    println!("file: {} ({:.1} MB)", path.display(), size as f64 / 1e6);
+    println!("run  read_s  timeline_s  render_s  first_frame_s  peak_rss_MB  entries");
+    for run in 1..=3 {
+        let out = Command::new(std::env::current_exe().unwrap()).arg("--child").arg(&path).output().expect("child");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Vec<f64> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|x| x.parse().unwrap()).collect();
+        println!("{run}  {:.3}  {:.3}  {:.3}  {:.3}  {:.1}  {}", v[0], v[1], v[2], v[3], v[4] / 1024.0, v[5]);
+    }
+}

@@ -1,0 +1,471 @@
+//! `vramscope view FILE`: a snapshot in the terminal. The loaded data (snapshot, timeline,
+//! lazily computed analyses), the UI state the keys change, and the loop that owns the
+//! terminal.
+
+use std::cell::OnceCell;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use crossterm::event::{self, Event, KeyCode, KeyEventKind};
+
+use crate::app::keys::{KeyMap, ViewAction};
+use crate::render::snapshot_viewer::{plot_columns, render_viewer};
+use crate::render::theme::{ColorSupport, Theme, BUILTIN};
+use crate::report::snapshot_summary::{
+    annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_peak,
+    segment_stats, AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
+};
+use crate::snapshot::model::Snapshot;
+use crate::snapshot::timeline::{DetailView, StackColumn, Timeline};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ViewArgs {
+    /// A snapshot pickle (vramscope's or torch.cuda.memory._dump_snapshot's).
+    pub file: PathBuf,
+    /// Print a report instead of opening the viewer.
+    #[arg(long)]
+    pub summary: bool,
+    /// With --summary: the report as JSON.
+    #[arg(long, requires = "summary")]
+    pub json: bool,
+    /// Device whose trace to show.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// With --summary: how many of the largest allocations to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Colour theme: dark, light, ansi16, or a theme file's path.
+    #[arg(long, default_value = "dark")]
+    pub theme: String,
+    /// A TOML file whose [keys] table overrides the viewer's key bindings.
+    #[arg(long)]
+    pub keys: Option<PathBuf>,
+}
+
+/// Share of allocations drawn one by one, in percent, for the detail control.
+pub const DETAIL_STEPS: [f64; 9] = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0];
+/// memory_viz draws this many allocations one by one by default.
+const DEFAULT_DRAWN: usize = 15_000;
+/// Narrowest zoom, in timeline actions.
+const MIN_WINDOW: usize = 16;
+
+/// The snapshot, one device's timeline, and what the panels compute from them on demand.
+pub struct ViewerData {
+    pub name: String,
+    pub snap: Snapshot,
+    pub device: usize,
+    pub tl: Timeline,
+    pub detail: DetailView,
+    pub detail_step: usize,
+    largest: OnceCell<Vec<u32>>,
+    segments: OnceCell<(Vec<SegmentStats>, SegmentTotals)>,
+    breakdown: OnceCell<Breakdown>,
+    marks: OnceCell<Vec<AnnotationMark>>,
+    reserved: OnceCell<(u64, u64)>,
+}
+
+fn drawn_count(step: usize, allocations: usize) -> usize {
+    ((allocations as f64 * DETAIL_STEPS[step] / 100.0).ceil() as usize).min(allocations)
+}
+
+impl ViewerData {
+    /// Everything the first frame needs: the timeline of `device` and its detail view.
+    pub fn new(name: String, snap: Snapshot, device: usize) -> ViewerData {
+        let tl = Timeline::from_snapshot(&snap, device);
+        let n = tl.allocations.len();
+        let detail_step = (0..DETAIL_STEPS.len()).rev().find(|&s| drawn_count(s, n) <= DEFAULT_DRAWN).unwrap_or(0);
+        let detail = tl.detail(drawn_count(detail_step, n));
+        ViewerData {
+            name,
+            snap,
+            device,
+            tl,
+            detail,
+            detail_step,
+            largest: OnceCell::new(),
+            segments: OnceCell::new(),
+            breakdown: OnceCell::new(),
+            marks: OnceCell::new(),
+            reserved: OnceCell::new(),
+        }
+    }
+
+    pub fn open(path: &Path, device: usize) -> anyhow::Result<ViewerData> {
+        let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
+        let devices = snap.device_traces.len().max(1);
+        anyhow::ensure!(device < devices, "{}: no device {device} (the file has {devices})", path.display());
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(ViewerData::new(name, snap, device))
+    }
+
+    pub fn drawn(&self) -> usize {
+        self.detail.drawn.len()
+    }
+
+    pub fn set_detail_step(&mut self, step: usize) {
+        self.detail_step = step.min(DETAIL_STEPS.len() - 1);
+        self.detail = self.tl.detail(drawn_count(self.detail_step, self.tl.allocations.len()));
+    }
+
+    pub fn largest(&self) -> &[u32] {
+        self.largest.get_or_init(|| largest_ids(&self.tl))
+    }
+
+    pub fn segments(&self) -> &(Vec<SegmentStats>, SegmentTotals) {
+        self.segments.get_or_init(|| segment_stats(&self.snap, self.device))
+    }
+
+    pub fn breakdown(&self) -> &Breakdown {
+        self.breakdown.get_or_init(|| breakdown_at_peak(&self.snap, &self.tl, has_categories(&self.tl)))
+    }
+
+    pub fn marks(&self) -> &[AnnotationMark] {
+        self.marks.get_or_init(|| annotation_marks(&self.snap, &self.tl, self.device))
+    }
+
+    /// (peak, final) reserved bytes.
+    pub fn reserved(&self) -> (u64, u64) {
+        *self.reserved.get_or_init(|| reserved_peak(&self.snap, self.device))
+    }
+
+    pub fn stack_at_cursor(&self, ui: &ViewerUi) -> StackColumn {
+        self.tl.stack_at(&self.detail, ui.cursor.min(self.tl.total_events.saturating_sub(1)))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tab {
+    Timeline,
+    Largest,
+    Segments,
+    Categories,
+}
+
+impl Tab {
+    pub const ALL: [Tab; 4] = [Tab::Timeline, Tab::Largest, Tab::Segments, Tab::Categories];
+    pub fn title(self) -> &'static str {
+        match self {
+            Tab::Timeline => "timeline",
+            Tab::Largest => "largest",
+            Tab::Segments => "segments",
+            Tab::Categories => "categories",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortBy {
+    Size,
+    Start,
+    Lifetime,
+}
+
+impl SortBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            SortBy::Size => "size",
+            SortBy::Start => "allocation order",
+            SortBy::Lifetime => "lifetime",
+        }
+    }
+}
+
+/// What the keys change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ViewerUi {
+    pub tab: Tab,
+    /// Visible timeline actions [from, to).
+    pub from: usize,
+    pub to: usize,
+    /// Timeline action under the cursor.
+    pub cursor: usize,
+    /// Selected band at the cursor, counted from the top drawn band.
+    pub band: usize,
+    pub inspector: bool,
+    pub all_frames: bool,
+    pub sort: SortBy,
+    /// Largest list: the applied filter, and the text being typed when searching.
+    pub filter: String,
+    pub typing: Option<String>,
+    /// Largest list: the selected row and the list it indexes (filtered, sorted).
+    pub row: usize,
+    pub rows: Vec<u32>,
+    pub help: bool,
+    pub theme: usize,
+    /// Width of the timeline plot in columns, as last drawn.
+    pub columns: usize,
+}
+
+impl ViewerUi {
+    pub fn new(data: &ViewerData) -> ViewerUi {
+        let mut ui = ViewerUi {
+            tab: Tab::Timeline,
+            from: 0,
+            to: data.tl.total_events,
+            cursor: data.tl.peak_index,
+            band: 0,
+            inspector: false,
+            all_frames: false,
+            sort: SortBy::Size,
+            filter: String::new(),
+            typing: None,
+            row: 0,
+            rows: Vec::new(),
+            help: false,
+            theme: 0,
+            columns: 100,
+        };
+        if data.tl.total_events == 0 {
+            ui.cursor = 0;
+        }
+        ui
+    }
+
+    /// The allocation the inspector shows: the selected band (timeline) or row (list).
+    pub fn selected(&self, data: &ViewerData) -> Option<u32> {
+        match self.tab {
+            Tab::Largest => self.rows.get(self.row).copied(),
+            _ => {
+                let col = data.stack_at_cursor(self);
+                let n = col.bands.len();
+                (n > 0).then(|| col.bands[n - 1 - self.band.min(n - 1)].alloc)
+            }
+        }
+    }
+
+    /// Refills the largest list from the filter and sort order.
+    pub fn refresh_rows(&mut self, data: &ViewerData) {
+        let tl = &data.tl;
+        let needle = self.filter.to_lowercase();
+        let matches_stack: Vec<bool> = if needle.is_empty() {
+            Vec::new()
+        } else {
+            data.snap
+                .stacks
+                .iter()
+                .map(|s| {
+                    s.iter().any(|f| {
+                        let f = &data.snap.frames[*f as usize];
+                        f.name.to_lowercase().contains(&needle) || f.filename.to_lowercase().contains(&needle)
+                    })
+                })
+                .collect()
+        };
+        let hex = needle.trim_start_matches("0x");
+        let keep = |id: &u32| {
+            let a = &tl.allocations[*id as usize];
+            needle.is_empty()
+                || matches_stack.get(a.stack as usize).copied().unwrap_or(false)
+                || (!hex.is_empty() && format!("{:x}", a.addr).contains(hex))
+        };
+        let mut rows: Vec<u32> = data.largest().iter().copied().filter(keep).collect();
+        let life = |id: u32| {
+            let a = &tl.allocations[id as usize];
+            let start = if a.alive_at_start { 0 } else { a.start };
+            a.end.unwrap_or(tl.total_events) - start
+        };
+        match self.sort {
+            SortBy::Size => {}
+            SortBy::Start => rows.sort_by_key(|&id| {
+                let a = &tl.allocations[id as usize];
+                (!a.alive_at_start, a.start, id)
+            }),
+            SortBy::Lifetime => rows.sort_by_key(|&id| (std::cmp::Reverse(life(id)), id)),
+        }
+        self.rows = rows;
+        self.row = self.row.min(self.rows.len().saturating_sub(1));
+    }
+
+    fn step(&self) -> usize {
+        ((self.to - self.from) / self.columns.max(1)).max(1)
+    }
+
+    fn zoom(&mut self, total: usize, width: usize) {
+        let width = width.clamp(MIN_WINDOW.min(total), total.max(1));
+        let from = self.cursor.saturating_sub(width / 2).min(total.saturating_sub(width));
+        self.from = from;
+        self.to = (from + width).min(total);
+    }
+
+    fn move_cursor(&mut self, back: bool, total: usize) {
+        if total == 0 {
+            return;
+        }
+        let step = self.step();
+        self.cursor = if back { self.cursor.saturating_sub(step) } else { (self.cursor + step).min(total - 1) };
+        // Past an edge, the window follows the cursor.
+        let width = self.to - self.from;
+        if self.cursor < self.from {
+            self.from = self.cursor;
+            self.to = self.from + width;
+        } else if self.cursor >= self.to {
+            self.to = (self.cursor + 1).min(total);
+            self.from = self.to - width;
+        }
+    }
+}
+
+/// What a key does to the UI (and the detail level or device of the data).
+pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_count: usize) {
+    let total = data.tl.total_events;
+    match a {
+        ViewAction::NextTab => {
+            let i = Tab::ALL.iter().position(|t| *t == ui.tab).unwrap_or(0);
+            ui.tab = Tab::ALL[(i + 1) % Tab::ALL.len()];
+            if ui.tab == Tab::Largest && ui.rows.is_empty() {
+                ui.refresh_rows(data);
+            }
+        }
+        ViewAction::CursorLeft => ui.move_cursor(true, total),
+        ViewAction::CursorRight => ui.move_cursor(false, total),
+        ViewAction::SelectUp => match ui.tab {
+            Tab::Largest => ui.row = ui.row.saturating_sub(1),
+            _ => ui.band = ui.band.saturating_sub(1),
+        },
+        ViewAction::SelectDown => match ui.tab {
+            Tab::Largest => ui.row = (ui.row + 1).min(ui.rows.len().saturating_sub(1)),
+            _ => ui.band = (ui.band + 1).min(data.stack_at_cursor(ui).bands.len().saturating_sub(1)),
+        },
+        ViewAction::ZoomIn => ui.zoom(total, (ui.to - ui.from) / 2),
+        ViewAction::ZoomOut => ui.zoom(total, (ui.to - ui.from) * 2),
+        ViewAction::DetailLess => data.set_detail_step(data.detail_step.saturating_sub(1)),
+        ViewAction::DetailMore => data.set_detail_step(data.detail_step + 1),
+        ViewAction::JumpToPeak => {
+            ui.cursor = data.tl.peak_index;
+            if !(ui.from..ui.to).contains(&ui.cursor) {
+                ui.zoom(total, ui.to - ui.from);
+            }
+            ui.band = 0;
+        }
+        ViewAction::Inspect => ui.inspector = !ui.inspector,
+        ViewAction::AllFrames => ui.all_frames = !ui.all_frames,
+        ViewAction::Sort => {
+            ui.sort = match ui.sort {
+                SortBy::Size => SortBy::Start,
+                SortBy::Start => SortBy::Lifetime,
+                SortBy::Lifetime => SortBy::Size,
+            };
+            ui.refresh_rows(data);
+        }
+        ViewAction::Search => {
+            ui.tab = Tab::Largest;
+            ui.typing = Some(ui.filter.clone());
+        }
+        ViewAction::NextDevice => {
+            let devices = data.snap.device_traces.len().max(1);
+            let device = (data.device + 1) % devices;
+            if device != data.device {
+                let snap = std::mem::take(&mut data.snap);
+                *data = ViewerData::new(std::mem::take(&mut data.name), snap, device);
+                *ui = ViewerUi { theme: ui.theme, columns: ui.columns, ..ViewerUi::new(data) };
+            }
+        }
+        ViewAction::NextTheme => ui.theme = (ui.theme + 1) % theme_count.max(1),
+        ViewAction::Help => ui.help = !ui.help,
+        ViewAction::Quit => {}
+    }
+    if ui.tab != Tab::Largest {
+        let bands = data.stack_at_cursor(ui).bands.len();
+        ui.band = ui.band.min(bands.saturating_sub(1));
+    }
+}
+
+/// A key typed into the search line: enter applies the filter, esc drops the edit.
+pub fn type_search(code: KeyCode, data: &ViewerData, ui: &mut ViewerUi) {
+    let Some(text) = ui.typing.as_mut() else { return };
+    match code {
+        KeyCode::Char(c) => text.push(c),
+        KeyCode::Backspace => {
+            text.pop();
+        }
+        KeyCode::Enter => {
+            ui.filter = ui.typing.take().unwrap_or_default();
+            ui.row = 0;
+            ui.refresh_rows(data);
+        }
+        KeyCode::Esc => ui.typing = None,
+        _ => {}
+    }
+}
+
+pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
+    if args.summary {
+        let data = ViewerData::open(&args.file, args.device)?;
+        let summary = crate::report::snapshot_summary::summarize(&data.snap, &data.tl, args.device, args.top);
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &summary)?;
+            std::io::Write::write_all(&mut out, b"\n")?;
+        } else {
+            crate::report::snapshot_summary::write_text(&mut out, &data.name, &summary)?;
+        }
+        return Ok(());
+    }
+    let keys = match &args.keys {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
+            KeyMap::<ViewAction>::from_toml(&text).with_context(|| p.display().to_string())?
+        }
+        None => KeyMap::default(),
+    };
+    let support = ColorSupport::detect();
+    let mut themes = vec![Theme::load(&args.theme)?.adapted(support)];
+    for (name, _) in BUILTIN.iter().filter(|(n, _)| *n != args.theme) {
+        themes.push(Theme::load(name)?.adapted(support));
+    }
+    let mut data = ViewerData::open(&args.file, args.device)?;
+    let mut ui = ViewerUi::new(&data);
+    screen_loop(&mut data, &mut ui, &keys, &themes)
+}
+
+/// Puts the terminal back however the loop ends (ratatui's own hook covers panics).
+struct RestoreTerminal;
+
+impl Drop for RestoreTerminal {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
+fn screen_loop(data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewAction>, themes: &[Theme]) -> anyhow::Result<()> {
+    // A hangup or terminate ends the loop like q does, so the terminal is restored.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let mut terminal = ratatui::try_init().context("setting up the terminal")?;
+    let _restore = RestoreTerminal;
+    let mut dirty = true;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if dirty {
+            let width = terminal.size()?.width;
+            ui.columns = plot_columns(width, ui.inspector);
+            terminal.draw(|f| render_viewer(f, data, ui, keys, &themes[ui.theme % themes.len()]))?;
+            dirty = false;
+        }
+        if !event::poll(Duration::from_millis(100))? {
+            continue;
+        }
+        match event::read()? {
+            Event::Key(k) if k.kind != KeyEventKind::Release => {
+                if ui.typing.is_some() {
+                    type_search(k.code, data, ui);
+                } else if let Some(a) = keys.action(&k) {
+                    if a == ViewAction::Quit {
+                        return Ok(());
+                    }
+                    handle(a, data, ui, themes.len());
+                } else if ui.help {
+                    ui.help = false;
+                } else {
+                    continue;
+                }
+            }
+            Event::Resize(..) => {}
+            _ => continue,
+        }
+        dirty = true;
+    }
+    Ok(())
+}

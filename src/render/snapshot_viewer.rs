@@ -1,0 +1,388 @@
+//! `vramscope view`: header, the four views (timeline, largest, segments, categories), the
+//! allocation inspector and the key hints. One pure function per panel.
+
+use ratatui::buffer::Buffer;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, Wrap};
+use ratatui::Frame;
+
+use crate::app::keys::{KeyMap, ViewAction};
+use crate::app::snapshot_viewer::{Tab, ViewerData, ViewerUi, DETAIL_STEPS};
+use crate::render::format::{bar, bytes, fit};
+use crate::report::snapshot_summary::{allocation_info, event_time, frame_label};
+
+use super::live::{render_help, render_too_small, MIN_HEIGHT, MIN_WIDTH};
+use super::theme::Theme;
+
+const INSPECTOR_WIDTH: u16 = 48;
+const AXIS_WIDTH: u16 = 9;
+
+/// Columns of the timeline plot at a terminal width (the loop moves the cursor by them).
+pub fn plot_columns(width: u16, inspector: bool) -> usize {
+    let side = if inspector { INSPECTOR_WIDTH } else { 0 };
+    width.saturating_sub(side + 2 + AXIS_WIDTH).max(1) as usize
+}
+
+pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
+    let area = f.area();
+    f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        render_too_small(f, area, theme);
+        return;
+    }
+    let [header, body, footer] = Layout::vertical([Constraint::Length(2), Constraint::Min(8), Constraint::Length(1)]).areas(area);
+    render_header(f, header, data, ui, theme);
+    let (main, side) = if ui.inspector {
+        let [m, s] = Layout::horizontal([Constraint::Min(30), Constraint::Length(INSPECTOR_WIDTH)]).areas(body);
+        (m, Some(s))
+    } else {
+        (body, None)
+    };
+    match ui.tab {
+        Tab::Timeline => render_timeline(f, main, data, ui, theme),
+        Tab::Largest => render_largest(f, main, data, ui, theme),
+        Tab::Segments => render_segments(f, main, data, theme),
+        Tab::Categories => render_categories(f, main, data, theme),
+    }
+    if let Some(side) = side {
+        render_inspector(f, side, data, ui, keys, theme);
+    }
+    render_footer(f, footer, ui, keys, theme);
+    if ui.help {
+        render_help(f, area, keys, theme);
+    }
+}
+
+pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, theme: &Theme) {
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
+    let sep = || Span::styled(" · ", dim);
+    let s = &data.snap;
+    let line1 = Line::from(vec![
+        Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
+        Span::styled(data.name.clone(), val),
+        sep(),
+        Span::styled(format!("device {} of {}", data.device, s.device_traces.len().max(1)), val),
+        sep(),
+        Span::styled(format!("{} segments, {} blocks, {} trace entries", s.segments.len(), s.block_count(), s.trace_entry_count()), dim),
+    ]);
+    let mut tabs: Vec<Span> = Vec::new();
+    for t in Tab::ALL {
+        let style = if t == ui.tab { Style::default().fg(theme.ui.background).bg(theme.ui.accent).add_modifier(Modifier::BOLD) } else { dim };
+        tabs.push(Span::styled(format!(" {} ", t.title()), style));
+        tabs.push(Span::raw(" "));
+    }
+    tabs.extend([
+        Span::styled("peak active ", dim),
+        Span::styled(bytes(data.tl.peak_bytes), Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD)),
+        sep(),
+        Span::styled("peak reserved ", dim),
+        Span::styled(bytes(data.reserved().0), val),
+    ]);
+    f.render_widget(Paragraph::new(vec![line1, Line::from(tabs)]), area);
+}
+
+/// Y-axis scale: a round number of bytes at or above `max`.
+fn nice_ceiling(max: u64) -> u64 {
+    let max = max.max(1024);
+    let mut unit = 1u64 << 10;
+    while unit * 10 < max {
+        unit *= 2;
+    }
+    max.div_ceil(unit) * unit
+}
+
+const EIGHTHS: [char; 8] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇'];
+
+/// Seconds since the first trace entry, for labels.
+fn rel_seconds(data: &ViewerData, event: usize) -> Option<f64> {
+    let t0 = data.snap.device_traces.get(data.device)?.first()?.time_us;
+    event_time(&data.snap, &data.tl, data.device, event).map(|t| (t - t0) as f64 / 1e6)
+}
+
+pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, theme: &Theme) {
+    let tl = &data.tl;
+    let title = format!(
+        " active memory timeline · actions {}–{} of {} · detail {}% ({} of {} drawn, rest summarized) ",
+        ui.from,
+        ui.to,
+        tl.total_events,
+        DETAIL_STEPS[data.detail_step],
+        data.drawn(),
+        tl.allocations.len()
+    );
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title)));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    if inner.width <= AXIS_WIDTH + 4 || inner.height < 5 {
+        return;
+    }
+    let plot = Rect { x: inner.x + AXIS_WIDTH, y: inner.y, width: inner.width - AXIS_WIDTH, height: inner.height - 2 };
+    let (ribbon_y, status_y) = (plot.y + plot.height, plot.y + plot.height + 1);
+    let dim = Style::default().fg(theme.ui.dim);
+    if tl.total_events == 0 {
+        f.render_widget(Paragraph::new(format!("no alloc/free actions on device {}; {} bytes alive throughout", data.device, bytes(tl.peak_bytes))).style(dim), plot);
+        return;
+    }
+    let cols = plot.width as usize;
+    let stacks = tl.stacks(&data.detail, ui.from, ui.to, cols);
+    let top = stacks.iter().map(|c| c.summarized.1).max().unwrap_or(0);
+    let ymax = nice_ceiling(top + top / 20);
+    let rows = plot.height as u64;
+    let selected = ui.selected(data);
+    let buf = f.buffer_mut();
+    for row in [0, plot.height / 2] {
+        let v = ymax * (plot.height - row) as u64 / plot.height as u64;
+        buf.set_string(inner.x, plot.y + row, format!("{:>8}", bytes(v)), dim);
+    }
+    buf.set_string(inner.x, plot.y + plot.height - 1, format!("{:>8}", "0"), dim);
+    let span = ui.to - ui.from;
+    let cursor_x = ((ui.cursor.saturating_sub(ui.from)) * cols / span.max(1)).min(cols - 1);
+    for (x, col) in stacks.iter().enumerate() {
+        let cx = plot.x + x as u16;
+        // Heights in eighths of a cell; a cell takes the colour of the band at its middle.
+        let eighths = |b: u64| (b as u128 * rows as u128 * 8 / ymax as u128) as u64;
+        let tops: Vec<u64> = col.bands.iter().map(|b| eighths(b.y1)).collect();
+        let colour = |pos: u64| -> Color {
+            let k = tops.partition_point(|&t| t <= pos);
+            match col.bands.get(k) {
+                Some(b) if Some(b.alloc) == selected && x == cursor_x => theme.chart.peak,
+                Some(b) if Some(b.alloc) == selected => theme.ui.accent,
+                Some(b) => theme.categories[b.alloc as usize % theme.categories.len()],
+                None => theme.ui.dim,
+            }
+        };
+        let h = eighths(col.summarized.1);
+        for r in 0..rows {
+            let y = plot.y + plot.height - 1 - r as u16;
+            let cell = &mut buf[(cx, y)];
+            let lo = r * 8;
+            if h >= lo + 8 {
+                cell.set_char('█').set_fg(colour(lo + 4));
+            } else if h > lo {
+                cell.set_char(EIGHTHS[(h - lo) as usize]).set_fg(colour(lo + (h - lo) / 2));
+            } else if x == cursor_x {
+                cell.set_char('│').set_fg(theme.ui.border);
+            }
+        }
+    }
+    // Annotation markers on the ribbon (START ▶, END ◀), the cursor under them.
+    for m in data.marks() {
+        if let Some(e) = m.event.filter(|e| (ui.from..ui.to).contains(e)) {
+            let x = plot.x + ((e - ui.from) * cols / span) as u16;
+            buf[(x, ribbon_y)].set_char(if m.stage == "START" { '▶' } else { '◀' }).set_fg(theme.ui.accent);
+        }
+    }
+    buf[(plot.x + cursor_x as u16, ribbon_y)].set_char('▲').set_fg(theme.ui.text);
+    if (ui.from..ui.to).contains(&tl.peak_index) {
+        let x = ((tl.peak_index - ui.from) * cols / span) as u16;
+        let label = format!("▼ peak {}", bytes(tl.peak_bytes));
+        let y = plot.y + plot.height.saturating_sub(1 + (tl.peak_bytes as u128 * rows as u128 / ymax as u128) as u16).min(plot.height - 1);
+        let lx = (plot.x + x).min(plot.x + plot.width.saturating_sub(label.chars().count() as u16));
+        buf.set_string(lx, y.saturating_sub(1).max(plot.y), label, Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD));
+    }
+    // Status: the cursor's action, time, total, open annotations and the selected band.
+    let total = tl.totals_at(ui.cursor);
+    let when = rel_seconds(data, ui.cursor).map(|s| format!(" · t+{s:.3} s")).unwrap_or_default();
+    let mut open: Vec<&str> = Vec::new();
+    for m in data.marks().iter().filter(|m| m.event.is_some_and(|e| e <= ui.cursor)) {
+        if m.stage == "START" {
+            open.push(&m.name);
+        } else if let Some(i) = open.iter().rposition(|n| *n == m.name) {
+            open.remove(i);
+        }
+    }
+    let phase = if open.is_empty() { String::new() } else { format!(" · in {}", open.join(" > ")) };
+    let sel = selected.map(|id| {
+        let a = &tl.allocations[id as usize];
+        format!(" · selected {} at 0x{:x}", bytes(a.size), a.addr)
+    });
+    let status = format!("action {}{when} · active {}{phase}{}", ui.cursor, bytes(total), sel.unwrap_or_default());
+    buf.set_string(plot.x, status_y, fit(&status, plot.width as usize), Style::default().fg(theme.ui.text));
+}
+
+fn lifetime(start: Option<usize>, end: Option<usize>) -> String {
+    match (start, end) {
+        (None, None) => "whole trace".into(),
+        (Some(x), None) => format!("{x}–end"),
+        (None, Some(y)) => format!("start–{y}"),
+        (Some(x), Some(y)) => format!("{x}–{y}"),
+    }
+}
+
+pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, theme: &Theme) {
+    let tl = &data.tl;
+    let visible = area.height.saturating_sub(3) as usize;
+    let first = ui.row.saturating_sub(visible.saturating_sub(1));
+    let rows: Vec<Row> = ui
+        .rows
+        .iter()
+        .enumerate()
+        .skip(first)
+        .take(visible)
+        .map(|(i, &id)| {
+            let a = &tl.allocations[id as usize];
+            let style = if i == ui.row { Style::default().bg(theme.ui.selection).add_modifier(Modifier::BOLD) } else { Style::default() };
+            let start = (!a.alive_at_start).then_some(a.start);
+            Row::new(vec![
+                Cell::from(format!("{}", i + 1)),
+                Cell::from(bytes(a.size)),
+                Cell::from(format!("0x{:x}", a.addr)),
+                Cell::from(lifetime(start, a.end)),
+                Cell::from(crate::report::snapshot_summary::top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into())),
+            ])
+            .style(style)
+        })
+        .collect();
+    let filter = match (&ui.typing, ui.filter.as_str()) {
+        (Some(t), _) => format!(" · search: {t}▏"),
+        (None, "") => String::new(),
+        (None, f) => format!(" · matching '{f}'"),
+    };
+    let title = format!(" largest allocations · {} of {} · by {}{filter} ", ui.rows.len(), tl.allocations.len(), ui.sort.name());
+    let table = Table::new(rows, [Constraint::Length(7), Constraint::Length(10), Constraint::Length(16), Constraint::Length(15), Constraint::Min(20)])
+        .header(Row::new(vec!["#", "requested", "address", "alive (actions)", "top frame"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
+        .block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title))));
+    f.render_widget(table, area);
+}
+
+pub fn render_segments(f: &mut Frame, area: Rect, data: &ViewerData, theme: &Theme) {
+    let (segs, t) = data.segments();
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(format!(" segments · {} on device {} ", t.segments, data.device), Style::default().fg(theme.ui.title)));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let [head, table] = Layout::vertical([Constraint::Length(3), Constraint::Min(1)]).areas(inner);
+    let kv = |k: &str, v: String| vec![Span::styled(format!("{k} "), dim), Span::styled(v, val), Span::raw("   ")];
+    let lines = vec![
+        Line::from([kv("reserved", bytes(t.reserved)), kv("allocated", bytes(t.allocated)), kv("requested", bytes(t.requested))].concat()),
+        Line::from([kv("fragmentation", format!("{:.1}%", t.fragmentation * 100.0)), kv("inactive (cached)", bytes(t.inactive)), kv("largest free block", bytes(t.largest_free_block))].concat()),
+    ];
+    f.render_widget(Paragraph::new(lines), head);
+    let width = (table.width as usize).saturating_sub(78).clamp(8, 40);
+    let rows: Vec<Row> = segs
+        .iter()
+        .take(table.height.saturating_sub(1) as usize)
+        .map(|s| {
+            let (used, free) = bar(if s.reserved == 0 { 0.0 } else { s.allocated as f64 / s.reserved as f64 }, width);
+            Row::new(vec![
+                Cell::from(format!("0x{:x}", s.address)),
+                Cell::from(s.segment_type),
+                Cell::from(bytes(s.reserved)),
+                Cell::from(bytes(s.allocated)),
+                Cell::from(bytes(s.requested)),
+                Cell::from(bytes(s.inactive)),
+                Cell::from(bytes(s.largest_free_block)),
+                Cell::from(Line::from(vec![Span::styled(used, Style::default().fg(theme.chart.gauge_fill)), Span::styled(free, Style::default().fg(theme.chart.gauge_empty))])),
+            ])
+        })
+        .collect();
+    let widths = [Constraint::Length(16), Constraint::Length(6), Constraint::Length(9), Constraint::Length(9), Constraint::Length(9), Constraint::Length(9), Constraint::Length(10), Constraint::Min(8)];
+    let header = Row::new(vec!["address", "pool", "reserved", "allocated", "requested", "inactive", "largest free", "allocated / reserved"]).style(dim.add_modifier(Modifier::BOLD));
+    f.render_widget(Table::new(rows, widths).header(header), table);
+}
+
+pub fn render_categories(f: &mut Frame, area: Rect, data: &ViewerData, theme: &Theme) {
+    let b = data.breakdown();
+    let what = if b.by == "category" { "category" } else { "top frame (the file names no categories)" };
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(format!(" bytes at the peak (action {}) by {what} ", b.at_event), Style::default().fg(theme.ui.title)));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let total: u64 = b.groups.iter().map(|g| g.bytes).sum();
+    let bar_w = (inner.width as usize / 3).max(8);
+    let label_w = (inner.width as usize).saturating_sub(bar_w + 30).max(10);
+    let lines: Vec<Line> = b
+        .groups
+        .iter()
+        .take(inner.height as usize)
+        .enumerate()
+        .map(|(i, g)| {
+            let (fill, rest) = bar(g.bytes as f64 / total.max(1) as f64, bar_w);
+            Line::from(vec![
+                Span::styled(format!("{:>10} ", bytes(g.bytes)), Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD)),
+                Span::styled(format!("{:>5.1}% ", g.bytes as f64 * 100.0 / total.max(1) as f64), Style::default().fg(theme.ui.dim)),
+                Span::styled(fill, Style::default().fg(theme.categories[i % theme.categories.len()])),
+                Span::styled(rest, Style::default().fg(theme.chart.gauge_empty)),
+                Span::raw(format!(" {:>6} ", g.allocations)),
+                Span::raw(fit(&g.name, label_w)),
+            ])
+        })
+        .collect();
+    f.render_widget(Paragraph::new(lines), inner);
+}
+
+pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(" allocation ", Style::default().fg(theme.ui.title)));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
+    let Some(id) = ui.selected(data) else {
+        f.render_widget(Paragraph::new("nothing selected: move the cursor onto a band, or pick a row").style(dim).wrap(Wrap { trim: true }), inner);
+        return;
+    };
+    let a = allocation_info(&data.snap, &data.tl, data.device, id, ui.all_frames);
+    let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<11}"), dim), Span::styled(v, val)]);
+    let secs = |e: Option<usize>| e.and_then(|e| rel_seconds(data, e));
+    let time = match (secs(a.start_event), secs(a.end_event)) {
+        (Some(s), Some(e)) => format!("t+{s:.3}–{e:.3} s ({:.3} s)", e - s),
+        (Some(s), None) => format!("t+{s:.3} s – end"),
+        (None, Some(e)) => format!("start – t+{e:.3} s"),
+        (None, None) => "whole trace".into(),
+    };
+    let mut lines = vec![
+        kv("size", bytes(a.size)),
+        kv("requested", format!("{} ({} B)", bytes(a.requested_size), a.requested_size)),
+        kv("address", format!("0x{:x}", a.address)),
+        kv("alive", format!("actions {}", lifetime(a.start_event, a.end_event))),
+        kv("time", time),
+        kv("at peak", if a.alive_at_peak { "alive".into() } else { "not alive".into() }),
+    ];
+    if let Some(c) = &a.category {
+        lines.push(kv("category", c.clone()));
+    }
+    let how = if ui.all_frames { "all" } else { "collapsed" };
+    lines.push(Line::from(Span::styled(format!("frames ({how}; {} toggles):", keys.key_of(ViewAction::AllFrames).label()), dim)));
+    for fr in &a.frames {
+        let rep = if fr.repeats > 1 { format!(" ×{}", fr.repeats) } else { String::new() };
+        lines.push(Line::from(Span::raw(format!("  {}{rep}", frame_label(&fr.name, &fr.filename, fr.line)))));
+    }
+    if a.frames.is_empty() {
+        lines.push(Line::from(Span::styled("  (none recorded)", dim)));
+    }
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+}
+
+pub fn render_footer(f: &mut Frame, area: Rect, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
+    if ui.typing.is_some() {
+        f.render_widget(Paragraph::new("type a frame name, file or address · enter applies · esc cancels").style(Style::default().fg(theme.ui.accent)), area);
+        return;
+    }
+    let hint = |a: ViewAction, what: &str| vec![Span::styled(keys.key_of(a).label(), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)), Span::styled(format!(" {what}  "), Style::default().fg(theme.ui.dim))];
+    let hints: Vec<Span> = [
+        (ViewAction::Help, "help"),
+        (ViewAction::NextTab, "view"),
+        (ViewAction::DetailLess, "detail-"),
+        (ViewAction::DetailMore, "detail+"),
+        (ViewAction::ZoomIn, "zoom"),
+        (ViewAction::Inspect, "inspect"),
+        (ViewAction::Search, "search"),
+        (ViewAction::JumpToPeak, "peak"),
+        (ViewAction::Quit, "quit"),
+    ]
+    .into_iter()
+    .flat_map(|(a, w)| hint(a, w))
+    .collect();
+    f.render_widget(Paragraph::new(Line::from(hints)), area);
+}
+
+/// Fills a buffer outside a terminal (snapshot tests, the first-frame benchmark).
+pub fn render_viewer_to_buffer(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme, width: u16, height: u16) -> Buffer {
+    let backend = ratatui::backend::TestBackend::new(width, height);
+    let mut term = ratatui::Terminal::new(backend).expect("test backend");
+    term.draw(|f| render_viewer(f, data, ui, keys, theme)).expect("draw");
+    term.backend().buffer().clone()
+}

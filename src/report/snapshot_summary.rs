@@ -1,0 +1,432 @@
+//! What a snapshot says, as plain data: peaks, the largest allocations and their frames,
+//! segment occupancy and fragmentation, bytes by category. The viewer's panels and
+//! `view --summary` both read these; nothing here draws.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::allocator::config::{round_size, AllocatorConfig};
+use crate::snapshot::model::{Action, AnnotationStage, BlockState, Frame, Snapshot, StackId};
+use crate::snapshot::timeline::Timeline;
+
+/// Frames that say nothing about who allocated: unsymbolized addresses, the unwinder and
+/// the caching allocator's own call path.
+pub fn is_noise_frame(f: &Frame) -> bool {
+    const NOISE: [&str; 9] = [
+        "torch::unwind::",
+        "torch::CapturedTraceback",
+        "gather_with_cpp",
+        "c10::cuda::CUDACachingAllocator",
+        "_Unwind_",
+        "__libc_start",
+        "c10::Allocator",
+        "at::detail::empty_",
+        "at::detail::_empty_",
+    ];
+    f.name.is_empty() || f.name == "??" || f.name == "_start" || NOISE.iter().any(|n| f.name.contains(n))
+}
+
+/// A run of identical consecutive frames, shown once.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ShownFrame {
+    pub name: String,
+    pub filename: String,
+    pub line: i64,
+    pub repeats: usize,
+}
+
+/// Frames innermost first; noise dropped unless `all`, consecutive repeats merged.
+pub fn shown_frames<'a>(frames: impl Iterator<Item = &'a Frame>, all: bool) -> Vec<ShownFrame> {
+    let mut out: Vec<ShownFrame> = Vec::new();
+    for f in frames.filter(|f| all || !is_noise_frame(f)) {
+        match out.last_mut() {
+            Some(l) if !all && l.name == f.name && l.filename == f.filename && l.line == f.line => l.repeats += 1,
+            _ => out.push(ShownFrame { name: f.name.clone(), filename: f.filename.clone(), line: f.line, repeats: 1 }),
+        }
+    }
+    out
+}
+
+/// "name (file.py:12)" with only the file's last path component.
+pub fn frame_label(name: &str, filename: &str, line: i64) -> String {
+    let file = filename.rsplit(['/', '\\']).next().unwrap_or(filename);
+    match (file, line) {
+        ("" | "??", _) => name.to_string(),
+        (f, 0) => format!("{name} ({f})"),
+        (f, l) => format!("{name} ({f}:{l})"),
+    }
+}
+
+fn is_framework_file(filename: &str) -> bool {
+    let f = filename.replace('\\', "/");
+    f.contains("/torch/") || f.contains("/site-packages/") || f.starts_with("<")
+}
+
+/// The frame a person would name as the allocation's origin: the innermost Python frame
+/// outside torch and installed packages, else the innermost Python frame, else the
+/// innermost frame that is not noise.
+pub fn top_frame(snap: &Snapshot, stack: StackId) -> Option<&Frame> {
+    let py = |f: &&Frame| f.filename.ends_with(".py");
+    snap.stack(stack)
+        .find(|f| py(f) && !is_framework_file(&f.filename))
+        .or_else(|| snap.stack(stack).find(py))
+        .or_else(|| snap.stack(stack).find(|f| !is_noise_frame(f)))
+}
+
+pub fn top_frame_label(snap: &Snapshot, stack: StackId) -> Option<String> {
+    top_frame(snap, stack).map(|f| frame_label(&f.name, &f.filename, f.line))
+}
+
+/// One allocation of the timeline, described for a person.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AllocationInfo {
+    /// Index into `Timeline::allocations`.
+    pub id: u32,
+    pub address: u64,
+    /// Block bytes: the segment's block when it is still there, else the request rounded
+    /// the way the allocator rounds.
+    pub size: u64,
+    pub requested_size: u64,
+    /// Timeline action index of the alloc; None when alive since before the trace.
+    pub start_event: Option<usize>,
+    /// Action index of the free; None when alive at the end.
+    pub end_event: Option<usize>,
+    pub start_time_us: Option<i64>,
+    pub end_time_us: Option<i64>,
+    pub alive_at_peak: bool,
+    pub category: Option<String>,
+    pub top_frame: Option<String>,
+    /// Innermost first, noise dropped and repeats merged.
+    pub frames: Vec<ShownFrame>,
+}
+
+/// Time (µs) of a timeline action.
+pub fn event_time(snap: &Snapshot, tl: &Timeline, device: usize, event: usize) -> Option<i64> {
+    let pos = *tl.event_positions.get(event)?;
+    snap.device_traces.get(device)?.get(pos).map(|e| e.time_us)
+}
+
+/// Block size of `addr` in the final segments when active there.
+fn final_block_size(snap: &Snapshot, device: usize, addr: u64) -> Option<u64> {
+    snap.segments
+        .iter()
+        .filter(|s| s.device == device as i64 && (s.address..s.address + s.total_size).contains(&addr))
+        .flat_map(|s| &s.blocks)
+        .find(|b| b.address == addr && b.state.is_active())
+        .map(|b| b.size)
+}
+
+pub fn allocation_info(snap: &Snapshot, tl: &Timeline, device: usize, id: u32, all_frames: bool) -> AllocationInfo {
+    let a = &tl.allocations[id as usize];
+    let divisions = snap.allocator_settings.as_ref().map(AllocatorConfig::from_settings).unwrap_or_default().division_table();
+    let size = match a.end {
+        None => final_block_size(snap, device, a.addr),
+        Some(_) => None,
+    }
+    .unwrap_or_else(|| round_size(a.size, &divisions));
+    let start_event = (!a.alive_at_start).then_some(a.start);
+    let category = tl.categories.get(a.category as usize).filter(|c| *c != "unknown").cloned();
+    AllocationInfo {
+        id,
+        address: a.addr,
+        size,
+        requested_size: a.size,
+        start_event,
+        end_event: a.end,
+        start_time_us: start_event.and_then(|e| event_time(snap, tl, device, e)),
+        end_time_us: a.end.and_then(|e| event_time(snap, tl, device, e)),
+        alive_at_peak: tl.total_events == 0 || a.alive_at(tl.peak_index),
+        category,
+        top_frame: top_frame_label(snap, a.stack),
+        frames: shown_frames(snap.stack(a.stack), all_frames),
+    }
+}
+
+/// Allocation ids, largest first (ties: earlier first).
+pub fn largest_ids(tl: &Timeline) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..tl.allocations.len() as u32).collect();
+    ids.sort_unstable_by(|a, b| tl.allocations[*b as usize].size.cmp(&tl.allocations[*a as usize].size).then(a.cmp(b)));
+    ids
+}
+
+/// One segment's occupancy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SegmentStats {
+    pub address: u64,
+    pub device: i64,
+    pub stream: i64,
+    pub segment_type: &'static str,
+    pub blocks: usize,
+    /// Bytes cudaMalloc'd.
+    pub reserved: u64,
+    pub allocated: u64,
+    pub requested: u64,
+    /// Cached free bytes (inactive blocks).
+    pub inactive: u64,
+    pub largest_free_block: u64,
+}
+
+/// All segments of a device together.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SegmentTotals {
+    pub segments: usize,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub requested: u64,
+    pub inactive: u64,
+    pub largest_free_block: u64,
+    /// Share of reserved bytes not holding allocations: 1 - allocated / reserved, as the
+    /// allocator model defines it.
+    pub fragmentation: f64,
+}
+
+pub fn segment_stats(snap: &Snapshot, device: usize) -> (Vec<SegmentStats>, SegmentTotals) {
+    let rows: Vec<SegmentStats> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == device as i64)
+        .map(|s| {
+            let free = s.blocks.iter().filter(|b| b.state == BlockState::Inactive);
+            SegmentStats {
+                address: s.address,
+                device: s.device,
+                stream: s.stream,
+                segment_type: s.segment_type.as_str(),
+                blocks: s.blocks.len(),
+                reserved: s.total_size,
+                allocated: s.allocated_size,
+                requested: s.requested_size,
+                inactive: free.clone().map(|b| b.size).sum(),
+                largest_free_block: free.map(|b| b.size).max().unwrap_or(0),
+            }
+        })
+        .collect();
+    let mut t = SegmentTotals { segments: rows.len(), ..Default::default() };
+    for r in &rows {
+        t.reserved += r.reserved;
+        t.allocated += r.allocated;
+        t.requested += r.requested;
+        t.inactive += r.inactive;
+        t.largest_free_block = t.largest_free_block.max(r.largest_free_block);
+    }
+    t.fragmentation = if t.reserved == 0 { 0.0 } else { 1.0 - t.allocated as f64 / t.reserved as f64 };
+    (rows, t)
+}
+
+/// Reserved bytes over the trace: the final segments, rewound through the trace's segment
+/// events. Returns (peak, final).
+pub fn reserved_peak(snap: &Snapshot, device: usize) -> (u64, u64) {
+    let last: u64 = snap.segments.iter().filter(|s| s.device == device as i64).map(|s| s.total_size).sum();
+    let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
+    let grow = |a: Action| matches!(a, Action::SegmentAlloc | Action::SegmentMap);
+    let shrink = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
+    let mut now = trace.iter().fold(last as i128, |acc, e| {
+        if grow(e.action) {
+            acc - e.size as i128
+        } else if shrink(e.action) {
+            acc + e.size as i128
+        } else {
+            acc
+        }
+    });
+    let mut peak = now.max(last as i128);
+    for e in trace {
+        if grow(e.action) {
+            now += e.size as i128;
+        } else if shrink(e.action) {
+            now -= e.size as i128;
+        }
+        peak = peak.max(now);
+    }
+    (peak.max(0) as u64, last)
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GroupBytes {
+    pub name: String,
+    pub bytes: u64,
+    pub allocations: usize,
+}
+
+/// Bytes alive at the peak, grouped by category or by top frame; largest first.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// "category" or "top_frame".
+    pub by: &'static str,
+    pub at_event: usize,
+    pub groups: Vec<GroupBytes>,
+}
+
+/// Whether the trace names categories (group by them then, else by top frame).
+pub fn has_categories(tl: &Timeline) -> bool {
+    tl.categories.iter().any(|c| c != "unknown")
+}
+
+pub fn breakdown_at_peak(snap: &Snapshot, tl: &Timeline, by_category: bool) -> Breakdown {
+    let at = tl.peak_index;
+    let mut groups: HashMap<String, (u64, usize)> = HashMap::new();
+    let mut labels: HashMap<StackId, String> = HashMap::new();
+    for a in tl.allocations.iter().filter(|a| tl.total_events == 0 || a.alive_at(at)) {
+        let name = if by_category {
+            tl.categories[a.category as usize].clone()
+        } else {
+            labels
+                .entry(a.stack)
+                .or_insert_with(|| top_frame_label(snap, a.stack).unwrap_or_else(|| "(no frames)".into()))
+                .clone()
+        };
+        let g = groups.entry(name).or_default();
+        g.0 += a.size;
+        g.1 += 1;
+    }
+    let mut groups: Vec<GroupBytes> = groups.into_iter().map(|(name, (bytes, allocations))| GroupBytes { name, bytes, allocations }).collect();
+    groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    Breakdown { by: if by_category { "category" } else { "top_frame" }, at_event: at, groups }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AnnotationMark {
+    pub name: String,
+    /// "START" or "END".
+    pub stage: &'static str,
+    pub time_us: i64,
+    /// First timeline action at or after the annotation; None past the last action.
+    pub event: Option<usize>,
+}
+
+/// The device's annotations placed on the timeline's action axis by time.
+pub fn annotation_marks(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<AnnotationMark> {
+    let times: Vec<i64> = (0..tl.total_events).map(|i| event_time(snap, tl, device, i).unwrap_or(i64::MAX)).collect();
+    snap.external_annotations
+        .iter()
+        .filter(|a| a.device == device as i64)
+        .map(|a| {
+            let k = times.partition_point(|&t| t < a.time_us);
+            AnnotationMark {
+                name: a.name.clone(),
+                stage: match a.stage {
+                    AnnotationStage::Start => "START",
+                    AnnotationStage::End => "END",
+                },
+                time_us: a.time_us,
+                event: (k < tl.total_events).then_some(k),
+            }
+        })
+        .collect()
+}
+
+/// `vramscope view --summary`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SnapshotSummary {
+    pub device: usize,
+    pub devices: usize,
+    /// The Active Memory Timeline's peak (memory_viz's), on `device`.
+    pub peak_active_bytes: u64,
+    pub peak_active_event: usize,
+    pub peak_active_time_us: Option<i64>,
+    /// Highest reserved (segment) bytes over the trace on `device`.
+    pub peak_reserved_bytes: u64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    /// Counts over the whole file, all devices.
+    pub segments: usize,
+    pub blocks: usize,
+    pub trace_entries: usize,
+    /// Timeline actions and allocations on `device`.
+    pub events: usize,
+    pub allocations: usize,
+    pub fragmentation: f64,
+    pub inactive_bytes: u64,
+    pub largest_free_block: u64,
+    pub largest: Vec<AllocationInfo>,
+    pub breakdown: Breakdown,
+    pub annotations: Vec<AnnotationMark>,
+}
+
+pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> SnapshotSummary {
+    let (_, totals) = segment_stats(snap, device);
+    let (peak_reserved, _) = reserved_peak(snap, device);
+    SnapshotSummary {
+        device,
+        devices: snap.device_traces.len().max(1),
+        peak_active_bytes: tl.peak_bytes,
+        peak_active_event: tl.peak_index,
+        peak_active_time_us: event_time(snap, tl, device, tl.peak_index),
+        peak_reserved_bytes: peak_reserved,
+        reserved_bytes: totals.reserved,
+        allocated_bytes: totals.allocated,
+        segments: snap.segments.len(),
+        blocks: snap.block_count(),
+        trace_entries: snap.trace_entry_count(),
+        events: tl.total_events,
+        allocations: tl.allocations.len(),
+        fragmentation: totals.fragmentation,
+        inactive_bytes: totals.inactive,
+        largest_free_block: totals.largest_free_block,
+        largest: largest_ids(tl).into_iter().take(top).map(|id| allocation_info(snap, tl, device, id, false)).collect(),
+        breakdown: breakdown_at_peak(snap, tl, has_categories(tl)),
+        annotations: annotation_marks(snap, tl, device),
+    }
+}
+
+/// The summary as lines for a terminal.
+pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary) -> std::io::Result<()> {
+    use crate::render::format::bytes;
+    let at = s.peak_active_time_us.map(|t| format!(", time_us {t}")).unwrap_or_default();
+    writeln!(out, "{name} · device {} of {}", s.device, s.devices)?;
+    writeln!(out, "peak active      {} at action {} of {}{at}", bytes(s.peak_active_bytes), s.peak_active_event, s.events)?;
+    writeln!(out, "peak reserved    {}", bytes(s.peak_reserved_bytes))?;
+    writeln!(out, "at the end       reserved {}, allocated {}, cached free {}", bytes(s.reserved_bytes), bytes(s.allocated_bytes), bytes(s.inactive_bytes))?;
+    writeln!(out, "fragmentation    {:.1}% of reserved holds no allocation; largest free block {}", s.fragmentation * 100.0, bytes(s.largest_free_block))?;
+    writeln!(out, "counts           {} segments, {} blocks, {} trace entries, {} allocations", s.segments, s.blocks, s.trace_entries, s.allocations)?;
+    writeln!(out, "largest allocations:")?;
+    for a in &s.largest {
+        let life = match (a.start_event, a.end_event) {
+            (None, None) => "whole trace".to_string(),
+            (Some(x), None) => format!("{x}–end"),
+            (None, Some(y)) => format!("start–{y}"),
+            (Some(x), Some(y)) => format!("{x}–{y}"),
+        };
+        writeln!(out, "  {:>10}  {:<16} {}", bytes(a.size), life, a.top_frame.as_deref().unwrap_or("(no frames)"))?;
+    }
+    writeln!(out, "at the peak, by {}:", s.breakdown.by.replace('_', " "))?;
+    for g in s.breakdown.groups.iter().take(10) {
+        writeln!(out, "  {:>10}  {:>6} allocs  {}", bytes(g.bytes), g.allocations, g.name)?;
+    }
+    if !s.annotations.is_empty() {
+        writeln!(out, "annotations:")?;
+        for a in &s.annotations {
+            let ev = a.event.map_or_else(|| "after the trace".to_string(), |e| format!("action {e}"));
+            writeln!(out, "  {:<5} {}  ({ev})", a.stage, a.name)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &str, filename: &str, line: i64) -> Frame {
+        Frame { name: name.into(), filename: filename.into(), line }
+    }
+
+    #[test]
+    fn noise_is_dropped_and_repeats_merge() {
+        let frames = [
+            frame("torch::unwind::unwind()", "??", 0),
+            frame("??", "??", 0),
+            frame("_call_impl", "/x/torch/nn/modules/module.py", 1790),
+            frame("_call_impl", "/x/torch/nn/modules/module.py", 1790),
+            frame("forward", "/home/me/cs336_basics/model.py", 102),
+        ];
+        let shown = shown_frames(frames.iter(), false);
+        assert_eq!(shown.len(), 2);
+        assert_eq!((shown[0].name.as_str(), shown[0].repeats), ("_call_impl", 2));
+        assert_eq!(shown_frames(frames.iter(), true).len(), 5);
+        let snap = Snapshot { frames: frames.to_vec(), stacks: vec![vec![0, 1, 2, 3, 4]], ..Default::default() };
+        assert_eq!(top_frame_label(&snap, 0).unwrap(), "forward (model.py:102)");
+        assert_eq!(frame_label("f", "C:\\a\\b.py", 3), "f (b.py:3)");
+    }
+}

@@ -1,0 +1,77 @@
+//! A real terminal for end-to-end tests: tmux runs the binary, keys go in with send-keys,
+//! the screen comes back with capture-pane.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub struct Session {
+    pub name: String,
+}
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux").args(args).output().expect("tmux is installed (scripts/test installs it)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Session {
+    /// Starts `cmd` in a detached 200×60 session whose pane stays after the program exits.
+    pub fn start(name: &str, cmd: &str) -> Session {
+        let _ = Command::new("tmux").args(["kill-session", "-t", name]).output();
+        let status = Command::new("tmux")
+            .args(["new-session", "-d", "-s", name, "-x", "200", "-y", "60"])
+            .arg(format!("TERM=xterm-256color {cmd}; sleep 30"))
+            .status()
+            .expect("tmux starts");
+        assert!(status.success());
+        Session { name: name.into() }
+    }
+
+    pub fn screen(&self) -> String {
+        tmux(&["capture-pane", "-p", "-t", &self.name])
+    }
+
+    pub fn keys(&self, keys: &str) {
+        tmux(&["send-keys", "-t", &self.name, keys]);
+    }
+
+    pub fn display(&self, what: &str) -> String {
+        tmux(&["display-message", "-p", "-t", &self.name, what]).trim().to_string()
+    }
+
+    /// Waits until the screen satisfies `pred`, or fails showing the last screen.
+    pub fn wait_for(&self, what: &str, secs: u64, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let s = self.screen();
+            if pred(&s) {
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; screen:\n{s}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["kill-session", "-t", &self.name]).output();
+    }
+}
+
+/// Waits for a non-empty file (an exit code written by the pane's shell).
+pub fn wait_file(path: &Path, secs: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if !s.is_empty() {
+                return s;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{} never appeared", path.display());
+}
+
