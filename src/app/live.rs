@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use crossterm::event::{Event, EventStream, KeyEventKind};
 use futures::StreamExt;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::render::live::render_live;
@@ -19,6 +18,7 @@ use crate::source::gauges::sample::GaugeBatch;
 use crate::source::gauges::sampler::{spawn_gauges, GaugeConfig};
 
 use super::keys::{Action, KeyMap};
+use super::terminal::TerminalSession;
 use super::view::View;
 
 /// Redraws at most this often (and only when something changed), to stay light over SSH.
@@ -62,19 +62,15 @@ pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut engine = Engine::spawn(opts.engine).context("starting the training engine")?;
     let result = {
-        // Raw mode and the alternate screen, with a panic hook that restores them.
-        let mut terminal = ratatui::try_init().context("setting up the terminal")?;
-        crate::train::engine::install_panic_filter();
-        let r = rt.block_on(event_loop(&mut terminal, &engine, &opts.keys, &opts.themes));
-        ratatui::restore();
-        r
+        let mut session = TerminalSession::enter()?;
+        rt.block_on(event_loop(&mut session, &engine, &opts.keys, &opts.themes))
     };
     // The terminal is restored; now let the engine finish (a pending snapshot completes).
     engine.shutdown();
     result
 }
 
-async fn event_loop(terminal: &mut ratatui::DefaultTerminal, engine: &Engine, keys: &KeyMap, themes: &[Theme]) -> anyhow::Result<()> {
+async fn event_loop(session: &mut TerminalSession, engine: &Engine, keys: &KeyMap, themes: &[Theme]) -> anyhow::Result<()> {
     let mut store = Store::new(4 << 20);
     let mut view = View::default();
     let mut input = EventStream::new();
@@ -83,8 +79,6 @@ async fn event_loop(terminal: &mut ratatui::DefaultTerminal, engine: &Engine, ke
     let origin = Instant::now() - Duration::from_nanos(crate::capture::now_ns());
     let _gauges = spawn_gauges(GaugeConfig { interval: GAUGE_INTERVAL, origin }, gauge_tx);
     let mut incoming = bridge(engine, gauge_rx);
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     let mut tick = tokio::time::interval(FRAME);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut drawn: Option<(u64, View)> = None;
@@ -112,12 +106,13 @@ async fn event_loop(terminal: &mut ratatui::DefaultTerminal, engine: &Engine, ke
                 Some(Incoming::Gauges(g)) => store.ingest_gauges(g),
                 None => {}
             },
-            _ = sigterm.recv() => return Ok(()),
-            _ = sighup.recv() => return Ok(()),
             _ = tick.tick() => {
+                if session.stop_requested() {
+                    return Ok(());
+                }
                 if drawn.as_ref().is_none_or(|(v, w)| *v != store.version || *w != view) {
                     let theme = &themes[view.theme % themes.len()];
-                    terminal.draw(|f| render_live(f, &store, &view, keys, theme))?;
+                    session.terminal.draw(|f| render_live(f, &store, &view, keys, theme))?;
                     drawn = Some((store.version, view.clone()));
                 }
             }

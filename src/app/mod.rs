@@ -4,5 +4,6 @@
 pub mod keys;
 pub mod live;
 pub mod snapshot_viewer;
+pub mod terminal;
 pub mod view;
 pub mod watch;
