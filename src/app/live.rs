@@ -9,7 +9,6 @@ use anyhow::Context;
 use crossbeam_channel::Sender;
 use crossterm::event::{Event, EventStream, KeyEventKind};
 use futures::StreamExt;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::event::Batch;
@@ -23,6 +22,7 @@ use crate::train::config::{MAX_BATCH, MAX_CTX};
 use crate::train::engine::{Control, Engine, EngineOptions, Report};
 
 use super::keys::{Action, KeyMap};
+use super::terminal::TerminalSession;
 use super::view::View;
 
 /// Redraws at most this often (and only when something changed), to stay light over SSH.
@@ -52,15 +52,6 @@ pub trait Controls {
     fn tick(&mut self, _store: &mut Store) {}
 }
 
-/// Runs `body` with the terminal in raw mode on the alternate screen, restoring it after.
-pub fn with_terminal<T>(body: impl FnOnce(&mut ratatui::DefaultTerminal) -> anyhow::Result<T>) -> anyhow::Result<T> {
-    let mut terminal = ratatui::try_init().context("setting up the terminal")?;
-    crate::train::engine::install_panic_filter();
-    let r = body(&mut terminal);
-    ratatui::restore();
-    r
-}
-
 pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let recorder = opts.record.as_deref().map(Recorder::create).transpose()?;
@@ -71,7 +62,10 @@ pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
     let _gauges = spawn_gauges(GaugeConfig { interval: GAUGE_INTERVAL, origin }, gauge_tx);
     let incoming = bridge(&engine, gauge_rx);
     let mut controls = EngineControls { control: engine.control.clone(), recorder };
-    let result = with_terminal(|t| rt.block_on(event_loop(t, incoming, &mut controls, &opts.screen, Store::new(HISTORY_CAP))));
+    let result = {
+        let mut session = TerminalSession::enter()?;
+        rt.block_on(event_loop(&mut session, incoming, &mut controls, &opts.screen, Store::new(HISTORY_CAP)))
+    };
     // The terminal is restored; now let the engine finish (a pending snapshot completes).
     engine.shutdown();
     if let Some(line) = controls.stop_recording()? {
@@ -81,7 +75,7 @@ pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
 }
 
 pub async fn event_loop(
-    terminal: &mut ratatui::DefaultTerminal,
+    session: &mut TerminalSession,
     mut incoming: mpsc::Receiver<Incoming>,
     controls: &mut dyn Controls,
     screen: &Screen,
@@ -89,8 +83,6 @@ pub async fn event_loop(
 ) -> anyhow::Result<()> {
     let mut view = View::default();
     let mut input = EventStream::new();
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     let mut tick = tokio::time::interval(FRAME);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut drawn: Option<(u64, View)> = None;
@@ -132,13 +124,14 @@ pub async fn event_loop(
                 }
                 }
             },
-            _ = sigterm.recv() => return Ok(()),
-            _ = sighup.recv() => return Ok(()),
             _ = tick.tick() => {
+                if session.stop_requested() {
+                    return Ok(());
+                }
                 controls.tick(&mut store);
                 if drawn.as_ref().is_none_or(|(v, w)| *v != store.version || *w != view) {
                     let theme = &screen.themes[view.theme % screen.themes.len()];
-                    terminal.draw(|f| render_live(f, &store, &view, &screen.keys, theme))?;
+                    session.terminal.draw(|f| render_live(f, &store, &view, &screen.keys, theme))?;
                     drawn = Some((store.version, view.clone()));
                 }
             }

@@ -5,5 +5,6 @@ pub mod keys;
 pub mod live;
 pub mod replay;
 pub mod snapshot_viewer;
+pub mod terminal;
 pub mod view;
 pub mod watch;

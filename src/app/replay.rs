@@ -8,7 +8,8 @@ use crate::record::player::{spawn_player, PlayerCommand, Script};
 use crate::store::{LogKind, Store};
 
 use super::keys::Action;
-use super::live::{event_loop, with_terminal, Controls, Screen};
+use super::live::{event_loop, Controls, Screen};
+use super::terminal::TerminalSession;
 
 const SPEEDS: std::ops::RangeInclusive<f64> = (1.0 / 64.0)..=64.0;
 
@@ -49,7 +50,8 @@ pub fn run_replay(script: Script, speed: f64, screen: Screen) -> anyhow::Result<
     let (tx, rx) = mpsc::channel(256);
     let player = spawn_player(script, speed, tx);
     let mut controls = ReplayControls { player, speed };
-    with_terminal(|t| rt.block_on(event_loop(t, rx, &mut controls, &screen, store)))
+    let mut session = TerminalSession::enter()?;
+    rt.block_on(event_loop(&mut session, rx, &mut controls, &screen, store))
 }
 
 #[derive(clap::Args, Clone)]

@@ -406,6 +406,10 @@ impl Worker {
     }
 
     fn finish(&mut self) {
+        // A snapshot asked for before the stop is still written.
+        if std::mem::take(&mut self.snapshot_requested) {
+            self.snapshot();
+        }
         self.flush();
         for w in self.writers.drain(..) {
             let _ = w.join();
