@@ -8,8 +8,18 @@ use std::time::Duration;
 use vramscope::train::config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
 use vramscope::train::engine::{Engine, EngineOptions, Report};
 
-/// Median step time of `steps` steps after one warm-up step.
-fn median_step_s(capture: bool, ctx: i64, batch: i64, steps: u64) -> f64 {
+/// CPU seconds this process has used (all threads: libtorch's intra-op pool included).
+fn process_cpu_s() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid rusage out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// (median wall seconds per step, CPU seconds per step) over `steps` steps after one
+/// warm-up step. CPU time is steadier than wall time on a shared machine.
+fn measure(capture: bool, ctx: i64, batch: i64, steps: u64) -> (f64, f64) {
     let cfg = StepConfig {
         model_name: "small".into(),
         dims: Preset::Small.dims(),
@@ -26,10 +36,16 @@ fn median_step_s(capture: bool, ctx: i64, batch: i64, steps: u64) -> f64 {
     let mut engine = Engine::spawn(o).expect("engine");
     let batches = engine.batches.clone();
     let mut times = Vec::new();
+    let mut cpu_after_warmup = None;
+    let mut cpu_at_end = 0.0;
     loop {
         while batches.try_recv().is_ok() {}
         match engine.reports.recv_timeout(Duration::from_millis(10)) {
-            Ok(Report::Step(s)) if s.step > 0 => times.push(s.step_time_s),
+            Ok(Report::Step(s)) if s.step == 0 => cpu_after_warmup = Some(process_cpu_s()),
+            Ok(Report::Step(s)) => {
+                times.push(s.step_time_s);
+                cpu_at_end = process_cpu_s();
+            }
             Ok(Report::Finished) => break,
             Ok(Report::Error(e)) => panic!("{e}"),
             _ => {}
@@ -37,7 +53,8 @@ fn median_step_s(capture: bool, ctx: i64, batch: i64, steps: u64) -> f64 {
     }
     engine.shutdown();
     times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    let cpu = (cpu_at_end - cpu_after_warmup.expect("a warm-up step")) / times.len() as f64;
+    (times[times.len() / 2], cpu)
 }
 
 fn main() {
@@ -51,12 +68,15 @@ fn main() {
         // Alternate which goes first so warm caches favour neither.
         let order = if r % 2 == 0 { [true, false] } else { [false, true] };
         for capture in order {
-            let t = median_step_s(capture, ctx, batch, 3);
-            println!("  round {r}: capture {:<3} {t:.3} s/step", if capture { "on" } else { "off" });
-            if capture { on.push(t) } else { off.push(t) }
+            let (wall, cpu) = measure(capture, ctx, batch, 3);
+            println!("  round {r}: capture {:<3} {wall:.3} s/step wall, {cpu:.3} CPU-s/step", if capture { "on" } else { "off" });
+            if capture { on.push((wall, cpu)) } else { off.push((wall, cpu)) }
         }
     }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let (m_on, m_off) = (mean(&on), mean(&off));
-    println!("capture on  {m_on:.3} s/step\ncapture off {m_off:.3} s/step\nratio on/off {:.4}× (target ≤ 1.02×)", m_on / m_off);
+    let mean = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| v.iter().map(f).sum::<f64>() / v.len() as f64;
+    let (wall_on, wall_off) = (mean(&on, |p| p.0), mean(&off, |p| p.0));
+    let (cpu_on, cpu_off) = (mean(&on, |p| p.1), mean(&off, |p| p.1));
+    println!("capture on  {wall_on:.3} s/step wall, {cpu_on:.3} CPU-s/step");
+    println!("capture off {wall_off:.3} s/step wall, {cpu_off:.3} CPU-s/step");
+    println!("ratio on/off: wall {:.4}×, CPU {:.4}× (target ≤ 1.02×)", wall_on / wall_off, cpu_on / cpu_off);
 }

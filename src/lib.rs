@@ -4,6 +4,7 @@ pub mod allocator;
 pub mod app;
 pub mod capture;
 pub mod event;
+pub mod record;
 pub mod render;
 pub mod report;
 pub mod snapshot;

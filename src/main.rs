@@ -11,7 +11,10 @@ use vramscope::train::config::{
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::app::keys::KeyMap;
-use vramscope::app::live::LiveOptions;
+use vramscope::app::live::{LiveOptions, Screen};
+use vramscope::record::player::Script;
+use vramscope::record::writer::Recorder;
+use vramscope::source::feed::{engine_items, Incoming};
 use vramscope::render::theme::{ColorSupport, Theme, BUILTIN};
 use vramscope::render::export::{self, ExportOptions};
 use vramscope::render::format::parse_bytes;
@@ -35,6 +38,8 @@ enum Command {
     Run(RunArgs),
     /// Device gauges for every GPU and its processes (host gauges without NVML).
     Watch(vramscope::app::watch::WatchArgs),
+    /// Play a recording (or a memory snapshot's trace) on the screen, or --headless.
+    Replay(ReplayCommand),
     /// Open a PyTorch memory snapshot: timeline, largest allocations, segments, categories.
     View(vramscope::app::snapshot_viewer::ViewArgs),
     /// Compare two snapshots: peaks, categories, and the allocations that grew or shrank.
@@ -47,6 +52,24 @@ enum Command {
     Estimate(EstimateArgs),
     /// Draw a snapshot's active-memory timeline as an SVG or PNG.
     Export(ExportArgs),
+}
+
+#[derive(Args, Clone)]
+struct ReplayCommand {
+    #[command(flatten)]
+    replay: vramscope::app::replay::ReplayArgs,
+    #[command(flatten)]
+    screen: ScreenArgs,
+}
+
+#[derive(Args, Clone)]
+struct ScreenArgs {
+    /// Colour theme: dark, light, ansi16, or a theme file's path.
+    #[arg(long, default_value = "dark")]
+    theme: String,
+    /// A TOML file whose [keys] table overrides key bindings.
+    #[arg(long)]
+    keys: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -133,12 +156,11 @@ struct RunArgs {
     /// Where snapshots go.
     #[arg(long, default_value = "snapshots")]
     snapshot_dir: PathBuf,
-    /// Colour theme: dark, light, ansi16, or a theme file's path.
-    #[arg(long, default_value = "dark")]
-    theme: String,
-    /// A TOML file whose [keys] table overrides key bindings.
+    #[command(flatten)]
+    screen: ScreenArgs,
+    /// Record everything the screen (or --headless) is fed into this new file.
     #[arg(long)]
-    keys: Option<PathBuf>,
+    record: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -291,15 +313,28 @@ impl RunArgs {
 fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.headless {
         let opts = args.engine_options(Some(3))?;
+        let mut recorder = args.record.as_deref().map(Recorder::create).transpose()?;
         let mut engine = Engine::spawn(opts).context("starting the training engine")?;
-        let stdout = std::io::stdout();
+        let mut out = std::io::stdout().lock();
         let mut live = LiveByOrigin::default();
-        let steps = vramscope::report::headless::run(&mut engine, args.json, &mut stdout.lock(), &mut |b| live.ingest(b))?;
+        let items = engine_items(&engine).inspect(|i| {
+            if let Incoming::Batch(b) = i {
+                live.ingest(b);
+            }
+        });
+        let steps = match &mut recorder {
+            Some(r) => vramscope::report::headless::run(r.tee(items), args.json, &mut out)?,
+            None => vramscope::report::headless::run(items, args.json, &mut out)?,
+        };
         engine.shutdown();
+        if let Some(r) = recorder {
+            let s = r.finish()?;
+            eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
+        }
         if args.check_growth.is_some() {
             anyhow::ensure!(steps.iter().all(|s| s.dropped_events == 0), "events were dropped: the growth check needs all of them");
             let report = growth::check(&live.finish(), &steps);
-            print!("{report}");
+            std::io::Write::write_fmt(&mut out, format_args!("{report}"))?;
             if !report.healthy() {
                 return Ok(ExitCode::from(1));
             }
@@ -307,22 +342,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     anyhow::ensure!(!args.json, "--json needs --headless");
-    let keys = match &args.keys {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
-            KeyMap::from_toml(&text).with_context(|| p.display().to_string())?
-        }
-        None => KeyMap::default(),
-    };
-    let support = ColorSupport::detect();
-    let mut themes = vec![Theme::load(&args.theme)?.adapted(support)];
-    for (name, _) in BUILTIN {
-        if name != args.theme {
-            themes.push(Theme::load(name)?.adapted(support));
-        }
-    }
+    let screen = args.screen.load()?;
     let engine = args.engine_options(None)?;
-    vramscope::app::live::run(LiveOptions { engine, keys, themes })?;
+    vramscope::app::live::run(LiveOptions { engine, screen, record: args.record })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -395,6 +417,36 @@ fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn replay(args: ReplayCommand) -> anyhow::Result<()> {
+    let r = args.replay;
+    let script = Script::open(&r.file)?;
+    if r.headless {
+        return vramscope::app::replay::run_replay_headless(&script, r.json, &mut std::io::stdout().lock());
+    }
+    anyhow::ensure!(!r.json, "--json needs --headless");
+    vramscope::app::replay::run_replay(script, r.speed, args.screen.load()?)
+}
+
+impl ScreenArgs {
+    fn load(&self) -> anyhow::Result<Screen> {
+        let keys = match &self.keys {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
+                KeyMap::from_toml(&text).with_context(|| p.display().to_string())?
+            }
+            None => KeyMap::default(),
+        };
+        let support = ColorSupport::detect();
+        let mut themes = vec![Theme::load(&self.theme)?.adapted(support)];
+        for (name, _) in BUILTIN {
+            if name != self.theme {
+                themes.push(Theme::load(name)?.adapted(support));
+            }
+        }
+        Ok(Screen { keys, themes })
+    }
+}
+
 fn diff(args: DiffArgs) -> anyhow::Result<()> {
     use vramscope::app::snapshot_viewer::ViewerData;
     let a = ViewerData::open(&args.a, args.device)?;
@@ -416,6 +468,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Run(a)) => run(a),
         Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a).map(|()| ExitCode::SUCCESS),
+        Some(Command::Replay(a)) => replay(a).map(|()| ExitCode::SUCCESS),
         Some(Command::View(a)) => vramscope::app::snapshot_viewer::run_view(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Diff(a)) => diff(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Sweep(a)) => sweep_cmd(a),

@@ -3,6 +3,8 @@
 
 pub mod keys;
 pub mod live;
+pub mod replay;
 pub mod snapshot_viewer;
+pub mod terminal;
 pub mod view;
 pub mod watch;

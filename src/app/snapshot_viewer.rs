@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use crossterm::event::{self, Event, KeyCode, KeyEventKind};
 
+use crate::app::terminal::TerminalSession;
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::render::snapshot_viewer::{plot_columns, render_viewer};
 use crate::render::theme::{ColorSupport, Theme, BUILTIN};
@@ -419,29 +420,14 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     screen_loop(&mut data, &mut ui, &keys, &themes)
 }
 
-/// Puts the terminal back however the loop ends (ratatui's own hook covers panics).
-struct RestoreTerminal;
-
-impl Drop for RestoreTerminal {
-    fn drop(&mut self) {
-        ratatui::restore();
-    }
-}
-
 fn screen_loop(data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewAction>, themes: &[Theme]) -> anyhow::Result<()> {
-    // A hangup or terminate ends the loop like q does, so the terminal is restored.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-    }
-    let mut terminal = ratatui::try_init().context("setting up the terminal")?;
-    let _restore = RestoreTerminal;
+    let mut session = TerminalSession::enter()?;
     let mut dirty = true;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+    while !session.stop_requested() {
         if dirty {
-            let width = terminal.size()?.width;
+            let width = session.terminal.size()?.width;
             ui.columns = plot_columns(width, ui.inspector);
-            terminal.draw(|f| render_viewer(f, data, ui, keys, &themes[ui.theme % themes.len()]))?;
+            session.terminal.draw(|f| render_viewer(f, data, ui, keys, &themes[ui.theme % themes.len()]))?;
             dirty = false;
         }
         if !event::poll(Duration::from_millis(100))? {

@@ -7,6 +7,7 @@ use crossbeam_channel::Receiver;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use serde::Serialize;
 
+use crate::app::terminal::TerminalSession;
 use crate::render::format::bytes;
 use crate::render::theme::{ColorSupport, Theme};
 use crate::render::watch::{render_watch, WatchState};
@@ -56,32 +57,21 @@ pub fn run_watch(args: WatchArgs) -> anyhow::Result<()> {
     result
 }
 
-/// Puts the terminal back however the loop ends (ratatui's own hook covers panics).
-struct RestoreTerminal;
-
-impl Drop for RestoreTerminal {
-    fn drop(&mut self) {
-        ratatui::restore();
-    }
-}
-
 fn screen_loop(
     mut state: WatchState,
     rx: &Receiver<GaugeBatch>,
     theme: &Theme,
 ) -> anyhow::Result<()> {
-    // Raw mode, alternate screen, and a panic hook that restores both.
-    let mut terminal = ratatui::try_init().context("setting up the terminal")?;
-    let _restore = RestoreTerminal;
+    let mut session = TerminalSession::enter()?;
     let mut dirty = true;
     let mut last_draw: Option<Instant> = None;
-    loop {
+    while !session.stop_requested() {
         while let Ok(batch) = rx.try_recv() {
             state.history.ingest(batch);
             dirty = true;
         }
         if dirty && last_draw.is_none_or(|t| t.elapsed() >= FRAME) {
-            terminal.draw(|f| render_watch(f, f.area(), &state, theme))?;
+            session.terminal.draw(|f| render_watch(f, f.area(), &state, theme))?;
             last_draw = Some(Instant::now());
             dirty = false;
         }
@@ -102,6 +92,7 @@ fn screen_loop(
         }
         dirty = true;
     }
+    Ok(())
 }
 
 /// The `--once --json` document.

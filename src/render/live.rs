@@ -72,7 +72,8 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let Some(info) = &store.info else {
-        f.render_widget(Paragraph::new("vramscope · starting the training engine…").style(dim), area);
+        let what = store.title.as_deref().unwrap_or("starting the training engine…");
+        f.render_widget(Paragraph::new(format!("vramscope · {what}")).style(dim), area);
         return;
     };
     let c = &info.config;
@@ -126,6 +127,9 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
         spans.push(Span::styled(format!("capture dropping: {dropped} events lost (totals exact)"), Style::default().fg(theme.ui.warning)));
     } else {
         spans.push(Span::styled("capture ok", dim));
+    }
+    if let Some(t) = &store.title {
+        spans.extend([sep(), Span::styled(t.clone(), Style::default().fg(theme.ui.accent))]);
     }
     if store.oom.is_some() {
         spans.extend([sep(), Span::styled("OUT OF MEMORY", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);

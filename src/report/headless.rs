@@ -2,8 +2,8 @@
 
 use std::io::Write;
 
-use crate::event::Batch;
-use crate::train::engine::{Engine, Report, StepReport};
+use crate::source::feed::Incoming;
+use crate::train::engine::{Report, StepReport};
 
 use crate::render::format::bytes;
 
@@ -31,60 +31,41 @@ pub fn step_line(r: &StepReport) -> String {
     )
 }
 
-/// Drives the engine to completion, printing as steps finish; every event batch goes to
-/// `on_batch` (headless has no store; reading batches keeps the engine from counting
-/// drops). Returns the step reports. An error report ends the run with that error.
-pub fn run(
-    engine: &mut Engine,
-    json: bool,
-    out: &mut impl Write,
-    on_batch: &mut dyn FnMut(&Batch),
-) -> anyhow::Result<Vec<StepReport>> {
+/// Prints a session's steps as its items arrive, from any source (an engine, a recording).
+/// Returns the step reports; an error report ends the run with that error.
+pub fn run(items: impl Iterator<Item = Incoming>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
-    let batches = engine.batches.clone();
-    loop {
-        crossbeam_channel::select! {
-            recv(batches) -> b => if let Ok(b) = b { on_batch(&b) },
-            recv(engine.reports) -> msg => {
-                let Ok(report) = msg else {
-                    anyhow::bail!("the training engine stopped without saying why")
-                };
-                match report {
-                    Report::Started(info) => {
-                        if !json {
-                            writeln!(out, "vramscope: {} on {} ({} parameters){}", info.config.model_name, info.device,
-                                info.parameters, info.note.map(|n| format!(" — {n}")).unwrap_or_default())?;
-                        }
-                    }
-                    Report::Step(r) => {
-                        if json {
-                            writeln!(out, "{}", serde_json::to_string(&r)?)?;
-                        } else {
-                            writeln!(out, "{}", step_line(&r))?;
-                        }
-                        out.flush()?;
-                        steps.push(r);
-                    }
-                    Report::SnapshotSaved { step, path } => {
-                        if !json {
-                            writeln!(out, "snapshot of step {step} saved: {}", path.display())?;
-                        }
-                    }
-                    Report::SnapshotFailed { step, error } => {
-                        anyhow::bail!("snapshot of step {step} failed: {error}")
-                    }
-                    Report::Oom(o) => anyhow::bail!("out of memory at step {} ({}): {}", o.step, o.phase.as_str(), o.message),
-                    Report::Error(e) => anyhow::bail!("{e}"),
-                    Report::Knob(_) | Report::Paused(_) => {}
-                    Report::Finished => {
-                        // Batches sent before Finished may still be queued.
-                        while let Ok(b) = batches.try_recv() {
-                            on_batch(&b);
-                        }
-                        break;
-                    }
+    // Headless has no store: batches and gauges pass by unread.
+    for item in items {
+        let Incoming::Report(report) = item else { continue };
+        match report {
+            Report::Started(info) => {
+                if !json {
+                    writeln!(out, "vramscope: {} on {} ({} parameters){}", info.config.model_name, info.device,
+                        info.parameters, info.note.map(|n| format!(" — {n}")).unwrap_or_default())?;
                 }
             }
+            Report::Step(r) => {
+                if json {
+                    writeln!(out, "{}", serde_json::to_string(&r)?)?;
+                } else {
+                    writeln!(out, "{}", step_line(&r))?;
+                }
+                out.flush()?;
+                steps.push(r);
+            }
+            Report::SnapshotSaved { step, path } => {
+                if !json {
+                    writeln!(out, "snapshot of step {step} saved: {}", path.display())?;
+                }
+            }
+            Report::SnapshotFailed { step, error } => {
+                anyhow::bail!("snapshot of step {step} failed: {error}")
+            }
+            Report::Oom(o) => anyhow::bail!("out of memory at step {} ({}): {}", o.step, o.phase.as_str(), o.message),
+            Report::Error(e) => anyhow::bail!("{e}"),
+            Report::Knob(_) | Report::Paused(_) => {}
+            Report::Finished => break,
         }
     }
     Ok(steps)

@@ -1,3 +1,4 @@
 //! Producers of data for the store.
 
+pub mod feed;
 pub mod gauges;

@@ -79,6 +79,8 @@ pub struct Store {
     pub steps: VecDeque<StepReport>,
     pub scopes: Vec<String>,
     pub info: Option<EngineInfo>,
+    /// What is shown when it is not a live engine (a replay's file), for the header.
+    pub title: Option<String>,
     /// Device (NVML) or host readings, beside the allocator's view.
     pub gauges: GaugeHistory,
     pub log: VecDeque<LogLine>,
@@ -107,6 +109,7 @@ impl Store {
             steps: VecDeque::new(),
             scopes: vec![String::new()],
             info: None,
+            title: None,
             // 10 minutes at the default 250 ms interval.
             gauges: GaugeHistory::new(2400, 0),
             log: VecDeque::new(),

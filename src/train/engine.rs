@@ -94,7 +94,7 @@ pub struct OomReport {
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Report {
     Started(EngineInfo),
     Knob(KnobChange),
@@ -414,6 +414,10 @@ impl Worker {
     }
 
     fn finish(&mut self) {
+        // A snapshot asked for before the stop is still written.
+        if std::mem::take(&mut self.snapshot_requested) {
+            self.snapshot();
+        }
         self.flush();
         for w in self.writers.drain(..) {
             let _ = w.join();

@@ -20,7 +20,7 @@ pub struct Scopes {
 impl Default for Scopes {
     fn default() -> Self {
         Scopes {
-            ids: RefCell::new(HashMap::new()),
+            ids: RefCell::new(HashMap::from([(String::new(), NO_SCOPE)])),
             names: RefCell::new(vec![String::new()]),
             unsent: RefCell::new(Vec::new()),
             current: Cell::new(NO_SCOPE),

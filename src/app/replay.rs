@@ -1,0 +1,82 @@
+//! `vramscope replay FILE`: the live screen fed by a recording or a snapshot trace. Space
+//! pauses, > and < change the speed, n and N seek a step forward or back.
+
+use crossbeam_channel::Sender;
+use tokio::sync::mpsc;
+
+use crate::record::player::{spawn_player, PlayerCommand, Script};
+use crate::store::{LogKind, Store};
+
+use super::keys::Action;
+use super::live::{event_loop, Controls, Screen};
+use super::terminal::TerminalSession;
+
+const SPEEDS: std::ops::RangeInclusive<f64> = (1.0 / 64.0)..=64.0;
+
+struct ReplayControls {
+    player: Sender<PlayerCommand>,
+    speed: f64,
+}
+
+impl Controls for ReplayControls {
+    fn key(&mut self, a: Action, store: &mut Store) {
+        let cmd = match a {
+            Action::TogglePause | Action::StepOnce => PlayerCommand::TogglePause,
+            Action::SpeedUp | Action::SpeedDown => {
+                let s = if a == Action::SpeedUp { self.speed * 2.0 } else { self.speed / 2.0 };
+                self.speed = s.clamp(*SPEEDS.start(), *SPEEDS.end());
+                store.log_line(LogKind::Info, format!("replay speed ×{}", self.speed));
+                PlayerCommand::Speed(self.speed)
+            }
+            Action::NextStep => PlayerCommand::NextStep,
+            Action::PrevStep => PlayerCommand::PrevStep,
+            Action::ToggleRecord => return store.log_line(LogKind::Info, "replay: this is a recording already".into()),
+            _ => return store.log_line(LogKind::Info, "replay: knobs are fixed by the recording".into()),
+        };
+        let _ = self.player.send(cmd);
+    }
+}
+
+/// Plays `script` on the screen at `speed` until the user quits.
+pub fn run_replay(script: Script, speed: f64, screen: Screen) -> anyhow::Result<()> {
+    anyhow::ensure!(SPEEDS.contains(&speed), "--speed must be between 1/64 and 64, got {speed}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut store = Store::new(4 << 20);
+    store.log_line(LogKind::Info, script.describe());
+    store.title = Some(match &script {
+        Script::Recording(r) => format!("replay of {}", r.path.display()),
+        Script::Trace { path, .. } => format!("snapshot trace of {}", path.display()),
+    });
+    let (tx, rx) = mpsc::channel(256);
+    let player = spawn_player(script, speed, tx);
+    let mut controls = ReplayControls { player, speed };
+    let mut session = TerminalSession::enter()?;
+    rt.block_on(event_loop(&mut session, rx, &mut controls, &screen, store))
+}
+
+#[derive(clap::Args, Clone)]
+pub struct ReplayArgs {
+    /// A recording (vramscope run --record) or a memory snapshot pickle.
+    pub file: std::path::PathBuf,
+    /// Playback speed relative to the recorded timing (1/64 to 64).
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// Print the recorded per-step lines instead of the screen.
+    #[arg(long)]
+    pub headless: bool,
+    /// With --headless: one JSON object per step.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The per-step lines of a live headless run, from a recording, unpaced. The line on how
+/// the recording ends goes to stderr, so stdout matches the live run's byte for byte.
+pub fn run_replay_headless(script: &Script, json: bool, out: &mut impl std::io::Write) -> anyhow::Result<()> {
+    let mut failed = None;
+    crate::report::headless::run(script.stream(&mut failed), json, out)?;
+    eprintln!("{}", script.describe());
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
