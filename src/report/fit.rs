@@ -54,8 +54,9 @@ pub fn fit_poly(xs: &[f64], ys: &[f64], degree: usize) -> Option<Poly> {
         for row in 0..n {
             if row != col {
                 let f = a[row][col] / a[col][col];
-                for k in col..=n {
-                    a[row][k] -= f * a[col][k];
+                let pivot_row = a[col].clone();
+                for (x, p) in a[row].iter_mut().zip(&pivot_row).skip(col) {
+                    *x -= f * p;
                 }
             }
         }
