@@ -57,11 +57,79 @@ fn measure(capture: bool, ctx: i64, batch: i64, steps: u64) -> (f64, f64) {
     (times[times.len() / 2], cpu)
 }
 
+/// CPU cost of the capture's own work per raw event on the training thread: the tracker
+/// (allocator model, categories, trace ring) over a training-shaped CPU request stream.
+/// The shim's side (a mutex and a push per allocation) is included by recording through it.
+fn per_event_cost_ns() -> f64 {
+    use vramscope::capture::tracker::Tracker;
+    use vramscope::capture::{drain_into, RawEvent};
+    let n = 1_000_000usize;
+    let mut raw: Vec<RawEvent> = Vec::with_capacity(n);
+    let mut live: Vec<u64> = Vec::new();
+    let mut x = 0x2545F4914F6CDD1Du64;
+    // Allocate and free real CPU tensors through the recording allocator would mix in
+    // libtorch's own cost; instead feed the tracker the shape of a step directly.
+    for i in 0..n as u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let free = !live.is_empty() && (x % 100 < 48 || live.len() > 4000);
+        let mut e = RawEvent::default();
+        if free {
+            e.action = vramscope::capture::RAW_FREE;
+            e.addr = live.swap_remove((x >> 16) as usize % live.len());
+        } else {
+            e.action = vramscope::capture::RAW_ALLOC;
+            e.addr = 0x1000_0000 + i * 64;
+            e.size = if x % 10 == 0 { 1 + (x >> 20) % (16 << 20) } else { 1 + (x >> 20) % 65536 };
+            live.push(e.addr);
+        }
+        e.device = vramscope::capture::CPU_DEVICE;
+        raw.push(e);
+    }
+    let mut tracker = Tracker::modelled();
+    let t = process_cpu_s();
+    for chunk in raw.chunks(8192) {
+        tracker.ingest(chunk);
+        std::hint::black_box(tracker.take_batch(Vec::new()));
+    }
+    let tracker_s = process_cpu_s() - t;
+    // The shim's part: allocate and free small CPU tensors through libtorch with recording
+    // on and off, interleaved; the difference per event is what recording adds.
+    vramscope::capture::install_cpu_allocator().expect("shim installs");
+    let mut out = Vec::with_capacity(1 << 16);
+    let mut loop_s = |on: bool| {
+        vramscope::capture::set_capture_enabled(on);
+        let t = process_cpu_s();
+        for _ in 0..50 {
+            for _ in 0..2000 {
+                drop(std::hint::black_box(tch::Tensor::empty([16], (tch::Kind::Float, tch::Device::Cpu))));
+            }
+            out.clear();
+            drain_into(&mut out);
+        }
+        process_cpu_s() - t
+    };
+    let (mut on, mut off) = (0.0, 0.0);
+    for _ in 0..5 {
+        on += loop_s(true);
+        off += loop_s(false);
+    }
+    // 5 rounds × 50 × 2000 tensors, each an alloc and a free.
+    let shim_s = ((on - off) / (5.0 * 50.0 * 2000.0 * 2.0)).max(0.0) * n as f64;
+    (tracker_s + shim_s) / n as f64 * 1e9
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(4);
     let ctx: i64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(128);
     let batch: i64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let per_event = per_event_cost_ns();
+    println!("capture work per raw event on the training thread (shim record + tracker): {per_event:.0} ns CPU");
+    if rounds == 0 {
+        return;
+    }
     println!("capture overhead: small preset, CPU, ctx {ctx}, batch {batch}, {rounds} interleaved rounds of 3 steps each");
     let (mut on, mut off) = (Vec::new(), Vec::new());
     for r in 0..rounds {
