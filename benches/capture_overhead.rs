@@ -3,10 +3,12 @@
 //!
 //!   cargo bench --bench capture_overhead -- [rounds] [ctx] [batch]
 
+mod common;
+
 use std::time::Duration;
 
-use vramscope::train::config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
-use vramscope::train::engine::{Engine, EngineOptions, Report};
+use vramscope::train::config::Preset;
+use vramscope::train::engine::{Engine, Report};
 
 /// CPU seconds this process has used (all threads: libtorch's intra-op pool included).
 fn process_cpu_s() -> f64 {
@@ -20,18 +22,7 @@ fn process_cpu_s() -> f64 {
 /// (median wall seconds per step, CPU seconds per step) over `steps` steps after one
 /// warm-up step. CPU time is steadier than wall time on a shared machine.
 fn measure(capture: bool, ctx: i64, batch: i64, steps: u64) -> (f64, f64) {
-    let cfg = StepConfig {
-        model_name: "small".into(),
-        dims: Preset::Small.dims(),
-        ctx,
-        batch,
-        precision: Precision::Fp32,
-        mode: Mode::Train,
-        attention: Attention::Naive,
-    };
-    let mut o = EngineOptions::new(cfg);
-    o.device = DeviceChoice::Cpu;
-    o.steps = Some(steps + 1);
+    let mut o = common::cpu_train(Preset::Small, ctx, batch, steps);
     o.capture = capture;
     let mut engine = Engine::spawn(o).expect("engine");
     let batches = engine.batches.clone();

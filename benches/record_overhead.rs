@@ -4,26 +4,17 @@
 //!
 //!   cargo bench --bench record_overhead -- [rounds] [steps] [ctx] [batch]
 
+mod common;
+
 use vramscope::record::player::Script;
 use vramscope::record::writer::{RecordSummary, Recorder};
 use vramscope::source::feed::{engine_items, Incoming};
-use vramscope::train::config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
-use vramscope::train::engine::{Engine, EngineOptions, Report};
+use vramscope::train::config::Preset;
+use vramscope::train::engine::{Engine, Report};
 
 /// Step times after one warm-up step, consumed the way `run --headless [--record]` does.
 fn session(record: Option<&std::path::Path>, steps: u64, ctx: i64, batch: i64) -> (Vec<f64>, Option<RecordSummary>) {
-    let cfg = StepConfig {
-        model_name: "tiny".into(),
-        dims: Preset::Tiny.dims(),
-        ctx,
-        batch,
-        precision: Precision::Fp32,
-        mode: Mode::Train,
-        attention: Attention::Naive,
-    };
-    let mut o = EngineOptions::new(cfg);
-    o.device = DeviceChoice::Cpu;
-    o.steps = Some(steps + 1);
+    let o = common::cpu_train(Preset::Tiny, ctx, batch, steps);
     let mut recorder = record.map(|p| Recorder::create(p).expect("new recording"));
     let mut engine = Engine::spawn(o).expect("engine");
     let step_time = |i: Incoming| match i {

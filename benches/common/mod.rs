@@ -1,8 +1,29 @@
-//! Helpers shared by the benchmarks that generate data with Python and measure memory.
+//! Helpers shared by the benchmarks: data generated with Python, memory readings, and the
+//! CPU training configuration the overhead benches run.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Command;
+
+use vramscope::train::config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
+use vramscope::train::engine::EngineOptions;
+
+/// Full fp32 training steps of `preset` on CPU: one warm-up step, then `steps` measured.
+pub fn cpu_train(preset: Preset, ctx: i64, batch: i64, steps: u64) -> EngineOptions {
+    let cfg = StepConfig {
+        model_name: preset.name().into(),
+        dims: preset.dims(),
+        ctx,
+        batch,
+        precision: Precision::Fp32,
+        mode: Mode::Train,
+        attention: Attention::Naive,
+    };
+    let mut o = EngineOptions::new(cfg);
+    o.device = DeviceChoice::Cpu;
+    o.steps = Some(steps + 1);
+    o
+}
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
