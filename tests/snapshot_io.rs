@@ -2,8 +2,10 @@
 //! memory_viz's command line tools, plus hostile inputs.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
+
+mod common;
 
 use vramscope::snapshot::model::{
     Action, AllocatorSettings, Annotation, AnnotationStage, Block, BlockState, Frame, Segment,
@@ -19,24 +21,7 @@ const FIXTURES: [&str; 3] = [
     "SnapViewer_assets_memory.pickle",
 ];
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/snapshots")
-        .join(name)
-}
-
-fn python() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "NOTICE: {} missing, skipping the Python cross-check",
-            p.display()
-        );
-        None
-    }
-}
+use common::{fixture, python};
 
 /// Counts computed by Python's own `pickle.load`: the independent check.
 const PY_COUNTS: &str = r#"
@@ -68,20 +53,8 @@ struct Counts {
     settings_keys: Vec<String>,
 }
 
-fn python_counts(py: &Path, file: &Path) -> Counts {
-    let out = Command::new(py)
-        .arg("-c")
-        .arg(PY_COUNTS)
-        .arg(file)
-        .output()
-        .expect("run python");
-    assert!(
-        out.status.success(),
-        "python failed on {}: {}",
-        file.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("python JSON")
+fn python_counts(file: &Path) -> Counts {
+    common::python_json(PY_COUNTS, file)
 }
 
 fn rust_counts(s: &Snapshot) -> Counts {
@@ -121,7 +94,6 @@ fn written(s: &Snapshot) -> Vec<u8> {
 
 #[test]
 fn fixtures_agree_with_python_pickle() {
-    let Some(py) = python() else { return };
     for name in FIXTURES {
         let snap = read_snapshot_file(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let ours = rust_counts(&snap);
@@ -129,7 +101,7 @@ fn fixtures_agree_with_python_pickle() {
             ours.segments > 0 && ours.entries.iter().sum::<usize>() > 0,
             "{name}: empty read"
         );
-        assert_eq!(ours, python_counts(&py, &fixture(name)), "{name}");
+        assert_eq!(ours, python_counts(&fixture(name)), "{name}");
     }
 }
 
@@ -290,7 +262,7 @@ fn synthetic_round_trip() {
 
 #[test]
 fn written_files_load_in_python_and_memory_viz() {
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().unwrap();
     let mut cases: Vec<(String, Snapshot)> = FIXTURES
         .iter()
@@ -299,7 +271,7 @@ fn written_files_load_in_python_and_memory_viz() {
     cases.push(("synthetic.pickle".into(), synthetic()));
     for (name, snap) in &cases {
         let path = save_snapshot_atomic(snap, &dir.path().join(name)).unwrap();
-        assert_eq!(python_counts(&py, &path), rust_counts(snap), "{name}");
+        assert_eq!(python_counts(&path), rust_counts(snap), "{name}");
         for tool in ["stats", "trace"] {
             // The SnapViewer fixture's blocks do not add up to its segment sizes, so
             // `stats` rejects the original file as well.
@@ -370,7 +342,6 @@ const MEMORY_VIZ_OPCODES: [&str; 31] = [
 
 #[test]
 fn written_opcodes_are_memory_viz_compatible() {
-    let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut big = read_snapshot_file(&fixture(FIXTURES[1])).unwrap();
     // Past the 1000-item batch and the 64 KiB frame size, and a 300-byte string.
@@ -378,18 +349,7 @@ fn written_opcodes_are_memory_viz_compatible() {
     for s in [synthetic(), big] {
         let path = dir.path().join("w.pickle");
         std::fs::write(&path, written(&s)).unwrap();
-        let out = Command::new(&py)
-            .arg("-c")
-            .arg(PY_OPCODES)
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v: serde_json::Value = common::python_json(PY_OPCODES, &path);
         assert_eq!(v["proto"], 4);
         for op in v["ops"].as_array().unwrap() {
             let op = op.as_str().unwrap();
@@ -412,7 +372,8 @@ fn err(bytes: &[u8]) -> String {
 #[test]
 fn rejects_code_and_objects() {
     // Python's own pickles of a set (protocol 2: GLOBAL + REDUCE) and of a class instance.
-    if let Some(py) = python() {
+    {
+        let py = python();
         for expr in [
             "pickle.dumps({1, 2}, 2)",
             "pickle.dumps(fractions.Fraction(1, 3), 4)",

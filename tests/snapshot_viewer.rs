@@ -81,9 +81,7 @@ fn summary_json(name: &str) -> serde_json::Value {
 fn summary_figures_match_python_on_every_fixture() {
     for name in common::ALL {
         let got = summary_json(name);
-        let out = Command::new(common::python()).arg("-c").arg(REFERENCE).arg(common::fixture_path(name)).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let want: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let want: serde_json::Value = common::python_json(REFERENCE, &common::fixture_path(name));
         for key in ["peak_active_bytes", "peak_reserved_bytes", "reserved_bytes", "allocated_bytes", "segments", "blocks", "trace_entries", "inactive_bytes", "largest_free_block"] {
             assert_eq!(got[key], want[key], "{name}: {key}");
         }

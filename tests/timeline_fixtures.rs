@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::process::Command;
 
 use vramscope::snapshot::timeline::Timeline;
 
@@ -47,18 +46,7 @@ print(json.dumps({'during': during, 'elements': len(sizes), 'initial': len(initi
 "#;
 
 fn check(name: &str) {
-    let out = Command::new(common::python())
-        .arg("-c")
-        .arg(REFERENCE)
-        .arg(common::fixture_path(name))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let want: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: serde_json::Value = common::python_json(REFERENCE, &common::fixture_path(name));
     let during: Vec<u64> = serde_json::from_value(want["during"].clone()).unwrap();
     let t = Timeline::from_snapshot(&common::load(name), 0);
     let got: Vec<u64> = (0..t.total_events).map(|i| t.totals_at(i)).collect();

@@ -101,3 +101,11 @@ pub fn fixture_path(name: &str) -> PathBuf {
 pub fn load(name: &str) -> Snapshot {
     vramscope::snapshot::read_snapshot_file(&fixture_path(name)).unwrap()
 }
+
+/// Runs `script` with the project venv's Python on `file` and parses the JSON it prints:
+/// the independent computations the tests hold our figures to.
+pub fn python_json<T: serde::de::DeserializeOwned>(script: &str, file: &std::path::Path) -> T {
+    let out = std::process::Command::new(python()).arg("-c").arg(script).arg(file).output().expect("run the venv's python");
+    assert!(out.status.success(), "python failed on {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("python prints JSON")
+}
