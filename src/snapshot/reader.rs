@@ -28,11 +28,9 @@ const MAX_DEPTH: u32 = 100;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    // The io error is part of the message, not a `source`, so error chains print it once.
+    #[error("cannot read {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("not a pickle: the input is empty")]
     Empty,
     #[error(
@@ -67,9 +65,9 @@ pub enum ReadError {
 /// already decoded are released as the reader advances, so peak memory is mostly the
 /// decoded snapshot, not the file; other files are read into memory.
 pub fn read_snapshot_file(path: &Path) -> Result<Snapshot, ReadError> {
-    let io = |source| ReadError::Io {
+    let io = |err| ReadError::Io {
         path: path.to_path_buf(),
-        source,
+        err,
     };
     let file = std::fs::File::open(path).map_err(io)?;
     #[cfg(unix)]

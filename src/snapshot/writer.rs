@@ -22,10 +22,11 @@ const BATCH: usize = 1000;
 pub enum WriteError {
     #[error("refusing to overwrite existing file {0}")]
     Exists(PathBuf),
-    #[error("cannot create directory {path}: {source}")]
-    CreateDir { path: PathBuf, source: io::Error },
-    #[error("cannot write snapshot into {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    // The io errors are part of the messages, not `source`s, so chains print them once.
+    #[error("cannot create directory {path}: {err}")]
+    CreateDir { path: PathBuf, err: io::Error },
+    #[error("cannot write snapshot into {path}: {err}")]
+    Io { path: PathBuf, err: io::Error },
 }
 
 /// Serialize `snap` as a memory_viz-compatible pickle.
@@ -62,24 +63,24 @@ pub fn save_atomic(
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    fs::create_dir_all(&dir).map_err(|source| WriteError::CreateDir {
+    fs::create_dir_all(&dir).map_err(|err| WriteError::CreateDir {
         path: dir.clone(),
-        source,
+        err,
     })?;
     if path.exists() {
         return Err(WriteError::Exists(path.to_path_buf()));
     }
-    let io_err = |source| WriteError::Io {
+    let io_err = |err| WriteError::Io {
         path: path.to_path_buf(),
-        source,
+        err,
     };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let (tmp, file) = create_temp(&dir, &name).map_err(|source| WriteError::Io {
+    let (tmp, file) = create_temp(&dir, &name).map_err(|err| WriteError::Io {
         path: dir.clone(),
-        source,
+        err,
     })?;
     let result = (|| {
         let mut w = io::BufWriter::with_capacity(1 << 20, file);
