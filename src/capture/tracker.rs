@@ -282,11 +282,13 @@ impl Tracker {
     }
 
     pub fn take_step_stats(&mut self) -> StepStats {
-        let mut fresh = StepStats::default();
         // The next step starts from what is live now.
-        fresh.peak_allocated = self.allocated_bytes;
-        fresh.peak_reserved = self.reserved_bytes;
-        fresh.peak_active = self.active_bytes;
+        let fresh = StepStats {
+            peak_allocated: self.allocated_bytes,
+            peak_reserved: self.reserved_bytes,
+            peak_active: self.active_bytes,
+            ..StepStats::default()
+        };
         std::mem::replace(&mut self.step_stats, fresh)
     }
 

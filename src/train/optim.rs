@@ -36,7 +36,7 @@ impl AdamW {
             let mut p = p.shallow_clone();
             let _ = m.g_mul_scalar_(self.beta1).g_add_(&(&g * (1.0 - self.beta1)));
             let _ = v.g_mul_scalar_(self.beta2).g_add_(&(g.square() * (1.0 - self.beta2)));
-            let update = m.as_ref() / (v.sqrt() + self.eps) * step_size;
+            let update = &*m / (v.sqrt() + self.eps) * step_size;
             let _ = p.g_sub_(&update);
             let _ = p.g_mul_scalar_(1.0 - self.lr * self.weight_decay);
         }
