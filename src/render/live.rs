@@ -449,21 +449,43 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme
         }
         None => Line::from(Span::styled("no events yet", Style::default().fg(theme.ui.dim))),
     };
-    let hint = |a: Action, what: &str| vec![Span::styled(keys.key_of(a).label(), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)), Span::styled(format!(" {what}  "), Style::default().fg(theme.ui.dim))];
-    let hints: Vec<Span> = [
-        (Action::Help, "help"),
-        (Action::TogglePrecision, "precision"),
-        (Action::CtxDouble, "ctx×2"),
-        (Action::CtxHalve, "ctx÷2"),
-        (Action::ToggleMode, "mode"),
-        (Action::Snapshot, "snapshot"),
-        (Action::TogglePause, "pause"),
-        (Action::Quit, "quit"),
-    ]
-    .into_iter()
-    .flat_map(|(a, w)| hint(a, w))
-    .collect();
-    f.render_widget(Paragraph::new(vec![line, Line::from(hints)]), area);
+    // A replay (it has a title) cannot turn the knobs: its footer names its own keys.
+    let items: &[(Action, &str)] = if store.title.is_some() {
+        &[
+            (Action::Help, "help"),
+            (Action::TogglePause, "pause"),
+            (Action::SpeedUp, "faster"),
+            (Action::SpeedDown, "slower"),
+            (Action::NextStep, "next step"),
+            (Action::PrevStep, "previous step"),
+            (Action::Quit, "quit"),
+        ]
+    } else {
+        &[
+            (Action::Help, "help"),
+            (Action::TogglePrecision, "precision"),
+            (Action::CtxDouble, "ctx×2"),
+            (Action::CtxHalve, "ctx÷2"),
+            (Action::ToggleMode, "mode"),
+            (Action::Snapshot, "snapshot"),
+            (Action::TogglePause, "pause"),
+            (Action::Quit, "quit"),
+        ]
+    };
+    let hints = key_hints(keys, items, theme);
+    f.render_widget(Paragraph::new(vec![line, hints]), area);
+}
+
+/// A footer of "key what" pairs, with the keys as the table binds them (rebinding shows).
+pub fn key_hints<A: Bindable>(keys: &KeyMap<A>, items: &[(A, &str)], theme: &Theme) -> Line<'static> {
+    let key = Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD);
+    let what = Style::default().fg(theme.ui.dim);
+    Line::from(
+        items
+            .iter()
+            .flat_map(|(a, w)| [Span::styled(keys.key_of(*a).label(), key), Span::styled(format!(" {w}  "), what)])
+            .collect::<Vec<_>>(),
+    )
 }
 
 pub fn render_help<A: Bindable>(f: &mut Frame, area: Rect, keys: &KeyMap<A>, theme: &Theme) {

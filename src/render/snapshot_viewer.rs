@@ -13,7 +13,7 @@ use crate::app::snapshot_viewer::{Tab, ViewerData, ViewerUi, DETAIL_STEPS};
 use crate::render::format::{bar, bytes, fit};
 use crate::report::snapshot_summary::{allocation_info, event_time, frame_label};
 
-use super::live::{render_help, render_too_small, MIN_HEIGHT, MIN_WIDTH};
+use super::live::{key_hints, render_help, render_too_small, MIN_HEIGHT, MIN_WIDTH};
 use super::theme::Theme;
 
 const INSPECTOR_WIDTH: u16 = 48;
@@ -361,22 +361,22 @@ pub fn render_footer(f: &mut Frame, area: Rect, ui: &ViewerUi, keys: &KeyMap<Vie
         f.render_widget(Paragraph::new("type a frame name, file or address · enter applies · esc cancels").style(Style::default().fg(theme.ui.accent)), area);
         return;
     }
-    let hint = |a: ViewAction, what: &str| vec![Span::styled(keys.key_of(a).label(), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)), Span::styled(format!(" {what}  "), Style::default().fg(theme.ui.dim))];
-    let hints: Vec<Span> = [
-        (ViewAction::Help, "help"),
-        (ViewAction::NextTab, "view"),
-        (ViewAction::DetailLess, "detail-"),
-        (ViewAction::DetailMore, "detail+"),
-        (ViewAction::ZoomIn, "zoom"),
-        (ViewAction::Inspect, "inspect"),
-        (ViewAction::Search, "search"),
-        (ViewAction::JumpToPeak, "peak"),
-        (ViewAction::Quit, "quit"),
-    ]
-    .into_iter()
-    .flat_map(|(a, w)| hint(a, w))
-    .collect();
-    f.render_widget(Paragraph::new(Line::from(hints)), area);
+    let hints = key_hints(
+        keys,
+        &[
+            (ViewAction::Help, "help"),
+            (ViewAction::NextTab, "view"),
+            (ViewAction::DetailLess, "detail-"),
+            (ViewAction::DetailMore, "detail+"),
+            (ViewAction::ZoomIn, "zoom"),
+            (ViewAction::Inspect, "inspect"),
+            (ViewAction::Search, "search"),
+            (ViewAction::JumpToPeak, "peak"),
+            (ViewAction::Quit, "quit"),
+        ],
+        theme,
+    );
+    f.render_widget(Paragraph::new(hints), area);
 }
 
 /// Fills a buffer outside a terminal (snapshot tests, the first-frame benchmark).

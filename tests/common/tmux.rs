@@ -16,15 +16,18 @@ fn tmux(args: &[&str]) -> String {
 
 impl Session {
     /// Starts `cmd` in a detached 200×60 session whose pane stays after the program exits.
+    /// The session name carries the test process's pid, so two test runs on one machine
+    /// never drive each other's sessions.
     pub fn start(name: &str, cmd: &str) -> Session {
-        let _ = Command::new("tmux").args(["kill-session", "-t", name]).output();
+        let name = format!("{name}-{}", std::process::id());
+        let _ = Command::new("tmux").args(["kill-session", "-t", &name]).output();
         let status = Command::new("tmux")
-            .args(["new-session", "-d", "-s", name, "-x", "200", "-y", "60"])
+            .args(["new-session", "-d", "-s", &name, "-x", "200", "-y", "60"])
             .arg(format!("TERM=xterm-256color {cmd}; sleep 30"))
             .status()
             .expect("tmux starts");
         assert!(status.success());
-        Session { name: name.into() }
+        Session { name }
     }
 
     pub fn screen(&self) -> String {
