@@ -15,7 +15,7 @@ use vramscope::app::live::{LiveOptions, Screen};
 use vramscope::record::player::Script;
 use vramscope::record::writer::Recorder;
 use vramscope::source::feed::{engine_items, Incoming};
-use vramscope::render::theme::{ColorSupport, Theme, BUILTIN};
+use vramscope::render::theme::Theme;
 use vramscope::render::export::{self, ExportOptions};
 use vramscope::render::format::parse_bytes;
 use vramscope::report::growth::{self, LiveByOrigin};
@@ -429,21 +429,7 @@ fn replay(args: ReplayCommand) -> anyhow::Result<()> {
 
 impl ScreenArgs {
     fn load(&self) -> anyhow::Result<Screen> {
-        let keys = match &self.keys {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
-                KeyMap::from_toml(&text).with_context(|| p.display().to_string())?
-            }
-            None => KeyMap::default(),
-        };
-        let support = ColorSupport::detect();
-        let mut themes = vec![Theme::load(&self.theme)?.adapted(support)];
-        for (name, _) in BUILTIN {
-            if name != self.theme {
-                themes.push(Theme::load(name)?.adapted(support));
-            }
-        }
-        Ok(Screen { keys, themes })
+        Ok(Screen { keys: KeyMap::load(self.keys.as_deref())?, themes: Theme::cycle(&self.theme)? })
     }
 }
 

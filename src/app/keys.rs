@@ -103,6 +103,10 @@ pub enum KeyError {
     BadKey { action: String, key: String },
     #[error("key file: '{key}' is bound to both {first} and {second}")]
     Duplicate { key: String, first: String, second: String },
+    #[error("reading key file {path}: {err}")]
+    Read { path: std::path::PathBuf, err: String },
+    #[error("{path}: {inner}")]
+    InFile { path: std::path::PathBuf, inner: Box<KeyError> },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -211,6 +215,14 @@ impl<A: Bindable> KeyMap<A> {
             }
         }
         Ok(KeyMap { by_key, by_action })
+    }
+
+    /// The key file at `path` (`--keys`), or the defaults when there is none. Errors name
+    /// the file.
+    pub fn load(path: Option<&std::path::Path>) -> Result<Self, KeyError> {
+        let Some(p) = path else { return Ok(Self::default()) };
+        let text = std::fs::read_to_string(p).map_err(|e| KeyError::Read { path: p.to_path_buf(), err: e.to_string() })?;
+        Self::from_toml(&text).map_err(|e| KeyError::InFile { path: p.to_path_buf(), inner: Box::new(e) })
     }
 
     /// Defaults overridden by a TOML file's `[keys]` table (`toggle_precision = "P"`).

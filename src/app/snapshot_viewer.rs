@@ -12,7 +12,7 @@ use crossterm::event::{self, Event, KeyCode, KeyEventKind};
 use crate::app::terminal::TerminalSession;
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::render::snapshot_viewer::{plot_columns, render_viewer};
-use crate::render::theme::{ColorSupport, Theme, BUILTIN};
+use crate::render::theme::Theme;
 use crate::report::snapshot_summary::{
     annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_peak,
     segment_stats, AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
@@ -403,18 +403,8 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let keys = match &args.keys {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading key file {}", p.display()))?;
-            KeyMap::<ViewAction>::from_toml(&text).with_context(|| p.display().to_string())?
-        }
-        None => KeyMap::default(),
-    };
-    let support = ColorSupport::detect();
-    let mut themes = vec![Theme::load(&args.theme)?.adapted(support)];
-    for (name, _) in BUILTIN.iter().filter(|(n, _)| *n != args.theme) {
-        themes.push(Theme::load(name)?.adapted(support));
-    }
+    let keys = KeyMap::<ViewAction>::load(args.keys.as_deref())?;
+    let themes = Theme::cycle(&args.theme)?;
     let mut data = ViewerData::open(&args.file, args.device)?;
     let mut ui = ViewerUi::new(&data);
     screen_loop(&mut data, &mut ui, &keys, &themes)

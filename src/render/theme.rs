@@ -221,6 +221,17 @@ impl Theme {
         v
     }
 
+    /// `first` (a built-in name or a file), then the other built-ins, each as this terminal
+    /// can show it: the order the `t` key cycles through.
+    pub fn cycle(first: &str) -> Result<Vec<Theme>, ThemeError> {
+        let support = ColorSupport::detect();
+        let mut themes = vec![Theme::load(first)?.adapted(support)];
+        for (name, _) in BUILTIN.iter().filter(|(n, _)| *n != first) {
+            themes.push(Theme::load(name)?.adapted(support));
+        }
+        Ok(themes)
+    }
+
     /// This theme as the terminal can show it.
     pub fn adapted(mut self, support: ColorSupport) -> Theme {
         if support == ColorSupport::Palette256 {
