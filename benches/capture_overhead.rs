@@ -72,7 +72,7 @@ fn per_event_cost_ns() -> f64 {
         } else {
             e.action = vramscope::capture::RAW_ALLOC;
             e.addr = 0x1000_0000 + i * 64;
-            e.size = if x % 10 == 0 { 1 + (x >> 20) % (16 << 20) } else { 1 + (x >> 20) % 65536 };
+            e.size = if x.is_multiple_of(10) { 1 + (x >> 20) % (16 << 20) } else { 1 + (x >> 20) % 65536 };
             live.push(e.addr);
         }
         e.device = vramscope::capture::CPU_DEVICE;

@@ -6,7 +6,8 @@
 use std::time::Instant;
 
 use vramscope::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
-use vramscope::render::live::render_to_buffer;
+use vramscope::render::draw_to_buffer;
+use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
 use vramscope::store::Store;
 use vramscope::app::keys::KeyMap;
@@ -24,10 +25,10 @@ fn synthetic_batches(events: usize) -> Vec<Batch> {
     let mut step = 0u32;
     while (seq as usize) < events {
         let phase = Phase::ALL[1 + (seq / 2000 % 4) as usize];
-        if seq % 8000 == 0 {
+        if seq.is_multiple_of(8000) {
             step += 1;
         }
-        if seq % 2000 == 0 {
+        if seq.is_multiple_of(2000) {
             batch.marks.push(PhaseMark { seq, t_ns: seq * 100, step, phase });
         }
         x ^= x << 13;
@@ -103,7 +104,7 @@ fn main() {
         let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) = (0..runs)
             .map(|_| {
                 let (t, c) = (Instant::now(), thread_cpu_s());
-                let buf = render_to_buffer(&store, &view, &keys, &theme, 200, 60);
+                let buf = draw_to_buffer(200, 60, |f| render_live(f, &store, &view, &keys, &theme));
                 std::hint::black_box(buf);
                 (t.elapsed().as_secs_f64(), thread_cpu_s() - c)
             })

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use vramscope::app::keys::{Action, KeyMap};
 use vramscope::app::view::View;
 use vramscope::event::{Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
-use vramscope::render::live::render_to_buffer;
+use vramscope::render::draw_to_buffer;
+use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
 use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, SourceKind, SourceStatus};
 use vramscope::store::Store;
@@ -142,7 +143,7 @@ fn with_host(mut store: Store) -> Store {
 
 fn text(store: &Store, view: &View, w: u16, h: u16) -> String {
     let theme = Theme::load("dark").unwrap();
-    let buf = render_to_buffer(store, view, &KeyMap::default(), &theme, w, h);
+    let buf = draw_to_buffer(w, h, |f| render_live(f, store, view, &KeyMap::default(), &theme));
     (0..h)
         .map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
         .collect::<Vec<_>>()

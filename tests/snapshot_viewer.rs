@@ -1,6 +1,6 @@
 //! `vramscope view` and `vramscope diff` on the real fixtures: `--summary --json` against
-//! an independent Python reading of the same pickles, one-line errors on bad files, and
-//! whole-screen snapshots of each view.
+//! an independent Python reading of the same pickles, one-line errors on bad files,
+//! whole-screen snapshots of each view, and the loading screen of a long file.
 
 mod common;
 
@@ -8,8 +8,12 @@ use std::process::Command;
 
 use assert_cmd::cargo::CommandCargoExt;
 use vramscope::app::keys::{KeyMap, ViewAction};
+use vramscope::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
 use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
-use vramscope::render::snapshot_viewer::render_viewer_to_buffer;
+use vramscope::report::snapshot_summary::segment_stats;
+use vramscope::snapshot::{read_snapshot_file_observed, ReadPass};
+use vramscope::render::draw_to_buffer;
+use vramscope::render::snapshot_viewer::render_viewer;
 use vramscope::render::theme::Theme;
 
 /// Summary figures straight from the pickle with Python's own unpickler.
@@ -153,6 +157,13 @@ fn diff_of_a_file_with_itself_is_empty_and_across_files_reports_peaks() {
     assert!(String::from_utf8_lossy(&text.stdout).contains("peak active"));
 }
 
+fn text(buf: &ratatui::buffer::Buffer) -> String {
+    (0..buf.area.height)
+        .map(|y| (0..buf.area.width).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn screen(data: &mut ViewerData, keys_pressed: &[ViewAction]) -> String {
     let keys = KeyMap::<ViewAction>::default();
     let theme = Theme::load("dark").unwrap();
@@ -162,11 +173,7 @@ fn screen(data: &mut ViewerData, keys_pressed: &[ViewAction]) -> String {
         handle(*a, data, &mut ui, 1);
         ui.columns = vramscope::render::snapshot_viewer::plot_columns(160, ui.inspector);
     }
-    let buf = render_viewer_to_buffer(data, &ui, &keys, &theme, 160, 40);
-    (0..buf.area.height)
-        .map(|y| (0..buf.area.width).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
+    text(&draw_to_buffer(160, 40, |f| render_viewer(f, data, &ui, &keys, &theme)))
 }
 
 fn magma() -> ViewerData {
@@ -209,5 +216,93 @@ fn view_annotations_on_the_timeline() {
     let mut d = ViewerData::open(&common::fixture_path(common::SNAPVIEWER), 0).unwrap();
     let s = screen(&mut d, &[]);
     assert!(s.contains('▶'), "{s}");
+    insta::assert_snapshot!(s);
+}
+
+/// Long enough (about 9 MB) for the reader to report progress several times per pass.
+const COPIES: usize = 40;
+
+#[test]
+fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.pickle");
+    common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
+    // (pass, done, segments shown, trace length, its last entry)
+    let mut seen = Vec::new();
+    let snap = read_snapshot_file_observed(&path, &mut |p| {
+        let t = p.traces.first().copied().unwrap_or_default();
+        seen.push((p.pass, p.done, p.segments.is_some(), t.len(), t.last().map(|e| (e.action, e.addr, e.size, e.time_us))));
+    })
+    .unwrap();
+    let trace = &snap.device_traces[0];
+    let size = std::fs::metadata(&path).unwrap().len() as usize;
+    assert!(seen.len() >= 6, "progress through both passes of a {size}-byte file: {seen:?}");
+    assert!(seen.windows(2).all(|w| (w[0].0, w[0].1) <= (w[1].0, w[1].1)), "checking, then decoding, each forward: {seen:?}");
+    let check = seen.iter().filter(|s| s.0 == ReadPass::Check).count();
+    assert!(check >= 2 && seen[..check].iter().all(|s| !s.2 && s.3 == 0), "checking decodes nothing: {seen:?}");
+    let partial: Vec<_> = seen.iter().filter(|s| s.0 == ReadPass::Decode && s.3 > 0 && s.3 < trace.len()).collect();
+    assert!(partial.len() >= 2, "the trace is shown while it grows: {seen:?}");
+    assert!(partial.iter().all(|s| s.2), "segments (first in the file) are shown before the trace");
+    for s in &seen {
+        if s.3 > 0 {
+            let e = &trace[s.3 - 1];
+            assert_eq!(s.4, Some((e.action, e.addr, e.size, e.time_us)), "each shown trace is a prefix of the final one");
+        }
+    }
+    assert_eq!(seen.last().unwrap(), &(ReadPass::Decode, size, true, trace.len(), trace.last().map(|e| (e.action, e.addr, e.size, e.time_us))));
+}
+
+#[test]
+fn the_loading_timeline_is_the_loaded_one_before_blocks_alive_throughout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.pickle");
+    common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
+    let rx = spawn_loader(path.clone(), 0);
+    let mut loading = Loading::new("long.pickle".into(), 0);
+    let mut partial = None;
+    let mut fractions = Vec::new();
+    let data = loop {
+        let u = rx.recv().expect("the reader sends until Done");
+        if let LoadUpdate::Decoded = u {
+            let tl = loading.timeline().expect("the timeline so far, until decoded");
+            let totals: Vec<u64> = (0..tl.total_events).map(|i| tl.totals_at(i)).collect();
+            let allocs: Vec<_> = tl.allocations.iter().map(|a| (a.addr, a.size, a.start, a.end)).collect();
+            partial = Some((totals, allocs, loading.segments.clone()));
+        }
+        if let Some(done) = loading.apply(u) {
+            break done.unwrap();
+        }
+        fractions.push(loading.fraction());
+    };
+    assert!(fractions.windows(2).all(|w| w[0] <= w[1]) && *fractions.last().unwrap() == 1.0, "{fractions:?}");
+    assert!(loading.timeline().is_none(), "the partial timeline is dropped before the full one is built");
+    let (totals, allocs, segments) = partial.unwrap();
+    let tl = &data.tl;
+    assert_eq!(totals.len(), tl.total_events);
+    assert!(tl.total_events > 100_000, "{}", tl.total_events);
+    // Blocks alive throughout add the same bytes to every total.
+    let throughout: u64 = tl.allocations.iter().filter(|a| a.alive_at_start && a.end.is_none()).map(|a| a.size).sum();
+    assert!(throughout > 0);
+    assert!((0..tl.total_events).all(|i| tl.totals_at(i) == totals[i] + throughout));
+    let loaded: Vec<_> = tl.allocations.iter().filter(|a| !(a.alive_at_start && a.end.is_none())).map(|a| (a.addr, a.size, a.start, a.end)).collect();
+    assert_eq!(loaded, allocs);
+    assert_eq!(segments.map(|s| s.reserved), Some(segment_stats(&data.snap, 0).1.reserved));
+}
+
+#[test]
+fn view_while_loading() {
+    let snap = common::load(common::MAGMA27);
+    let mut loading = Loading::new(format!("{}.pickle", common::MAGMA27), 0);
+    for u in [
+        LoadUpdate::Progress { pass: ReadPass::Decode, done: 180_000, total: 495_064 },
+        LoadUpdate::Segments(segment_stats(&snap, 0).1),
+        LoadUpdate::Events(snap.device_traces[0][..2500].iter().map(|e| (e.action, e.addr, e.size)).collect()),
+    ] {
+        assert!(loading.apply(u).is_none());
+    }
+    loading.refresh_detail();
+    let theme = Theme::load("dark").unwrap();
+    let s = text(&draw_to_buffer(160, 40, |f| vramscope::render::snapshot_viewer::render_loading(f, &loading, &KeyMap::default(), &theme)));
+    assert!(s.contains("loading 49%") && s.contains("2500 trace entries so far") && s.contains("▼ peak"), "{s}");
     insta::assert_snapshot!(s);
 }

@@ -90,3 +90,28 @@ fn view_opens_a_snapshot_moves_detail_inspects_and_quits_cleanly() {
     assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
     assert_eq!(s.display("#{cursor_flag}"), "1", "cursor shown again");
 }
+
+#[test]
+fn view_behind_the_loading_screen_opens_and_a_truncated_file_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let d = dir.path().display();
+    let long = dir.path().join("long.pickle");
+    common::long_snapshot_file(common::KKAITLYN, 40, &long);
+    // `--loading-screen-after 0` draws the loading screen however fast the file reads.
+    let cmd = format!("{bin} view {} --loading-screen-after 0; echo $? > {d}/exit", long.display());
+    let s = Session::start("vramscope-e2e-load", &cmd);
+    s.wait_for("the loaded viewer", 60, |sc| sc.contains("active memory timeline · actions") && sc.contains("detail "));
+    s.keys("q");
+    assert_eq!(wait_file(&dir.path().join("exit"), 20).trim(), "0", "exit code");
+    let bytes = std::fs::read(&long).unwrap();
+    let cut = dir.path().join("cut.pickle");
+    std::fs::write(&cut, &bytes[..bytes.len() * 3 / 5]).unwrap();
+    let cmd = format!("{bin} view {} --loading-screen-after 0 2> {d}/err; echo $? > {d}/exit2", cut.display());
+    let s = Session::start("vramscope-e2e-cut", &cmd);
+    assert_eq!(wait_file(&dir.path().join("exit2"), 60).trim(), "2", "a bad file is exit code 2");
+    let err = std::fs::read_to_string(dir.path().join("err")).unwrap();
+    assert!(err.lines().count() == 1 && err.contains("cut.pickle"), "one line naming the file: {err}");
+    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
+    assert_eq!(s.display("#{cursor_flag}"), "1", "cursor shown again");
+}

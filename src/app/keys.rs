@@ -147,12 +147,9 @@ impl Key {
     }
 
     pub fn from_event(e: &KeyEvent) -> Key {
-        let code = match e.code {
-            // Terminals differ on whether shifted characters carry SHIFT; the character is enough.
-            KeyCode::Char(c) => KeyCode::Char(c),
-            other => other,
-        };
-        Key { code, ctrl: e.modifiers.contains(KeyModifiers::CONTROL) }
+        // Terminals differ on whether shifted characters carry SHIFT; the character is
+        // enough, so SHIFT is not kept.
+        Key { code: e.code, ctrl: e.modifiers.contains(KeyModifiers::CONTROL) }
     }
 
     pub fn label(&self) -> String {

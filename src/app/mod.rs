@@ -4,6 +4,7 @@
 pub mod keys;
 pub mod live;
 pub mod replay;
+pub mod snapshot_loading;
 pub mod snapshot_viewer;
 pub mod terminal;
 pub mod view;

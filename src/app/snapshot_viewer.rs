@@ -4,14 +4,16 @@
 
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use crossterm::event::{self, Event, KeyCode, KeyEventKind};
 
+use crate::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
 use crate::app::terminal::TerminalSession;
 use crate::app::keys::{KeyMap, ViewAction};
-use crate::render::snapshot_viewer::{plot_columns, render_viewer};
+use crate::render::snapshot_viewer::{plot_columns, render_loading, render_viewer};
 use crate::render::theme::Theme;
 use crate::report::snapshot_summary::{
     annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_peak,
@@ -42,6 +44,15 @@ pub struct ViewArgs {
     /// A TOML file whose [keys] table overrides the viewer's key bindings.
     #[arg(long)]
     pub keys: Option<PathBuf>,
+    /// Milliseconds a file may take to load before the loading screen is drawn (tests
+    /// set 0 to see it on small files).
+    #[arg(long, default_value_t = 150, hide = true)]
+    pub loading_screen_after: u64,
+}
+
+/// The name the viewer's header shows for `path`.
+pub fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Share of allocations drawn one by one, in percent, for the detail control.
@@ -66,8 +77,13 @@ pub struct ViewerData {
     reserved: OnceCell<(u64, u64)>,
 }
 
-fn drawn_count(step: usize, allocations: usize) -> usize {
+pub fn drawn_count(step: usize, allocations: usize) -> usize {
     ((allocations as f64 * DETAIL_STEPS[step] / 100.0).ceil() as usize).min(allocations)
+}
+
+/// The finest detail step drawing at most as many allocations as memory_viz does.
+pub fn default_detail_step(allocations: usize) -> usize {
+    (0..DETAIL_STEPS.len()).rev().find(|&s| drawn_count(s, allocations) <= DEFAULT_DRAWN).unwrap_or(0)
 }
 
 impl ViewerData {
@@ -75,7 +91,7 @@ impl ViewerData {
     pub fn new(name: String, snap: Snapshot, device: usize) -> ViewerData {
         let tl = Timeline::from_snapshot(&snap, device);
         let n = tl.allocations.len();
-        let detail_step = (0..DETAIL_STEPS.len()).rev().find(|&s| drawn_count(s, n) <= DEFAULT_DRAWN).unwrap_or(0);
+        let detail_step = default_detail_step(n);
         let detail = tl.detail(drawn_count(detail_step, n));
         ViewerData {
             name,
@@ -94,10 +110,14 @@ impl ViewerData {
 
     pub fn open(path: &Path, device: usize) -> anyhow::Result<ViewerData> {
         let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
+        ViewerData::from_snapshot(path, snap, device)
+    }
+
+    /// The viewer of `snap`, read from `path`, on `device` (checked to exist).
+    pub fn from_snapshot(path: &Path, snap: Snapshot, device: usize) -> anyhow::Result<ViewerData> {
         let devices = snap.device_traces.len().max(1);
         anyhow::ensure!(device < devices, "{}: no device {device} (the file has {devices})", path.display());
-        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        Ok(ViewerData::new(name, snap, device))
+        Ok(ViewerData::new(file_name(path), snap, device))
     }
 
     pub fn drawn(&self) -> usize {
@@ -405,13 +425,69 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     }
     let keys = KeyMap::<ViewAction>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;
-    let mut data = ViewerData::open(&args.file, args.device)?;
-    let mut ui = ViewerUi::new(&data);
-    screen_loop(&mut data, &mut ui, &keys, &themes)
+    let rx = spawn_loader(args.file.clone(), args.device);
+    let mut loading = Loading::new(file_name(&args.file), args.device);
+    // A file read within a moment opens straight into the viewer (or fails before the
+    // screen is entered); a larger one gets the loading screen meanwhile.
+    let early = loading.receive(&rx, Duration::from_millis(args.loading_screen_after));
+    if let Some(Err(e)) = early {
+        return Err(e);
+    }
+    let mut session = TerminalSession::enter()?;
+    let mut theme = 0;
+    let mut data = match early {
+        Some(done) => done?,
+        None => match loading_loop(&mut session, &mut loading, &rx, &keys, &themes, &mut theme)? {
+            Some(data) => data,
+            None => return Ok(()),
+        },
+    };
+    let mut ui = ViewerUi { theme, ..ViewerUi::new(&data) };
+    screen_loop(&mut session, &mut data, &mut ui, &keys, &themes)
 }
 
-fn screen_loop(data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewAction>, themes: &[Theme]) -> anyhow::Result<()> {
-    let mut session = TerminalSession::enter()?;
+/// How often the loading screen redraws.
+pub const LOADING_REDRAW: Duration = Duration::from_millis(200);
+
+/// The loading screen until the file is loaded (the viewer's data) or the user quits
+/// (`None`). Only quitting and the theme respond meanwhile.
+fn loading_loop(
+    session: &mut TerminalSession,
+    loading: &mut Loading,
+    rx: &Receiver<LoadUpdate>,
+    keys: &KeyMap<ViewAction>,
+    themes: &[Theme],
+    theme: &mut usize,
+) -> anyhow::Result<Option<ViewerData>> {
+    let mut drawn: Option<(Instant, usize)> = None;
+    while !session.stop_requested() {
+        // Redraw on a cadence, and at once when the first events arrive.
+        let events = loading.timeline().map_or(0, |tl| tl.total_events);
+        if drawn.is_none_or(|(at, seen)| at.elapsed() >= LOADING_REDRAW || (seen == 0 && events > 0)) {
+            loading.refresh_detail();
+            session.terminal.draw(|f| render_loading(f, loading, keys, &themes[*theme % themes.len()]))?;
+            drawn = Some((Instant::now(), events));
+        }
+        if let Some(done) = loading.receive(rx, Duration::from_millis(50)) {
+            return done.map(Some);
+        }
+        while event::poll(Duration::ZERO)? {
+            match event::read()? {
+                Event::Key(k) if k.kind != KeyEventKind::Release => match keys.action(&k) {
+                    Some(ViewAction::Quit) => return Ok(None),
+                    Some(ViewAction::NextTheme) => *theme = (*theme + 1) % themes.len().max(1),
+                    _ => continue,
+                },
+                Event::Resize(..) => {}
+                _ => continue,
+            }
+            drawn = None;
+        }
+    }
+    Ok(None)
+}
+
+fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewAction>, themes: &[Theme]) -> anyhow::Result<()> {
     let mut dirty = true;
     while !session.stop_requested() {
         if dirty {

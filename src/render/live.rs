@@ -1,7 +1,6 @@
 //! The live screen: header, active-memory timeline, side panel, largest live allocations,
 //! event log. One pure render function per panel, given the store, the view and the theme.
 
-use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -502,12 +501,4 @@ pub fn render_help<A: Bindable>(f: &mut Frame, area: Rect, keys: &KeyMap<A>, the
         Paragraph::new(lines).block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(" keys (? closes) ", Style::default().fg(theme.ui.title))).style(Style::default().bg(theme.ui.background))),
         r,
     );
-}
-
-/// Fills a buffer outside a terminal (for snapshot tests and the render benchmark).
-pub fn render_to_buffer(store: &Store, view: &View, keys: &KeyMap, theme: &Theme, width: u16, height: u16) -> Buffer {
-    let backend = ratatui::backend::TestBackend::new(width, height);
-    let mut term = ratatui::Terminal::new(backend).expect("test backend");
-    term.draw(|f| render_live(f, store, view, keys, theme)).expect("draw");
-    term.backend().buffer().clone()
 }

@@ -9,9 +9,12 @@ use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
 use crate::app::keys::{KeyMap, ViewAction};
+use crate::app::snapshot_loading::Loading;
 use crate::app::snapshot_viewer::{Tab, ViewerData, ViewerUi, DETAIL_STEPS};
 use crate::render::format::{bar, bytes, fit};
 use crate::report::snapshot_summary::{allocation_info, event_time, frame_label};
+use crate::snapshot::timeline::{DetailView, Timeline};
+use crate::snapshot::ReadPass;
 
 use super::live::{key_hints, render_help, render_too_small, MIN_HEIGHT, MIN_WIDTH};
 use super::theme::Theme;
@@ -113,13 +116,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         data.drawn(),
         tl.allocations.len()
     );
-    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title)));
-    let inner = block.inner(area);
-    f.render_widget(block, area);
-    if inner.width <= AXIS_WIDTH + 4 || inner.height < 5 {
-        return;
-    }
-    let plot = Rect { x: inner.x + AXIS_WIDTH, y: inner.y, width: inner.width - AXIS_WIDTH, height: inner.height - 2 };
+    let Some(plot) = plot_frame(f, area, title, theme) else { return };
     let (ribbon_y, status_y) = (plot.y + plot.height, plot.y + plot.height + 1);
     let dim = Style::default().fg(theme.ui.dim);
     if tl.total_events == 0 {
@@ -127,47 +124,11 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         return;
     }
     let cols = plot.width as usize;
-    let stacks = tl.stacks(&data.detail, ui.from, ui.to, cols);
-    let top = stacks.iter().map(|c| c.summarized.1).max().unwrap_or(0);
-    let ymax = nice_ceiling(top + top / 20);
-    let rows = plot.height as u64;
-    let selected = ui.selected(data);
-    let buf = f.buffer_mut();
-    for row in [0, plot.height / 2] {
-        let v = ymax * (plot.height - row) as u64 / plot.height as u64;
-        buf.set_string(inner.x, plot.y + row, format!("{:>8}", bytes(v)), dim);
-    }
-    buf.set_string(inner.x, plot.y + plot.height - 1, format!("{:>8}", "0"), dim);
     let span = ui.to - ui.from;
     let cursor_x = ((ui.cursor.saturating_sub(ui.from)) * cols / span.max(1)).min(cols - 1);
-    for (x, col) in stacks.iter().enumerate() {
-        let cx = plot.x + x as u16;
-        // Heights in eighths of a cell; a cell takes the colour of the band at its middle.
-        let eighths = |b: u64| (b as u128 * rows as u128 * 8 / ymax as u128) as u64;
-        let tops: Vec<u64> = col.bands.iter().map(|b| eighths(b.y1)).collect();
-        let colour = |pos: u64| -> Color {
-            let k = tops.partition_point(|&t| t <= pos);
-            match col.bands.get(k) {
-                Some(b) if Some(b.alloc) == selected && x == cursor_x => theme.chart.peak,
-                Some(b) if Some(b.alloc) == selected => theme.ui.accent,
-                Some(b) => theme.categories[b.alloc as usize % theme.categories.len()],
-                None => theme.ui.dim,
-            }
-        };
-        let h = eighths(col.summarized.1);
-        for r in 0..rows {
-            let y = plot.y + plot.height - 1 - r as u16;
-            let cell = &mut buf[(cx, y)];
-            let lo = r * 8;
-            if h >= lo + 8 {
-                cell.set_char('█').set_fg(colour(lo + 4));
-            } else if h > lo {
-                cell.set_char(EIGHTHS[(h - lo) as usize]).set_fg(colour(lo + (h - lo) / 2));
-            } else if x == cursor_x {
-                cell.set_char('│').set_fg(theme.ui.border);
-            }
-        }
-    }
+    let selected = ui.selected(data);
+    draw_plot(f.buffer_mut(), plot, tl, &data.detail, PlotView { from: ui.from, to: ui.to, cursor_x: Some(cursor_x), selected }, theme);
+    let buf = f.buffer_mut();
     // Annotation markers on the ribbon (START ▶, END ◀), the cursor under them.
     for m in data.marks() {
         if let Some(e) = m.event.filter(|e| (ui.from..ui.to).contains(e)) {
@@ -176,13 +137,6 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         }
     }
     buf[(plot.x + cursor_x as u16, ribbon_y)].set_char('▲').set_fg(theme.ui.text);
-    if (ui.from..ui.to).contains(&tl.peak_index) {
-        let x = ((tl.peak_index - ui.from) * cols / span) as u16;
-        let label = format!("▼ peak {}", bytes(tl.peak_bytes));
-        let y = plot.y + plot.height.saturating_sub(1 + (tl.peak_bytes as u128 * rows as u128 / ymax as u128) as u16).min(plot.height - 1);
-        let lx = (plot.x + x).min(plot.x + plot.width.saturating_sub(label.chars().count() as u16));
-        buf.set_string(lx, y.saturating_sub(1).max(plot.y), label, Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD));
-    }
     // Status: the cursor's action, time, total, open annotations and the selected band.
     let total = tl.totals_at(ui.cursor);
     let when = rel_seconds(data, ui.cursor).map(|s| format!(" · t+{s:.3} s")).unwrap_or_default();
@@ -201,6 +155,77 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     });
     let status = format!("action {}{when} · active {}{phase}{}", ui.cursor, bytes(total), sel.unwrap_or_default());
     buf.set_string(plot.x, status_y, fit(&status, plot.width as usize), Style::default().fg(theme.ui.text));
+}
+
+/// The timeline's box titled `title`: the plot area inside it, leaving the axis on the
+/// left and two rows below (ribbon, status); `None` when too small to draw in.
+fn plot_frame(f: &mut Frame, area: Rect, title: String, theme: &Theme) -> Option<Rect> {
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title)));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    (inner.width > AXIS_WIDTH + 4 && inner.height >= 5).then(|| Rect { x: inner.x + AXIS_WIDTH, y: inner.y, width: inner.width - AXIS_WIDTH, height: inner.height - 2 })
+}
+
+/// Which actions a plot shows, where its cursor line is and which allocation it highlights.
+struct PlotView {
+    from: usize,
+    to: usize,
+    cursor_x: Option<usize>,
+    selected: Option<u32>,
+}
+
+/// The stacked bands of the view's actions in `plot` (one column per bucket, peak of
+/// each), the y axis in the `AXIS_WIDTH` columns left of it, and the peak label.
+fn draw_plot(buf: &mut Buffer, plot: Rect, tl: &Timeline, detail: &DetailView, view: PlotView, theme: &Theme) {
+    let dim = Style::default().fg(theme.ui.dim);
+    let axis_x = plot.x - AXIS_WIDTH;
+    let cols = plot.width as usize;
+    let PlotView { from, to, cursor_x, selected } = view;
+    let stacks = tl.stacks(detail, from, to, cols);
+    let top = stacks.iter().map(|c| c.summarized.1).max().unwrap_or(0);
+    let ymax = nice_ceiling(top + top / 20);
+    let rows = plot.height as u64;
+    for row in [0, plot.height / 2] {
+        let v = ymax * (plot.height - row) as u64 / plot.height as u64;
+        buf.set_string(axis_x, plot.y + row, format!("{:>8}", bytes(v)), dim);
+    }
+    buf.set_string(axis_x, plot.y + plot.height - 1, format!("{:>8}", "0"), dim);
+    let span = to - from;
+    for (x, col) in stacks.iter().enumerate() {
+        let cx = plot.x + x as u16;
+        // Heights in eighths of a cell; a cell takes the colour of the band at its middle.
+        let eighths = |b: u64| (b as u128 * rows as u128 * 8 / ymax as u128) as u64;
+        let tops: Vec<u64> = col.bands.iter().map(|b| eighths(b.y1)).collect();
+        let colour = |pos: u64| -> Color {
+            let k = tops.partition_point(|&t| t <= pos);
+            match col.bands.get(k) {
+                Some(b) if Some(b.alloc) == selected && Some(x) == cursor_x => theme.chart.peak,
+                Some(b) if Some(b.alloc) == selected => theme.ui.accent,
+                Some(b) => theme.categories[b.alloc as usize % theme.categories.len()],
+                None => theme.ui.dim,
+            }
+        };
+        let h = eighths(col.summarized.1);
+        for r in 0..rows {
+            let y = plot.y + plot.height - 1 - r as u16;
+            let cell = &mut buf[(cx, y)];
+            let lo = r * 8;
+            if h >= lo + 8 {
+                cell.set_char('█').set_fg(colour(lo + 4));
+            } else if h > lo {
+                cell.set_char(EIGHTHS[(h - lo) as usize]).set_fg(colour(lo + (h - lo) / 2));
+            } else if Some(x) == cursor_x {
+                cell.set_char('│').set_fg(theme.ui.border);
+            }
+        }
+    }
+    if (from..to).contains(&tl.peak_index) {
+        let x = ((tl.peak_index - from) * cols / span) as u16;
+        let label = format!("▼ peak {}", bytes(tl.peak_bytes));
+        let y = plot.y + plot.height.saturating_sub(1 + (tl.peak_bytes as u128 * rows as u128 / ymax as u128) as u16).min(plot.height - 1);
+        let lx = (plot.x + x).min(plot.x + plot.width.saturating_sub(label.chars().count() as u16));
+        buf.set_string(lx, y.saturating_sub(1).max(plot.y), label, Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD));
+    }
 }
 
 fn lifetime(start: Option<usize>, end: Option<usize>) -> String {
@@ -379,10 +404,62 @@ pub fn render_footer(f: &mut Frame, area: Rect, ui: &ViewerUi, keys: &KeyMap<Vie
     f.render_widget(Paragraph::new(hints), area);
 }
 
-/// Fills a buffer outside a terminal (snapshot tests, the first-frame benchmark).
-pub fn render_viewer_to_buffer(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme, width: u16, height: u16) -> Buffer {
-    let backend = ratatui::backend::TestBackend::new(width, height);
-    let mut term = ratatui::Terminal::new(backend).expect("test backend");
-    term.draw(|f| render_viewer(f, data, ui, keys, theme)).expect("draw");
-    term.backend().buffer().clone()
+/// `vramscope view` while a large file is read: progress, the segment totals once read,
+/// and the timeline of the trace decoded so far.
+pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewAction>, theme: &Theme) {
+    let area = f.area();
+    f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        render_too_small(f, area, theme);
+        return;
+    }
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
+    let sep = || Span::styled(" · ", dim);
+    let [header, body, footer] = Layout::vertical([Constraint::Length(2), Constraint::Min(8), Constraint::Length(1)]).areas(area);
+    let pct = l.fraction() * 100.0;
+    let (fill, rest) = bar(l.fraction(), 24);
+    let what = match (l.pass, l.timeline()) {
+        (ReadPass::Check, _) => "checking opcodes",
+        (ReadPass::Decode, Some(_)) => "decoding",
+        (ReadPass::Decode, None) => "building the timeline",
+    };
+    let line1 = Line::from(vec![
+        Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
+        Span::styled(l.name.clone(), val),
+        sep(),
+        Span::styled(format!("device {}", l.device), val),
+        sep(),
+        Span::styled(format!("loading {pct:.0}% "), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)),
+        Span::styled(fill, Style::default().fg(theme.chart.gauge_fill)),
+        Span::styled(rest, Style::default().fg(theme.chart.gauge_empty)),
+        Span::styled(format!(" {what}, {} of {}", bytes(l.done as u64), bytes(l.total as u64)), dim),
+    ]);
+    let mut line2 = vec![Span::styled(format!("{} trace entries so far", l.entries), dim)];
+    if let Some(t) = &l.segments {
+        line2.extend([
+            sep(),
+            Span::styled(format!("{} segments, reserved ", t.segments), dim),
+            Span::styled(bytes(t.reserved), val),
+            Span::styled(", fragmentation ", dim),
+            Span::styled(format!("{:.1}%", t.fragmentation * 100.0), val),
+        ]);
+    }
+    if let Some(tl) = l.timeline().filter(|tl| tl.total_events > 0) {
+        line2.extend([sep(), Span::styled("peak active so far ", dim), Span::styled(bytes(tl.peak_bytes), Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD))]);
+    }
+    f.render_widget(Paragraph::new(vec![line1, Line::from(line2)]), header);
+    let title = match l.timeline() {
+        Some(tl) => format!(" active memory timeline · {} actions read so far · blocks alive throughout are added when loaded ", tl.total_events),
+        None => " active memory timeline · all read, now built in full ".to_string(),
+    };
+    if let Some(plot) = plot_frame(f, body, title, theme) {
+        match l.timeline().filter(|tl| tl.total_events > 0) {
+            Some(tl) => draw_plot(f.buffer_mut(), plot, tl, &l.detail, PlotView { from: 0, to: tl.total_events, cursor_x: None, selected: None }, theme),
+            None => f.render_widget(Paragraph::new(format!("{what}…")).style(dim), plot),
+        }
+        let note = "the other views, the inspector and search open once the file is loaded";
+        f.buffer_mut().set_string(plot.x, plot.y + plot.height + 1, fit(note, plot.width as usize), dim);
+    }
+    f.render_widget(Paragraph::new(key_hints(keys, &[(ViewAction::NextTheme, "theme"), (ViewAction::Quit, "quit")], theme)), footer);
 }

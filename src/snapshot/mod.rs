@@ -6,5 +6,5 @@ pub mod reader;
 pub mod timeline;
 pub mod writer;
 
-pub use reader::{read_snapshot, read_snapshot_file, ReadError};
+pub use reader::{read_snapshot, read_snapshot_file, read_snapshot_file_observed, ReadError, ReadPass, ReadProgress};
 pub use writer::{save_snapshot_atomic, unique_path, write_snapshot, WriteError};

@@ -65,6 +65,15 @@ pub enum ReadError {
 /// already decoded are released as the reader advances, so peak memory is mostly the
 /// decoded snapshot, not the file; other files are read into memory.
 pub fn read_snapshot_file(path: &Path) -> Result<Snapshot, ReadError> {
+    read_snapshot_file_observed(path, &mut |_| {})
+}
+
+/// `read_snapshot_file`, showing `observe` what is decoded so far every `TICK` bytes of
+/// each pass and once more at the end, so a viewer can draw a large file while it loads.
+pub fn read_snapshot_file_observed(
+    path: &Path,
+    observe: &mut dyn FnMut(&ReadProgress<'_>),
+) -> Result<Snapshot, ReadError> {
     let io = |err| ReadError::Io {
         path: path.to_path_buf(),
         err,
@@ -72,35 +81,95 @@ pub fn read_snapshot_file(path: &Path) -> Result<Snapshot, ReadError> {
     let file = std::fs::File::open(path).map_err(io)?;
     #[cfg(unix)]
     if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
-        return decode(map.bytes(), &mut |upto| map.release(upto));
+        return decode(map.bytes(), &mut |upto| map.release(upto), observe);
     }
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
-    read_snapshot(&bytes)
+    decode(&bytes, &mut |_| {}, observe)
 }
 
 /// Decode a snapshot pickle.
 pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, ReadError> {
-    decode(bytes, &mut |_| {})
+    decode(bytes, &mut |_| {}, &mut |_| {})
 }
 
-/// How far the reader advances between calls to its `release` hook.
-const RELEASE_STEP: usize = 16 << 20;
+/// Which pass over the file a `ReadProgress` is from (in the order they run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ReadPass {
+    /// Validating the opcodes (nothing is decoded yet).
+    Check,
+    Decode,
+}
+
+/// What the reader has decoded so far. Frame and stack ids in these records are the
+/// reader's own until the last call (at the end of the read), which shows the final
+/// snapshot's lists.
+pub struct ReadProgress<'s> {
+    pub pass: ReadPass,
+    /// Bytes of the file this pass has gone through, of `total`.
+    pub done: usize,
+    pub total: usize,
+    /// The top-level `segments` list, once the reader has gone past it.
+    pub segments: Option<&'s [Segment]>,
+    /// Each device's trace decoded so far, in device order: a prefix of its final trace.
+    pub traces: Vec<&'s [TraceEntry]>,
+}
+
+/// How far the reader advances between calls to its `release` and `observe` hooks.
+const TICK: usize = 2 << 20;
 
 /// `release(n)` is told periodically that bytes before `n` may be dropped from memory;
 /// they must still read the same if touched again (a file mapping re-faults them).
-fn decode(bytes: &[u8], release: &mut dyn FnMut(usize)) -> Result<Snapshot, ReadError> {
+fn decode(
+    bytes: &[u8],
+    release: &mut dyn FnMut(usize),
+    observe: &mut dyn FnMut(&ReadProgress<'_>),
+) -> Result<Snapshot, ReadError> {
     match bytes.first() {
         None => return Err(ReadError::Empty),
         Some(&op::PROTO) => {}
         Some(&byte) => return Err(ReadError::NotPickle { byte }),
     }
-    let refs = prescan(bytes, release)?;
+    let mut hooks = Hooks { release, observe };
+    let refs = prescan(bytes, &mut hooks)?;
     let mut vm = Vm::new(bytes, refs);
-    let top = vm.run(release)?;
+    let top = vm.run(&mut hooks)?;
     let mut snap = vm.into_snapshot(top)?;
     canonicalize_tables(&mut snap);
+    (hooks.observe)(&ReadProgress {
+        pass: ReadPass::Decode,
+        done: bytes.len(),
+        total: bytes.len(),
+        segments: Some(&snap.segments),
+        traces: snap.device_traces.iter().map(Vec::as_slice).collect(),
+    });
     Ok(snap)
+}
+
+struct Hooks<'h> {
+    release: &'h mut dyn FnMut(usize),
+    observe: &'h mut dyn FnMut(&ReadProgress<'_>),
+}
+
+impl Hooks<'_> {
+    /// Called at every `TICK` bytes of a pass.
+    fn tick(
+        &mut self,
+        pass: ReadPass,
+        data: &[u8],
+        pos: usize,
+        segments: Option<&[Segment]>,
+        traces: Vec<&[TraceEntry]>,
+    ) {
+        (self.release)(pos);
+        (self.observe)(&ReadProgress {
+            pass,
+            done: pos,
+            total: data.len(),
+            segments,
+            traces,
+        });
+    }
 }
 
 /// Pickle opcodes (the writer uses the same table).
@@ -483,15 +552,15 @@ fn memo_get_check(len: u32, idx: u32, at: usize) -> Result<(), ReadError> {
 }
 
 /// First pass: validate every opcode and its length, and find the memo slots read back.
-fn prescan(data: &[u8], release: &mut dyn FnMut(usize)) -> Result<MemoRefs, ReadError> {
+fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<MemoRefs, ReadError> {
     let mut cur = Cursor { data, pos: 0 };
     let mut words: Vec<u64> = Vec::new();
     let mut len = 0u32;
-    let mut next_release = RELEASE_STEP;
+    let mut next_tick = TICK;
     loop {
-        if cur.pos >= next_release {
-            release(cur.pos);
-            next_release = cur.pos + RELEASE_STEP;
+        if cur.pos >= next_tick {
+            hooks.tick(ReadPass::Check, data, cur.pos, None, Vec::new());
+            next_tick = cur.pos + TICK;
         }
         // The opcodes that make up nearly all of a snapshot, skipped without decoding
         // when complete; anything else (or a truncated one) takes the full decoder.
@@ -1120,12 +1189,13 @@ impl<'a> Vm<'a> {
             .ok_or_else(|| malformed(self.at, "an opcode that needs a MARK found none"))
     }
 
-    fn run(&mut self, release: &mut dyn FnMut(usize)) -> Result<Value<'a>, ReadError> {
-        let mut next_release = RELEASE_STEP;
+    fn run(&mut self, hooks: &mut Hooks<'_>) -> Result<Value<'a>, ReadError> {
+        let mut next_tick = TICK;
         loop {
-            if self.cur.pos >= next_release {
-                release(self.cur.pos);
-                next_release = self.cur.pos + RELEASE_STEP;
+            if self.cur.pos >= next_tick {
+                let (segments, traces) = self.peek();
+                hooks.tick(ReadPass::Decode, self.cur.data, self.cur.pos, segments, traces);
+                next_tick = self.cur.pos + TICK;
             }
             // The opcodes that make up nearly all of a snapshot, run straight from the
             // bytes when complete; anything else (or a truncated one) is decoded fully.
@@ -1277,6 +1347,60 @@ impl<'a> Vm<'a> {
         }
     }
 
+    /// The top-level `segments` and `device_traces` decoded so far. Until its SETITEMS,
+    /// the top dict's keys and values lie on the stack above its MARK: `'segments'`,
+    /// the segment list, `'device_traces'`, the outer list, then the per-device lists
+    /// not yet appended to it, the last one growing. Other layouts show nothing here
+    /// and are still read in full.
+    fn peek(&self) -> (Option<&[Segment]>, Vec<&[TraceEntry]>) {
+        fn list<'v, 'a>(arena: &'v [Value<'a>], v: &'v Value<'a>) -> Option<&'v ListData<'a>> {
+            match v {
+                Value::List(l) => Some(l),
+                Value::Shared(h) => match &arena[*h as usize] {
+                    Value::List(l) => Some(l),
+                    _ => None,
+                },
+                _ => None,
+            }
+        }
+        // A device's trace so far: typed once its first batch is in, empty before.
+        let trace = |v| match list(&self.arena, v)? {
+            ListData::Entries(e) => Some(e.as_slice()),
+            ListData::Values(s) if s.items.is_empty() => Some(&[][..]),
+            _ => None,
+        };
+        let list = |v| list(&self.arena, v);
+        let mut segments = None;
+        let mut traces = Vec::new();
+        let Some(&base) = self.marks.first() else {
+            return (segments, traces);
+        };
+        let items = &self.stack[base.min(self.stack.len())..];
+        let mut i = 0;
+        while let (Some(Value::Str(key)), Some(value)) = (items.get(i), items.get(i + 1)) {
+            match *key {
+                "segments" => {
+                    // Complete once the next key follows it.
+                    if let (Some(ListData::Segments(v)), Some(Value::Str(_))) =
+                        (list(value), items.get(i + 2))
+                    {
+                        segments = Some(v.as_slice());
+                    }
+                }
+                "device_traces" => {
+                    if let Some(ListData::Values(outer)) = list(value) {
+                        traces.extend(outer.items.iter().map_while(trace));
+                    }
+                    traces.extend(items[i + 2..].iter().map_while(trace));
+                    break;
+                }
+                _ => {}
+            }
+            i += 2;
+        }
+        (segments, traces)
+    }
+
     fn memo_get(&self, idx: u32) -> Result<Value<'a>, ReadError> {
         memo_get_check(self.memo_len, idx, self.at)?;
         let slot = self
@@ -1314,10 +1438,7 @@ impl<'a> Vm<'a> {
     fn frame_run(&mut self) -> Result<(), ReadError> {
         let mut ids = std::mem::take(&mut self.frame_scratch);
         let data = self.cur.data;
-        loop {
-            let Some((idx, len)) = memo_ref(&data[self.cur.pos..]) else {
-                break;
-            };
+        while let Some((idx, len)) = memo_ref(&data[self.cur.pos..]) {
             match self.memo_frame(idx) {
                 Some(f) => ids.push(f),
                 None => break,
@@ -1457,7 +1578,7 @@ impl<'a> Vm<'a> {
         d: &mut Value<'a>,
         pairs: &mut Vec<Value<'a>>,
     ) -> Result<(), ReadError> {
-        if pairs.len() % 2 != 0 {
+        if !pairs.len().is_multiple_of(2) {
             return Err(malformed(
                 self.at,
                 "SETITEMS with an odd number of keys and values",
@@ -2281,7 +2402,8 @@ mod tests {
             p.extend([op::NONE, op::MEMOIZE, op::POP]);
         }
         p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
-        let refs = prescan(&p, &mut |_| {}).unwrap();
+        let hooks = &mut Hooks { release: &mut |_| {}, observe: &mut |_| {} };
+        let refs = prescan(&p, hooks).unwrap();
         assert_eq!(refs.count(), 2);
         assert_eq!(
             (refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)),
@@ -2290,7 +2412,7 @@ mod tests {
     }
 
     #[test]
-    fn release_hook_sees_progress_and_does_not_change_the_result() {
+    fn hooks_see_progress_and_do_not_change_the_result() {
         let mut p = vec![
             op::PROTO,
             4,
@@ -2303,14 +2425,17 @@ mod tests {
         p.extend([op::EMPTY_LIST, op::SHORT_BINUNICODE, 3]);
         p.extend(b"pad");
         p.push(op::BINUNICODE);
-        let pad = RELEASE_STEP + 10;
+        let pad = TICK + 10;
         p.extend((pad as u32).to_le_bytes());
         p.extend(std::iter::repeat_n(b'x', pad));
         p.extend([op::SETITEMS, op::STOP]);
         let mut calls = Vec::new();
-        let snap = decode(&p, &mut |n| calls.push(n)).unwrap();
+        let mut passes = Vec::new();
+        let snap = decode(&p, &mut |n| calls.push(n), &mut |r| passes.push((r.pass, r.done))).unwrap();
         assert_eq!(snap, read_snapshot(&p).unwrap());
         assert_eq!(calls.len(), 2, "one release per pass: {calls:?}");
-        assert!(calls.iter().all(|&n| n > RELEASE_STEP));
+        assert!(calls.iter().all(|&n| n > TICK));
+        let end = (ReadPass::Decode, p.len());
+        assert_eq!(passes, [(ReadPass::Check, calls[0]), (ReadPass::Decode, calls[1]), end]);
     }
 }

@@ -374,7 +374,7 @@ pub struct StackColumn {
 
 /// Which allocations are drawn one by one (the N largest) and an index to find those
 /// alive at any x position in stacking order.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct DetailView {
     /// Drawn allocation ids in stacking order.
     pub drawn: Vec<u32>,

@@ -78,13 +78,13 @@ impl History {
     }
 
     pub fn push(&mut self, e: Entry) {
-        if self.entries.len() % BLOCK == 0 {
+        if self.entries.len().is_multiple_of(BLOCK) {
             if self.entries.len() >= self.cap {
                 self.trim();
             }
             self.blocks.push(BlockAgg { start: self.now, ..BlockAgg::default() });
         }
-        let first_in_block = self.entries.len() % BLOCK == 0;
+        let first_in_block = self.entries.len().is_multiple_of(BLOCK);
         self.now.apply(&e);
         self.entries.push(e);
         let b = self.blocks.last_mut().expect("a block was opened above");
@@ -159,7 +159,7 @@ impl History {
                 None => best = Some(Column { cats: *cats, total, reserved }),
             };
             while idx < end {
-                if idx % BLOCK == 0 && idx + BLOCK <= end {
+                if idx.is_multiple_of(BLOCK) && idx + BLOCK <= end {
                     let b = &self.blocks[idx / BLOCK];
                     offer(&b.at_max.cats, b.max_total, b.max_reserved);
                     idx += BLOCK;
@@ -214,7 +214,7 @@ mod tests {
         let mut x: u64 = 12345;
         for i in 0..10_000 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let e = if live.is_empty() || (x >> 33) % 3 != 0 {
+            let e = if live.is_empty() || !(x >> 33).is_multiple_of(3) {
                 let cat = Category::from_u8(((x >> 20) % 8) as u8);
                 let n = ((x >> 40) % 10_000 + 1) as i64 + i;
                 live.push((cat, n));

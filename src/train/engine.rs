@@ -364,7 +364,7 @@ impl Worker {
 
     /// Gives every (scope, phase) pair its snapshot stack, for scopes interned so far.
     fn refresh_stacks(&mut self) {
-        for id in 0..self.scopes.len() as u32 {
+        for id in 0..self.scopes.count() as u32 {
             for phase in Phase::ALL {
                 if !self.tracker.stack_of.contains_key(&(id, phase)) {
                     let s = self.frames.stack_for(&self.scopes.name(id), phase);

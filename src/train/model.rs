@@ -155,6 +155,9 @@ impl TransformerLm {
     }
 
     /// tokens [batch, ctx] (int64) → logits [batch, ctx, vocab].
+    // `x = x + a` must stay: tch's `+=` adds in place, which breaks the autograd graph
+    // (the residual stream is saved for backward).
+    #[allow(clippy::assign_op_pattern)]
     pub fn forward(&self, tokens: &Tensor, attention: Attention, scopes: &Scopes) -> Tensor {
         let mut x = {
             let _s = scopes.enter(self.scope_embed);

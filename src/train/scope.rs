@@ -41,8 +41,8 @@ impl Scopes {
         id
     }
 
-    /// Number of scope ids handed out (id 0, "no module", included).
-    pub fn len(&self) -> usize {
+    /// Number of scope ids handed out (id 0, "no module", included, so never zero).
+    pub fn count(&self) -> usize {
         self.names.borrow().len()
     }
 

@@ -1,0 +1,162 @@
+//! Opening a snapshot on a background thread, so `vramscope view` draws a large file
+//! while it is read: the reader thread sends progress, the segment totals and the shown
+//! device's alloc/free events as they are decoded, then the finished `ViewerData`. The
+//! screen meanwhile draws the timeline of what has arrived.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::app::snapshot_viewer::{default_detail_step, drawn_count, ViewerData};
+use crate::report::snapshot_summary::{segment_stats, SegmentTotals};
+use crate::snapshot::model::{Action, Snapshot};
+use crate::snapshot::timeline::{DetailView, Timeline, TimelineBuilder};
+use crate::snapshot::{read_snapshot_file_observed, ReadPass, ReadProgress};
+
+/// What the reader thread sends, in this order: progress with segments and events
+/// between, `Decoded`, then `Done`.
+pub enum LoadUpdate {
+    Progress { pass: ReadPass, done: usize, total: usize },
+    Segments(SegmentTotals),
+    /// The next (action, address, size) events of the shown device's trace.
+    Events(Vec<(Action, u64, u64)>),
+    /// The file is decoded; the full timeline is being built.
+    Decoded,
+    Done(Box<anyhow::Result<ViewerData>>),
+}
+
+/// Messages in flight; a full channel makes the reader wait for the screen.
+const CHANNEL: usize = 32;
+
+/// Starts reading `path` on its own thread.
+pub fn spawn_loader(path: PathBuf, device: usize) -> Receiver<LoadUpdate> {
+    let (tx, rx) = sync_channel(CHANNEL);
+    std::thread::Builder::new()
+        .name("snapshot-reader".into())
+        .spawn(move || {
+            let mut sent = 0;
+            let mut segments_sent = false;
+            // Sends fail only once the screen has gone; the read then just finishes.
+            let mut observe = |p: &ReadProgress<'_>| {
+                let _ = tx.send(LoadUpdate::Progress { pass: p.pass, done: p.done, total: p.total });
+                if let (false, Some(segments)) = (segments_sent, p.segments) {
+                    let snap = Snapshot { segments: segments.to_vec(), ..Snapshot::default() };
+                    let _ = tx.send(LoadUpdate::Segments(segment_stats(&snap, device).1));
+                    segments_sent = true;
+                }
+                if let Some(new) = p.traces.get(device).and_then(|t| t.get(sent..)).filter(|n| !n.is_empty()) {
+                    sent += new.len();
+                    let _ = tx.send(LoadUpdate::Events(new.iter().map(|e| (e.action, e.addr, e.size)).collect()));
+                }
+            };
+            let read = read_snapshot_file_observed(&path, &mut observe);
+            let _ = tx.send(LoadUpdate::Decoded);
+            let done = read
+                .map_err(|e| anyhow::Error::new(e).context(path.display().to_string()))
+                .and_then(|snap| ViewerData::from_snapshot(&path, snap, device));
+            let _ = tx.send(LoadUpdate::Done(Box::new(done)));
+        })
+        .expect("spawning the snapshot reader thread");
+    rx
+}
+
+/// The viewer's state while the file is read: progress, and the timeline of the trace
+/// decoded so far (blocks alive throughout the trace are known only at the end).
+pub struct Loading {
+    pub name: String,
+    pub device: usize,
+    pub started: Instant,
+    pub pass: ReadPass,
+    pub done: usize,
+    pub total: usize,
+    pub segments: Option<SegmentTotals>,
+    /// Dropped at `Decoded`, to make room for the full timeline.
+    builder: Option<TimelineBuilder>,
+    pub detail: DetailView,
+    /// Trace entries received.
+    pub entries: usize,
+    detail_at: usize,
+}
+
+impl Loading {
+    pub fn new(name: String, device: usize) -> Loading {
+        Loading {
+            name,
+            device,
+            started: Instant::now(),
+            pass: ReadPass::Check,
+            done: 0,
+            total: 0,
+            segments: None,
+            builder: Some(TimelineBuilder::new(vec!["unknown".into()])),
+            detail: DetailView::default(),
+            entries: 0,
+            detail_at: 0,
+        }
+    }
+
+    /// The timeline so far; `None` once decoding has finished.
+    pub fn timeline(&self) -> Option<&Timeline> {
+        self.builder.as_ref().map(TimelineBuilder::timeline)
+    }
+
+    /// Takes one update; the loaded viewer (or the error) when it is the last.
+    pub fn apply(&mut self, u: LoadUpdate) -> Option<anyhow::Result<ViewerData>> {
+        match u {
+            LoadUpdate::Progress { pass, done, total } => (self.pass, self.done, self.total) = (pass, done, total),
+            LoadUpdate::Segments(t) => self.segments = Some(t),
+            LoadUpdate::Events(events) => {
+                self.entries += events.len();
+                if let Some(b) = &mut self.builder {
+                    for (action, addr, size) in events {
+                        b.feed(action, addr, size, 0, 0);
+                    }
+                }
+            }
+            LoadUpdate::Decoded => {
+                self.builder = None;
+                self.detail = DetailView::default();
+            }
+            LoadUpdate::Done(r) => return Some(*r),
+        }
+        None
+    }
+
+    /// Recomputes which allocations are drawn one by one when events came in since.
+    pub fn refresh_detail(&mut self) {
+        let Some(tl) = self.builder.as_ref().map(TimelineBuilder::timeline) else { return };
+        if self.detail_at != tl.total_events {
+            let n = tl.allocations.len();
+            self.detail = tl.detail(drawn_count(default_detail_step(n), n));
+            self.detail_at = tl.total_events;
+        }
+    }
+
+    /// Share of the whole read done: checking takes about a fifth of the time.
+    pub fn fraction(&self) -> f64 {
+        let f = self.done as f64 / self.total.max(1) as f64;
+        match self.pass {
+            ReadPass::Check => 0.2 * f,
+            ReadPass::Decode => 0.2 + 0.8 * f,
+        }
+    }
+
+    /// Applies what has arrived within `wait`, stopping early at the end of the load.
+    pub fn receive(&mut self, rx: &Receiver<LoadUpdate>, wait: Duration) -> Option<anyhow::Result<ViewerData>> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(u) => {
+                    if let Some(done) = self.apply(u) {
+                        return Some(done);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => return None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Some(Err(anyhow::anyhow!("{}: the reader thread stopped", self.name)))
+                }
+            }
+        }
+    }
+}
