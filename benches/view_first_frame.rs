@@ -1,6 +1,6 @@
-//! Time from nothing to `vramscope view`'s first frame on a ~1 GB snapshot, and the peak
-//! RSS it takes: the same library calls the viewer makes before its first draw (read,
-//! timeline + detail view, render), drawn into a 200×60 TestBackend buffer.
+//! Time from nothing to `vramscope view`'s first frame on a ~1 GB snapshot (the loading
+//! screen's first frame with the timeline, and the loaded viewer's), and the peak RSS it
+//! takes: the same library calls the viewer makes, drawn into a 200×60 TestBackend buffer.
 //!
 //! Generates (once, cached under target/bench-data/) a snapshot-shaped pickle with Python:
 //! 4000 segments, millions of trace entries whose allocs and frees pair up the way a

@@ -544,3 +544,64 @@ fn atomic_save_refuses_overwrite_and_creates_dirs() {
         "{e}"
     );
 }
+
+/// Trace entries in every shape the reader's fast path takes or leaves to the generic
+/// decoder, written by Python with protocols 4 and 2; prints what Python reads back.
+const PY_ENTRY_SHAPES: &str = r#"
+import pickle, json, sys
+out = sys.argv[1]
+fr = [{'name': f'f{i}', 'filename': f'/src/m{i % 7}.py', 'line': i} for i in range(1500)]
+shared = [fr[3], fr[4]]
+empty = ''
+trace = []
+for i in range(3000):
+    e = {'action': ['alloc', 'free_requested', 'free_completed', 'segment_alloc'][i % 4],
+         'addr': 0x7f0000000000 + 512 * i, 'size': 512 + i, 'stream': 0, 'time_us': 1759252584402607 + i,
+         'frames': fr[i % 40:i % 40 + 25]}
+    k = i % 12
+    if k == 0: e['frames'] = []
+    elif k == 1: e['frames'] = [fr[i % 1500]]
+    elif k == 2: e['frames'] = fr[:1200]
+    elif k == 3: e['frames'] = shared
+    elif k == 4: e['addr'] = 2**64 - 1 - i
+    elif k == 5: e['stream'] = True
+    elif k == 6: e['stream'] = -3; e['category'] = None
+    elif k == 7: e['category'] = 'activation'; e['compile_context'] = empty; e['user_metadata'] = empty
+    elif k == 8: e['extra'] = [1, 2]
+    elif k == 9: e['user_metadata'] = 'ünï ' + str(i) * 100
+    elif k == 10: e['frames'] = None
+    elif k == 11: e = {'time_us': 5, 'frames': fr[::100], 'size': 2**40 + i, 'action': 'alloc', 'addr': i}
+    trace.append(e)
+snap = {'segments': [], 'device_traces': [trace, trace[:0]]}
+for proto, path in ((4, out), (2, out + '.p2')):
+    with open(path, 'wb') as f:
+        pickle.dump(snap, f, protocol=proto)
+def row(e):
+    return [e['action'], e['addr'], e['size'], int(e.get('stream', 0)), e['time_us'],
+            [[f['name'], f['filename'], f['line']] for f in (e['frames'] or [])],
+            e.get('category'), e.get('compile_context'), e.get('user_metadata')]
+print(json.dumps([[row(e) for e in t] for t in snap['device_traces']]))
+"#;
+
+#[test]
+fn every_trace_entry_shape_reads_as_python_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shapes.pickle");
+    let expected: serde_json::Value = common::python_json(PY_ENTRY_SHAPES, &path);
+    for file in [path.clone(), dir.path().join("shapes.pickle.p2")] {
+        let snap = read_snapshot_file(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let ours: Vec<Vec<serde_json::Value>> = snap
+            .device_traces
+            .iter()
+            .map(|t| {
+                t.iter()
+                    .map(|e| {
+                        let frames: Vec<_> = snap.stack(e.frames).map(|f| serde_json::json!([f.name, f.filename, f.line])).collect();
+                        serde_json::json!([e.action.as_str(), e.addr, e.size, e.stream, e.time_us, frames, e.category, e.compile_context, e.user_metadata])
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(serde_json::json!(ours), expected, "{}", file.display());
+    }
+}

@@ -253,40 +253,42 @@ fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
 }
 
 #[test]
-fn the_loading_timeline_is_the_loaded_one_before_blocks_alive_throughout() {
+fn the_loading_timeline_grows_into_the_loaded_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("long.pickle");
     common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
     let rx = spawn_loader(path.clone(), 0);
     let mut loading = Loading::new("long.pickle".into(), 0);
-    let mut partial = None;
+    let mut midway = None;
     let mut fractions = Vec::new();
     let data = loop {
         let u = rx.recv().expect("the reader sends until Done");
-        if let LoadUpdate::Decoded = u {
-            let tl = loading.timeline().expect("the timeline so far, until decoded");
-            let totals: Vec<u64> = (0..tl.total_events).map(|i| tl.totals_at(i)).collect();
-            let allocs: Vec<_> = tl.allocations.iter().map(|a| (a.addr, a.size, a.start, a.end)).collect();
-            partial = Some((totals, allocs, loading.segments.clone()));
-        }
         if let Some(done) = loading.apply(u) {
             break done.unwrap();
         }
         fractions.push(loading.fraction());
+        let tl = loading.timeline().expect("the timeline so far");
+        if midway.is_none() && loading.segments.is_some() && loading.fraction() > 0.5 && tl.total_events > 0 {
+            midway = Some((0..tl.total_events).map(|i| tl.totals_at(i)).collect::<Vec<u64>>());
+        }
     };
     assert!(fractions.windows(2).all(|w| w[0] <= w[1]) && *fractions.last().unwrap() == 1.0, "{fractions:?}");
-    assert!(loading.timeline().is_none(), "the partial timeline is dropped before the full one is built");
-    let (totals, allocs, segments) = partial.unwrap();
+    assert!(loading.timeline().is_none(), "the timeline went to the viewer");
     let tl = &data.tl;
-    assert_eq!(totals.len(), tl.total_events);
-    assert!(tl.total_events > 100_000, "{}", tl.total_events);
-    // Blocks alive throughout add the same bytes to every total.
+    let fresh = vramscope::snapshot::timeline::Timeline::from_snapshot(&data.snap, 0);
+    assert!(tl.total_events > 100_000 && tl.categories.len() == 4, "{} {:?}", tl.total_events, tl.categories);
+    // Completed from what the loading screen fed, it is the timeline built from scratch.
+    assert_eq!(tl.allocations, fresh.allocations);
+    assert_eq!((tl.total_events, tl.peak_bytes, tl.peak_index), (fresh.total_events, fresh.peak_bytes, fresh.peak_index));
+    assert_eq!((&tl.categories, &tl.event_positions), (&fresh.categories, &fresh.event_positions));
+    assert!((0..tl.total_events).all(|i| tl.totals_at(i) == fresh.totals_at(i)));
+    assert!((0..tl.total_events).step_by(997).all(|i| tl.category_totals_at(i) == fresh.category_totals_at(i)));
+    // Midway it showed a prefix of it, less the blocks alive throughout.
+    let midway = midway.expect("a frame past half the file");
+    assert!(midway.len() > 1000 && midway.len() < tl.total_events, "{}", midway.len());
     let throughout: u64 = tl.allocations.iter().filter(|a| a.alive_at_start && a.end.is_none()).map(|a| a.size).sum();
     assert!(throughout > 0);
-    assert!((0..tl.total_events).all(|i| tl.totals_at(i) == totals[i] + throughout));
-    let loaded: Vec<_> = tl.allocations.iter().filter(|a| !(a.alive_at_start && a.end.is_none())).map(|a| (a.addr, a.size, a.start, a.end)).collect();
-    assert_eq!(loaded, allocs);
-    assert_eq!(segments.map(|s| s.reserved), Some(segment_stats(&data.snap, 0).1.reserved));
+    assert!(midway.iter().enumerate().all(|(i, &t)| t + throughout == tl.totals_at(i)));
 }
 
 #[test]
@@ -296,7 +298,7 @@ fn view_while_loading() {
     for u in [
         LoadUpdate::Progress { pass: ReadPass::Decode, done: 180_000, total: 495_064 },
         LoadUpdate::Segments(segment_stats(&snap, 0).1),
-        LoadUpdate::Events(snap.device_traces[0][..2500].iter().map(|e| (e.action, e.addr, e.size)).collect()),
+        LoadUpdate::Events(snap.device_traces[0][..2500].iter().map(|e| (e.action, e.addr, e.size, 0)).collect(), vec!["unknown".into()]),
     ] {
         assert!(loading.apply(u).is_none());
     }

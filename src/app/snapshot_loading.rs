@@ -1,28 +1,27 @@
 //! Opening a snapshot on a background thread, so `vramscope view` draws a large file
 //! while it is read: the reader thread sends progress, the segment totals and the shown
-//! device's alloc/free events as they are decoded, then the finished `ViewerData`. The
-//! screen meanwhile draws the timeline of what has arrived.
+//! device's trace events as they are decoded, then the snapshot. The screen feeds the
+//! events into the timeline and draws it as it grows; when the snapshot arrives, the
+//! same timeline is completed rather than built again.
 
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::app::snapshot_viewer::{default_detail_step, drawn_count, ViewerData};
+use crate::app::snapshot_viewer::{check_device, default_detail_step, drawn_count, ViewerData};
 use crate::report::snapshot_summary::{segment_stats, SegmentTotals};
 use crate::snapshot::model::{Action, Snapshot};
-use crate::snapshot::timeline::{DetailView, Timeline, TimelineBuilder};
+use crate::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};
 use crate::snapshot::{read_snapshot_file_observed, ReadPass, ReadProgress};
 
-/// What the reader thread sends, in this order: progress with segments and events
-/// between, `Decoded`, then `Done`.
+/// What the reader thread sends: progress with segments and events between, then `Done`.
 pub enum LoadUpdate {
     Progress { pass: ReadPass, done: usize, total: usize },
     Segments(SegmentTotals),
-    /// The next (action, address, size) events of the shown device's trace.
-    Events(Vec<(Action, u64, u64)>),
-    /// The file is decoded; the full timeline is being built.
-    Decoded,
-    Done(Box<anyhow::Result<ViewerData>>),
+    /// The next entries of the shown device's trace as (action, address, size, category
+    /// index), with the category names so far.
+    Events(Vec<(Action, u64, u64, u16)>, Vec<String>),
+    Done(Box<anyhow::Result<Snapshot>>),
 }
 
 /// Messages in flight; a full channel makes the reader wait for the screen.
@@ -36,6 +35,7 @@ pub fn spawn_loader(path: PathBuf, device: usize) -> Receiver<LoadUpdate> {
         .spawn(move || {
             let mut sent = 0;
             let mut segments_sent = false;
+            let mut names = Vec::new();
             // Sends fail only once the screen has gone; the read then just finishes.
             let mut observe = |p: &ReadProgress<'_>| {
                 let _ = tx.send(LoadUpdate::Progress { pass: p.pass, done: p.done, total: p.total });
@@ -46,14 +46,13 @@ pub fn spawn_loader(path: PathBuf, device: usize) -> Receiver<LoadUpdate> {
                 }
                 if let Some(new) = p.traces.get(device).and_then(|t| t.get(sent..)).filter(|n| !n.is_empty()) {
                     sent += new.len();
-                    let _ = tx.send(LoadUpdate::Events(new.iter().map(|e| (e.action, e.addr, e.size)).collect()));
+                    let events = new.iter().map(|e| (e.action, e.addr, e.size, category_index(&mut names, e.category.as_deref()))).collect();
+                    let _ = tx.send(LoadUpdate::Events(events, names.clone()));
                 }
             };
-            let read = read_snapshot_file_observed(&path, &mut observe);
-            let _ = tx.send(LoadUpdate::Decoded);
-            let done = read
+            let done = read_snapshot_file_observed(&path, &mut observe)
                 .map_err(|e| anyhow::Error::new(e).context(path.display().to_string()))
-                .and_then(|snap| ViewerData::from_snapshot(&path, snap, device));
+                .and_then(|snap| check_device(&path, &snap, device).map(|()| snap));
             let _ = tx.send(LoadUpdate::Done(Box::new(done)));
         })
         .expect("spawning the snapshot reader thread");
@@ -61,7 +60,8 @@ pub fn spawn_loader(path: PathBuf, device: usize) -> Receiver<LoadUpdate> {
 }
 
 /// The viewer's state while the file is read: progress, and the timeline of the trace
-/// decoded so far (blocks alive throughout the trace are known only at the end).
+/// decoded so far (blocks alive throughout the trace are known only at the end). Until
+/// then each allocation's stack is the index of its trace entry.
 pub struct Loading {
     pub name: String,
     pub device: usize,
@@ -70,8 +70,8 @@ pub struct Loading {
     pub done: usize,
     pub total: usize,
     pub segments: Option<SegmentTotals>,
-    /// Dropped at `Decoded`, to make room for the full timeline.
     builder: Option<TimelineBuilder>,
+    categories: Vec<String>,
     pub detail: DetailView,
     /// Trace entries received.
     pub entries: usize,
@@ -88,14 +88,15 @@ impl Loading {
             done: 0,
             total: 0,
             segments: None,
-            builder: Some(TimelineBuilder::new(vec!["unknown".into()])),
+            builder: Some(TimelineBuilder::new(Vec::new())),
+            categories: Vec::new(),
             detail: DetailView::default(),
             entries: 0,
             detail_at: 0,
         }
     }
 
-    /// The timeline so far; `None` once decoding has finished.
+    /// The timeline so far; `None` once the load is over.
     pub fn timeline(&self) -> Option<&Timeline> {
         self.builder.as_ref().map(TimelineBuilder::timeline)
     }
@@ -105,21 +106,28 @@ impl Loading {
         match u {
             LoadUpdate::Progress { pass, done, total } => (self.pass, self.done, self.total) = (pass, done, total),
             LoadUpdate::Segments(t) => self.segments = Some(t),
-            LoadUpdate::Events(events) => {
-                self.entries += events.len();
+            LoadUpdate::Events(events, names) => {
                 if let Some(b) = &mut self.builder {
-                    for (action, addr, size) in events {
-                        b.feed(action, addr, size, 0, 0);
+                    for (i, &(action, addr, size, category)) in events.iter().enumerate() {
+                        b.feed(action, addr, size, (self.entries + i) as u32, category);
                     }
                 }
+                self.entries += events.len();
+                self.categories = names;
             }
-            LoadUpdate::Decoded => {
-                self.builder = None;
-                self.detail = DetailView::default();
-            }
-            LoadUpdate::Done(r) => return Some(*r),
+            LoadUpdate::Done(r) => return Some(r.map(|snap| self.finish(snap))),
         }
         None
+    }
+
+    /// The viewer of the loaded snapshot, its timeline completed from the one fed so far.
+    fn finish(&mut self, snap: Snapshot) -> ViewerData {
+        let mut b = self.builder.take().unwrap_or_default();
+        self.detail = DetailView::default();
+        let trace: &[_] = snap.device_traces.get(self.device).map_or(&[], Vec::as_slice);
+        b.stacks_from_entries(trace);
+        let tl = b.finish_snapshot(&snap, self.device, std::mem::take(&mut self.categories));
+        ViewerData::with_timeline(self.name.clone(), snap, self.device, tl)
     }
 
     /// Recomputes which allocations are drawn one by one when events came in since.

@@ -50,6 +50,13 @@ pub struct ViewArgs {
     pub loading_screen_after: u64,
 }
 
+/// That the snapshot read from `path` has `device` (a file without traces has device 0).
+pub fn check_device(path: &Path, snap: &Snapshot, device: usize) -> anyhow::Result<()> {
+    let devices = snap.device_traces.len().max(1);
+    anyhow::ensure!(device < devices, "{}: no device {device} (the file has {devices})", path.display());
+    Ok(())
+}
+
 /// The name the viewer's header shows for `path`.
 pub fn file_name(path: &Path) -> String {
     path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
@@ -90,6 +97,11 @@ impl ViewerData {
     /// Everything the first frame needs: the timeline of `device` and its detail view.
     pub fn new(name: String, snap: Snapshot, device: usize) -> ViewerData {
         let tl = Timeline::from_snapshot(&snap, device);
+        ViewerData::with_timeline(name, snap, device, tl)
+    }
+
+    /// `new` with the timeline already built (`Timeline::from_snapshot` or its equal).
+    pub fn with_timeline(name: String, snap: Snapshot, device: usize, tl: Timeline) -> ViewerData {
         let n = tl.allocations.len();
         let detail_step = default_detail_step(n);
         let detail = tl.detail(drawn_count(detail_step, n));
@@ -110,13 +122,7 @@ impl ViewerData {
 
     pub fn open(path: &Path, device: usize) -> anyhow::Result<ViewerData> {
         let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
-        ViewerData::from_snapshot(path, snap, device)
-    }
-
-    /// The viewer of `snap`, read from `path`, on `device` (checked to exist).
-    pub fn from_snapshot(path: &Path, snap: Snapshot, device: usize) -> anyhow::Result<ViewerData> {
-        let devices = snap.device_traces.len().max(1);
-        anyhow::ensure!(device < devices, "{}: no device {device} (the file has {devices})", path.display());
+        check_device(path, &snap, device)?;
         Ok(ViewerData::new(file_name(path), snap, device))
     }
 

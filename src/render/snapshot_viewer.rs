@@ -419,10 +419,9 @@ pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewAction>, the
     let [header, body, footer] = Layout::vertical([Constraint::Length(2), Constraint::Min(8), Constraint::Length(1)]).areas(area);
     let pct = l.fraction() * 100.0;
     let (fill, rest) = bar(l.fraction(), 24);
-    let what = match (l.pass, l.timeline()) {
-        (ReadPass::Check, _) => "checking opcodes",
-        (ReadPass::Decode, Some(_)) => "decoding",
-        (ReadPass::Decode, None) => "building the timeline",
+    let what = match l.pass {
+        ReadPass::Check => "checking opcodes",
+        ReadPass::Decode => "decoding",
     };
     let line1 = Line::from(vec![
         Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
@@ -449,10 +448,8 @@ pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewAction>, the
         line2.extend([sep(), Span::styled("peak active so far ", dim), Span::styled(bytes(tl.peak_bytes), Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD))]);
     }
     f.render_widget(Paragraph::new(vec![line1, Line::from(line2)]), header);
-    let title = match l.timeline() {
-        Some(tl) => format!(" active memory timeline · {} actions read so far · blocks alive throughout are added when loaded ", tl.total_events),
-        None => " active memory timeline · all read, now built in full ".to_string(),
-    };
+    let events = l.timeline().map_or(0, |tl| tl.total_events);
+    let title = format!(" active memory timeline · {events} actions read so far · blocks alive throughout are added when loaded ");
     if let Some(plot) = plot_frame(f, body, title, theme) {
         match l.timeline().filter(|tl| tl.total_events > 0) {
             Some(tl) => draw_plot(f.buffer_mut(), plot, tl, &l.detail, PlotView { from: 0, to: tl.total_events, cursor_x: None, selected: None }, theme),

@@ -553,27 +553,29 @@ fn memo_get_check(len: u32, idx: u32, at: usize) -> Result<(), ReadError> {
 
 /// First pass: validate every opcode and its length, and find the memo slots read back.
 fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<MemoRefs, ReadError> {
-    let mut cur = Cursor { data, pos: 0 };
+    // The position lives in a local, not in a Cursor whose address escapes: kept in a
+    // register, not stored and reloaded around every opcode.
+    let mut pos = 0;
     let mut words: Vec<u64> = Vec::new();
     let mut len = 0u32;
     let mut next_tick = TICK;
     loop {
-        if cur.pos >= next_tick {
-            hooks.tick(ReadPass::Check, data, cur.pos, None, Vec::new());
-            next_tick = cur.pos + TICK;
+        if pos >= next_tick {
+            hooks.tick(ReadPass::Check, data, pos, None, Vec::new());
+            next_tick = pos + TICK;
         }
         // The opcodes that make up nearly all of a snapshot, skipped without decoding
         // when complete; anything else (or a truncated one) takes the full decoder.
-        if let Some((idx, n)) = memo_ref(&data[cur.pos..]) {
-            mark_get(&mut words, len, idx, cur.pos)?;
-            cur.pos += n;
+        if let Some((idx, n)) = memo_ref(&data[pos..]) {
+            mark_get(&mut words, len, idx, pos)?;
+            pos += n;
             continue;
         }
-        match &data[cur.pos..] {
+        match &data[pos..] {
             [op::MEMOIZE, ..] => {
                 let idx = len;
-                memo_put(&mut len, idx, cur.pos)?;
-                cur.pos += 1;
+                memo_put(&mut len, idx, pos)?;
+                pos += 1;
                 continue;
             }
             [op::MARK
@@ -584,20 +586,22 @@ fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<MemoRefs, ReadError> {
             | op::NONE
             | op::NEWTRUE
             | op::NEWFALSE, ..] => {
-                cur.pos += 1;
+                pos += 1;
                 continue;
             }
             [op::BININT1, _, ..] => {
-                cur.pos += 2;
+                pos += 2;
                 continue;
             }
             [op::SHORT_BINUNICODE, n, rest @ ..] if rest.len() >= *n as usize => {
-                cur.pos += 2 + *n as usize;
+                pos += 2 + *n as usize;
                 continue;
             }
             _ => {}
         }
+        let mut cur = Cursor { data, pos };
         let (at, o) = cur.next()?;
+        pos = cur.pos;
         match o {
             Op::Stop => break,
             Op::Proto(v) => check_proto(v, at)?,
@@ -1036,6 +1040,9 @@ struct StackTable {
     pool: Vec<FrameId>,
     /// Power-of-two length, at most half full; `id == 0` marks an empty slot.
     slots: Vec<StackSlot>,
+    /// The slot of the stack interned last: a free and its completion, back to back,
+    /// share one, and its frames in `pool` are still in cache.
+    last: Option<StackSlot>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -1060,10 +1067,23 @@ impl StackTable {
         h.finish()
     }
 
-    /// The id of this stack, added if new; `None` when the table is full (4 G stacks
-    /// or frames).
-    fn intern(&mut self, ids: Vec<FrameId>) -> Option<StackId> {
-        let h = Self::hash(&ids);
+    /// The id of this stack, added (taking `ids`) if new; `None` when the table is full
+    /// (4 G stacks or frames).
+    fn intern(&mut self, ids: &mut Vec<FrameId>) -> Option<StackId> {
+        if let Some(last) = self.last.filter(|l| self.frames_of(l) == Some(ids.as_slice())) {
+            return Some(last.id - 1);
+        }
+        let slot = self.lookup_or_add(ids)?;
+        self.last = Some(slot);
+        Some(slot.id - 1)
+    }
+
+    fn frames_of(&self, s: &StackSlot) -> Option<&[FrameId]> {
+        self.pool.get(s.start as usize..s.start as usize + s.len as usize)
+    }
+
+    fn lookup_or_add(&mut self, ids: &mut Vec<FrameId>) -> Option<StackSlot> {
+        let h = Self::hash(ids);
         let tag = (h >> 32) as u32;
         if self.slots.is_empty() {
             self.slots = vec![StackSlot::default(); 1024];
@@ -1075,30 +1095,25 @@ impl StackTable {
             if s.id == 0 {
                 break;
             }
-            if s.tag == tag
-                && s.len as usize == ids.len()
-                && self
-                    .pool
-                    .get(s.start as usize..s.start as usize + ids.len())
-                    == Some(&ids)
-            {
-                return Some(s.id - 1);
+            if s.tag == tag && s.len as usize == ids.len() && self.frames_of(&s) == Some(ids.as_slice()) {
+                return Some(s);
             }
             i = (i + 1) & mask;
         }
         let id = StackId::try_from(self.stacks.len()).ok()?;
-        self.slots[i] = StackSlot {
+        let slot = StackSlot {
             tag,
             len: u32::try_from(ids.len()).ok()?,
             start: u32::try_from(self.pool.len()).ok()?,
             id: id.checked_add(1)?,
         };
-        self.pool.extend_from_slice(&ids);
-        self.stacks.push(ids);
+        self.slots[i] = slot;
+        self.pool.extend_from_slice(ids);
+        self.stacks.push(std::mem::take(ids));
         if self.stacks.len() * 2 > self.slots.len() {
             self.grow();
         }
-        Some(id)
+        Some(slot)
     }
 
     fn grow(&mut self) {
@@ -1116,12 +1131,249 @@ impl StackTable {
     }
 }
 
+const NO_FRAME: FrameId = FrameId::MAX;
+
+/// A trace entry's `frames` as `FastEntry` reads them: the frame ids collected, or a
+/// stack already interned (a list read back by BINGET).
+enum FastFrames {
+    Ids,
+    Stack(StackId),
+}
+
+/// Reads one trace entry dict straight from the bytes for `Vm::fast_entry`, changing
+/// nothing: the memo puts it would make are kept aside (`puts`, `memo_len`). Every
+/// method returns `None` on anything it does not know.
+struct FastEntry<'v, 'a> {
+    vm: &'v Vm<'a>,
+    data: &'a [u8],
+    pos: usize,
+    memo_len: u32,
+    /// Strings memoized within the entry and read back later: (memo slot, text).
+    puts: [(usize, &'a str); 4],
+    nputs: usize,
+}
+
+impl<'a> FastEntry<'_, 'a> {
+    fn byte(&self) -> Option<u8> {
+        self.data.get(self.pos).copied()
+    }
+
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let b = self.data.get(self.pos..self.pos.checked_add(n)?)?;
+        self.pos += n;
+        Some(b)
+    }
+
+    fn fixed<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+
+    /// A MEMOIZE here, if any; the memo slot it fills when that is read back later.
+    fn memoize(&mut self) -> Option<Option<usize>> {
+        if self.byte() != Some(op::MEMOIZE) {
+            return Some(None);
+        }
+        let idx = self.memo_len;
+        self.memo_len = idx.checked_add(1)?;
+        self.pos += 1;
+        Some(self.vm.refs.slot(idx))
+    }
+
+    fn string(&mut self) -> Option<&'a str> {
+        let text = match self.byte()? {
+            op::SHORT_BINUNICODE => {
+                self.pos += 1;
+                let [n] = self.fixed()?;
+                self.take(n as usize)?
+            }
+            op::BINUNICODE => {
+                self.pos += 1;
+                let n = u32::from_le_bytes(self.fixed()?);
+                self.take(usize::try_from(n).ok()?)?
+            }
+            op::BINGET | op::LONG_BINGET => {
+                let (idx, len) = memo_ref(&self.data[self.pos..])?;
+                if idx >= self.memo_len {
+                    return None;
+                }
+                let slot = self.vm.refs.slot(idx)?;
+                let s = if idx >= self.vm.memo_len {
+                    self.puts[..self.nputs].iter().find(|p| p.0 == slot)?.1
+                } else {
+                    match self.vm.memo[slot] {
+                        Memo::Str(s) => s,
+                        _ => return None,
+                    }
+                };
+                self.pos += len;
+                return Some(s);
+            }
+            _ => return None,
+        };
+        let s = std::str::from_utf8(text).ok()?;
+        if let Some(slot) = self.memoize()? {
+            *self.puts.get_mut(self.nputs)? = (slot, s);
+            self.nputs += 1;
+        }
+        Some(s)
+    }
+
+    fn opt_string(&mut self) -> Option<Option<String>> {
+        if self.byte()? == op::NONE {
+            self.pos += 1;
+            return Some(None);
+        }
+        Some(Some(self.string()?.to_owned()))
+    }
+
+    /// An integer or bool, as `Op` holds it.
+    fn int(&mut self) -> Option<Op<'static>> {
+        let op = self.byte()?;
+        self.pos += 1;
+        Some(match op {
+            op::BININT1 => Op::Int(self.fixed::<1>()?[0] as i64),
+            op::BININT2 => Op::Int(u16::from_le_bytes(self.fixed()?) as i64),
+            op::BININT => Op::Int(i32::from_le_bytes(self.fixed()?) as i64),
+            op::LONG1 => {
+                let [n] = self.fixed()?;
+                long_value(self.take(n as usize)?)?
+            }
+            op::NEWTRUE => Op::Bool(true),
+            op::NEWFALSE => Op::Bool(false),
+            _ => return None,
+        })
+    }
+
+    /// As `Vm::u64_field` takes it.
+    fn unsigned(&mut self) -> Option<u64> {
+        match self.int()? {
+            Op::Int(i) => u64::try_from(i).ok(),
+            Op::UInt(u) => Some(u),
+            _ => None,
+        }
+    }
+
+    /// As `Vm::i64_field` takes it.
+    fn signed(&mut self) -> Option<i64> {
+        match self.int()? {
+            Op::Int(i) => Some(i),
+            Op::Bool(b) => Some(b as i64),
+            _ => None,
+        }
+    }
+
+    /// A frame dict seen before, read back at `at`: its id and the BINGET's length.
+    fn frame_at(&self, at: usize) -> Option<(FrameId, usize)> {
+        let (idx, len) = memo_ref(self.data.get(at..)?)?;
+        Some((self.vm.memo_frame(idx)?, len))
+    }
+
+    /// `frames`: None, a stack read back, or a new list of frames read back (as Python
+    /// writes it: empty, `BINGET APPEND` for one, `MARK BINGET... APPENDS` batches).
+    fn frames(&mut self, ids: &mut Vec<FrameId>) -> Option<FastFrames> {
+        ids.clear();
+        match self.byte()? {
+            op::NONE => {
+                self.pos += 1;
+                return Some(FastFrames::Ids);
+            }
+            op::BINGET | op::LONG_BINGET => {
+                let (idx, len) = memo_ref(&self.data[self.pos..])?;
+                if idx >= self.vm.memo_len {
+                    return None;
+                }
+                let Value::Stack(s) = self.vm.memo_value(self.vm.refs.slot(idx)?) else {
+                    return None;
+                };
+                self.pos += len;
+                return Some(FastFrames::Stack(s));
+            }
+            op::EMPTY_LIST => self.pos += 1,
+            _ => return None,
+        }
+        if self.memoize()?.is_some() {
+            return None; // a list read back later is shared
+        }
+        loop {
+            match self.byte()? {
+                op::MARK => {
+                    self.pos += 1;
+                    let before = ids.len();
+                    while let Some((f, len)) = self.frame_at(self.pos) {
+                        ids.push(f);
+                        self.pos += len;
+                    }
+                    if ids.len() == before || self.byte()? != op::APPENDS {
+                        return None;
+                    }
+                    self.pos += 1;
+                }
+                _ => match self.frame_at(self.pos) {
+                    Some((f, len)) if self.data.get(self.pos + len) == Some(&op::APPEND) => {
+                        ids.push(f);
+                        self.pos += len + 1;
+                    }
+                    _ => return Some(FastFrames::Ids),
+                },
+            }
+        }
+    }
+
+    /// `EMPTY_DICT [MEMOIZE] MARK key value ... SETITEMS` of entry keys only, as
+    /// `Vm::entry_from` reads them (the last of a repeated key wins); `frames` is left
+    /// for the caller to intern.
+    fn entry(&mut self, ids: &mut Vec<FrameId>) -> Option<(TraceEntry, FastFrames)> {
+        if self.byte()? != op::EMPTY_DICT {
+            return None;
+        }
+        self.pos += 1;
+        if self.memoize()?.is_some() || self.byte()? != op::MARK {
+            return None; // a dict read back later is shared; one pair is a SETITEM
+        }
+        self.pos += 1;
+        let (mut action, mut addr, mut size, mut stream, mut time_us) = (None, None, None, 0, 0);
+        let mut frames = FastFrames::Ids;
+        let (mut category, mut compile_context, mut user_metadata) = (None, None, None);
+        while self.byte()? != op::SETITEMS {
+            let key = self.string()?;
+            match self.vm.keys.get(key) {
+                Key::Action => action = Some(action_of(self.string()?)?),
+                Key::Addr | Key::DeviceFree => addr = Some(self.unsigned()?),
+                Key::Size => size = Some(self.unsigned()?),
+                Key::Stream => stream = self.signed()?,
+                Key::TimeUs => time_us = self.signed()?,
+                Key::Frames => frames = self.frames(ids)?,
+                Key::Category => category = self.opt_string()?,
+                Key::CompileContext => compile_context = self.opt_string()?,
+                Key::UserMetadata => user_metadata = self.opt_string()?,
+                _ => return None,
+            }
+        }
+        self.pos += 1;
+        let entry = TraceEntry {
+            action: action?,
+            addr: addr?,
+            size: size?,
+            stream,
+            time_us,
+            frames: 0,
+            category,
+            compile_context,
+            user_metadata,
+        };
+        Some((entry, frames))
+    }
+}
+
 struct Vm<'a> {
     cur: Cursor<'a>,
     stack: Vec<Value<'a>>,
     marks: Vec<usize>,
     refs: MemoRefs,
     memo: Vec<Memo<'a>>,
+    /// The frame each memo slot holds (`NO_FRAME` if none): a compact copy of `memo` for
+    /// the hottest lookup, BINGETs of frames, kept by `set_memo`.
+    memo_frames: Vec<FrameId>,
     memo_len: u32,
     arena: Vec<Value<'a>>,
     /// The memo slot of each arena entry, to store converted frames/stacks there too.
@@ -1146,12 +1398,14 @@ fn malformed(offset: usize, detail: impl Into<String>) -> ReadError {
 impl<'a> Vm<'a> {
     fn new(data: &'a [u8], refs: MemoRefs) -> Self {
         let memo = vec![Memo::None; refs.count()];
+        let memo_frames = vec![NO_FRAME; refs.count()];
         Vm {
             cur: Cursor { data, pos: 0 },
             stack: Vec::with_capacity(4096),
             marks: Vec::with_capacity(64),
             refs,
             memo,
+            memo_frames,
             memo_len: 0,
             arena: Vec::new(),
             arena_memo: Vec::new(),
@@ -1202,25 +1456,41 @@ impl<'a> Vm<'a> {
             let at = self.cur.pos;
             self.at = at;
             let rest = &self.cur.data[at..];
-            let fast = match rest {
-                [op::BINGET | op::LONG_BINGET, ..] => match memo_ref(rest) {
-                    Some((idx, len)) => Some((self.memo_get(idx)?, len)),
-                    None => None,
-                },
-                [op::BININT1, i, ..] => Some((Value::Int(*i as i64), 2)),
-                [op::EMPTY_DICT, ..] => Some((Value::Dict(Seq::default()), 1)),
-                [op::EMPTY_LIST, ..] => Some((Value::List(ListData::Values(Seq::default())), 1)),
+            // Each arm pushes in place: a value handed on through a temporary stalls on
+            // store forwarding.
+            match rest {
+                [op::BINGET | op::LONG_BINGET, ..] => {
+                    if let Some((idx, len)) = memo_ref(rest) {
+                        let slot = self.memo_slot(idx)?;
+                        self.stack.push(self.memo_value(slot));
+                        self.cur.pos += len;
+                        continue;
+                    }
+                }
+                [op::BININT1, i, ..] => {
+                    self.stack.push(Value::Int(*i as i64));
+                    self.cur.pos += 2;
+                    continue;
+                }
+                [op::EMPTY_DICT, ..] => {
+                    if self.fast_entry() {
+                        continue;
+                    }
+                    self.stack.push(Value::Dict(Seq::default()));
+                    self.cur.pos += 1;
+                    continue;
+                }
+                [op::EMPTY_LIST, ..] => {
+                    self.stack.push(Value::List(ListData::Values(Seq::default())));
+                    self.cur.pos += 1;
+                    continue;
+                }
                 [op::MEMOIZE, ..] => {
                     self.cur.pos += 1;
                     self.put(self.memo_len)?;
                     continue;
                 }
-                _ => None,
-            };
-            if let Some((v, len)) = fast {
-                self.cur.pos += len;
-                self.stack.push(v);
-                continue;
+                _ => {}
             }
             let (at, o) = self.cur.next()?;
             self.at = at;
@@ -1340,7 +1610,7 @@ impl<'a> Vm<'a> {
                 }
                 Op::Put(idx) => self.put(idx)?,
                 Op::Get(idx) => {
-                    let v = self.memo_get(idx)?;
+                    let v = self.memo_value(self.memo_slot(idx)?);
                     self.stack.push(v);
                 }
             }
@@ -1401,13 +1671,19 @@ impl<'a> Vm<'a> {
         (segments, traces)
     }
 
-    fn memo_get(&self, idx: u32) -> Result<Value<'a>, ReadError> {
+    /// The memo slot BINGET `idx` reads. Checked apart from `memo_value`: a value returned
+    /// inside a `Result` goes through memory and stalls on store forwarding every BINGET.
+    #[inline(always)]
+    fn memo_slot(&self, idx: u32) -> Result<usize, ReadError> {
         memo_get_check(self.memo_len, idx, self.at)?;
-        let slot = self
-            .refs
+        self.refs
             .slot(idx)
-            .ok_or_else(|| malformed(self.at, "memo slot was not seen by the pre-scan"))?;
-        Ok(match self.memo[slot] {
+            .ok_or_else(|| malformed(self.at, "memo slot was not seen by the pre-scan"))
+    }
+
+    #[inline(always)]
+    fn memo_value(&self, slot: usize) -> Value<'a> {
+        match self.memo[slot] {
             // Converted shared records are pushed by value: no lookup later.
             Memo::Shared(h) => match &self.arena[h as usize] {
                 Value::Frame(f) => Value::Frame(*f),
@@ -1415,7 +1691,7 @@ impl<'a> Vm<'a> {
                 _ => Value::Shared(h),
             },
             m => m.value(),
-        })
+        }
     }
 
     /// The frame a memo index holds once converted; anything else (including an index
@@ -1425,10 +1701,60 @@ impl<'a> Vm<'a> {
         if idx >= self.memo_len {
             return None;
         }
-        match self.memo.get(self.refs.slot(idx)?)? {
-            Memo::Frame(f) => Some(*f),
-            _ => None,
-        }
+        let f = *self.memo_frames.get(self.refs.slot(idx)?)?;
+        (f != NO_FRAME).then_some(f)
+    }
+
+    fn set_memo(&mut self, slot: usize, m: Memo<'a>) {
+        self.memo[slot] = m;
+        self.memo_frames[slot] = match m {
+            Memo::Frame(f) => f,
+            _ => NO_FRAME,
+        };
+    }
+
+    /// Fast path for the bulk of a snapshot, a trace entry at `EMPTY_DICT`: read straight
+    /// from the bytes into the `Value::Entry` the generic path would build at its
+    /// SETITEMS, with the same memo puts. Anything unusual (a key or value form it does
+    /// not know, a dict or list read back later, a FRAME opcode inside) leaves everything
+    /// as it was and returns false, for the generic path to decode.
+    fn fast_entry(&mut self) -> bool {
+        let mut ids = std::mem::take(&mut self.frame_scratch);
+        ids.clear();
+        let mut p = FastEntry {
+            vm: self,
+            data: self.cur.data,
+            pos: self.cur.pos,
+            memo_len: self.memo_len,
+            puts: [(0, ""); 4],
+            nputs: 0,
+        };
+        let done = match p.entry(&mut ids) {
+            Some((mut entry, frames)) => {
+                let (pos, memo_len, puts) = (p.pos, p.memo_len, p.puts[..p.nputs].to_vec());
+                let stack = match frames {
+                    FastFrames::Stack(s) => Some(s),
+                    FastFrames::Ids => self.stacks.intern(&mut ids),
+                };
+                match stack {
+                    Some(s) => {
+                        entry.frames = s;
+                        for (slot, text) in puts {
+                            self.set_memo(slot, Memo::Str(text));
+                        }
+                        self.memo_len = memo_len;
+                        self.cur.pos = pos;
+                        self.stack.push(Value::Entry(Box::new(entry)));
+                        true
+                    }
+                    None => false,
+                }
+            }
+            None => false,
+        };
+        ids.clear();
+        self.frame_scratch = ids;
+        done
     }
 
     /// Fast path for the bulk of a snapshot, a stack written as `MARK BINGET... APPENDS`
@@ -1468,7 +1794,7 @@ impl<'a> Vm<'a> {
     fn settle(&mut self, h: u32, v: Value<'a>) {
         if let Value::Frame(_) | Value::Stack(_) = v {
             if let Some(copy) = v.cheap_copy() {
-                self.memo[self.arena_memo[h as usize]] = copy;
+                self.set_memo(self.arena_memo[h as usize], copy);
             }
         }
         self.arena[h as usize] = v;
@@ -1555,7 +1881,7 @@ impl<'a> Vm<'a> {
                 Memo::Shared(h)
             }
         };
-        self.memo[slot] = v;
+        self.set_memo(slot, v);
         Ok(())
     }
 
@@ -1712,7 +2038,9 @@ impl<'a> Vm<'a> {
             return Ok(id);
         }
         let id = FrameId::try_from(self.frames.len())
-            .map_err(|_| malformed(self.at, "too many frames"))?;
+            .ok()
+            .filter(|&id| id != NO_FRAME)
+            .ok_or_else(|| malformed(self.at, "too many frames"))?;
         self.frames.push(Frame {
             name: name.to_owned(),
             filename: filename.to_owned(),
@@ -1722,9 +2050,9 @@ impl<'a> Vm<'a> {
         Ok(id)
     }
 
-    fn intern_stack(&mut self, ids: Vec<FrameId>) -> Result<StackId, ReadError> {
+    fn intern_stack(&mut self, mut ids: Vec<FrameId>) -> Result<StackId, ReadError> {
         self.stacks
-            .intern(ids)
+            .intern(&mut ids)
             .ok_or_else(|| malformed(self.at, "too many stacks"))
     }
 

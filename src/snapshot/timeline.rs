@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use super::model::{Action, Snapshot, StackId};
+use super::model::{Action, Snapshot, StackId, TraceEntry};
 
 /// One band of the timeline.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,6 +183,19 @@ pub struct Timeline {
     stack_keys: Vec<i64>,
 }
 
+/// The index of an entry's category in `names`, added at its first appearance; entries
+/// without one count as "unknown" (as do blocks alive throughout the trace).
+pub fn category_index(names: &mut Vec<String>, category: Option<&str>) -> u16 {
+    let c = category.unwrap_or("unknown");
+    match names.iter().position(|n| n == c) {
+        Some(i) => i as u16,
+        None => {
+            names.push(c.to_string());
+            (names.len() - 1) as u16
+        }
+    }
+}
+
 /// Feeds events into a `Timeline`; totals, series and peak are usable at any time.
 #[derive(Clone, Debug, Default)]
 pub struct TimelineBuilder {
@@ -257,6 +270,31 @@ impl TimelineBuilder {
 
     pub fn finish(self) -> Timeline {
         self.tl
+    }
+
+    /// The timeline of a snapshot's trace once every entry of `device` is fed: the final
+    /// state's active blocks the trace left unallocated are added alive throughout, and
+    /// the categories take `names` (from `category_index`).
+    pub fn finish_snapshot(mut self, s: &Snapshot, device: usize, mut names: Vec<String>) -> Timeline {
+        let unknown = category_index(&mut names, None);
+        self.ensure_category((names.len() - 1) as u16);
+        for seg in s.segments.iter().filter(|seg| seg.device == device as i64) {
+            for blk in &seg.blocks {
+                if blk.state == super::model::BlockState::ActiveAllocated && !self.is_open(blk.address) {
+                    self.add_alive_throughout(blk.address, blk.requested_size, blk.frames, unknown);
+                }
+            }
+        }
+        self.tl.categories = names;
+        self.tl
+    }
+
+    /// For a builder fed trace entry indices in place of stacks: each allocation gets the
+    /// stack of the entry it was made (or first seen freed) by.
+    pub fn stacks_from_entries(&mut self, trace: &[TraceEntry]) {
+        for a in &mut self.tl.allocations {
+            a.stack = trace.get(a.stack as usize).map_or(0, |e| e.frames);
+        }
     }
 
     fn ensure_category(&mut self, category: u16) {
@@ -420,36 +458,13 @@ impl Timeline {
     /// alive throughout.
     pub fn from_snapshot(s: &Snapshot, device: usize) -> Timeline {
         let trace: &[_] = s.device_traces.get(device).map_or(&[], Vec::as_slice);
-        let mut names: Vec<String> = Vec::new();
+        let mut names = Vec::new();
+        let mut b = TimelineBuilder::new(Vec::new());
         for e in trace {
-            if let Some(c) = &e.category {
-                if !names.contains(c) {
-                    names.push(c.clone());
-                }
-            }
+            let c = category_index(&mut names, e.category.as_deref());
+            b.feed(e.action, e.addr, e.size, e.frames, c);
         }
-        if !names.iter().any(|n| n == "unknown") {
-            names.push("unknown".into());
-        }
-        let unknown = names.iter().position(|n| n == "unknown").unwrap_or(0) as u16;
-        let cat = |c: &Option<String>| {
-            c.as_ref()
-                .and_then(|c| names.iter().position(|n| n == c))
-                .map_or(unknown, |i| i as u16)
-        };
-        let mut b = TimelineBuilder::new(names.clone());
-        for e in trace {
-            b.feed(e.action, e.addr, e.size, e.frames, cat(&e.category));
-        }
-        for seg in s.segments.iter().filter(|seg| seg.device == device as i64) {
-            for blk in &seg.blocks {
-                if blk.state == super::model::BlockState::ActiveAllocated && !b.is_open(blk.address)
-                {
-                    b.add_alive_throughout(blk.address, blk.requested_size, blk.frames, unknown);
-                }
-            }
-        }
-        b.finish()
+        b.finish_snapshot(s, device, names)
     }
 
     /// Stacked bytes during action `index`.

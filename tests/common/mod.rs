@@ -110,16 +110,18 @@ pub fn python_json<T: serde::de::DeserializeOwned>(script: &str, file: &std::pat
     serde_json::from_slice(&out.stdout).expect("python prints JSON")
 }
 
-/// A fixture's trace repeated `copies` times (later copies later in time), written to
-/// `path`: a real snapshot's shape, as long as a test needs it.
+/// A fixture's trace repeated `copies` times (later copies later in time, and with
+/// categories from the second copy on), written to `path`: a real snapshot's shape, as
+/// long as a test needs it.
 pub fn long_snapshot_file(name: &str, copies: usize, path: &std::path::Path) -> Snapshot {
     let mut snap = load(name);
     let trace = snap.device_traces[0].clone();
     let span = trace.last().map_or(0, |e| e.time_us) - trace.first().map_or(0, |e| e.time_us) + 1;
     for k in 1..copies as i64 {
-        snap.device_traces[0].extend(trace.iter().map(|e| {
+        snap.device_traces[0].extend(trace.iter().enumerate().map(|(i, e)| {
             let mut e = e.clone();
             e.time_us += k * span;
+            e.category = Some(["activation", "parameter", "temporary"][i % 3].into());
             e
         }));
     }
