@@ -65,7 +65,6 @@ pub fn spawn_loader(path: PathBuf, device: usize) -> Receiver<LoadUpdate> {
 pub struct Loading {
     pub name: String,
     pub device: usize,
-    pub started: Instant,
     pub pass: ReadPass,
     pub done: usize,
     pub total: usize,
@@ -83,7 +82,6 @@ impl Loading {
         Loading {
             name,
             device,
-            started: Instant::now(),
             pass: ReadPass::Check,
             done: 0,
             total: 0,
