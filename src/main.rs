@@ -128,7 +128,7 @@ struct ShapeArgs {
 struct RunArgs {
     #[command(flatten)]
     shape: ShapeArgs,
-    /// auto (CUDA if present), cpu or cuda.
+    /// auto (the first CUDA device if present), cpu, cuda, or cuda:N for CUDA device N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceChoice,
     /// Stop after N steps (default: run until quit; 3 with --headless).
@@ -189,7 +189,7 @@ struct SweepArgs {
     /// Measured steps per configuration.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
-    /// auto (CUDA if present), cpu or cuda.
+    /// auto (the first CUDA device if present), cpu, cuda, or cuda:N for CUDA device N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: DeviceChoice,
     #[arg(long, default_value_t = 0)]

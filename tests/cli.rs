@@ -66,7 +66,7 @@ fn bad_flags_name_the_flag_and_the_allowed_values() {
         (&["--ctx", "0"], &["--ctx", "between 1 and"]),
         (&["--batch", "0"], &["--batch", "between 1 and"]),
         (&["--precision", "fp16"], &["--precision", "fp32, bf16"]),
-        (&["--device", "tpu"], &["--device", "auto, cpu, cuda"]),
+        (&["--device", "tpu"], &["--device", "auto, cpu, cuda, cuda:N"]),
         (&["--ctx", "many"], &["--ctx", "whole number"]),
     ];
     for (args, wants) in cases {
@@ -85,11 +85,11 @@ fn asking_for_cuda_without_a_gpu_is_a_clear_error() {
         return; // this machine has a GPU: the flag is valid here
     }
     vramscope()
-        .args(["run", "--headless", "--device", "cuda", "--steps", "1"])
+        .args(["run", "--headless", "--device", "cuda:1", "--steps", "1"])
         .assert()
         .failure()
         .code(2)
-        .stderr(predicate::str::contains("--device cuda: no CUDA device"));
+        .stderr(predicate::str::contains("--device cuda:1: no CUDA device"));
 }
 
 #[test]

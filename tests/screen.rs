@@ -11,7 +11,7 @@ use vramscope::event::{Action as Act, Batch, Category, MemEvent, Phase, PhaseMar
 use vramscope::render::draw_to_buffer;
 use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
-use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, SourceKind, SourceStatus};
+use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind, SourceStatus};
 use vramscope::store::Store;
 use vramscope::train::config::{Attention, Mode, Precision, Preset, StepConfig};
 use vramscope::train::engine::{EngineInfo, KnobChange, OomReport, Report, StepReport};
@@ -204,4 +204,28 @@ fn by_allocation_bands_and_a_too_small_terminal() {
     insta::assert_snapshot!("by_allocation", screen);
     let small = text(&store, &view, 50, 12);
     assert!(small.contains("needs at least 60×18"), "{small}");
+}
+
+#[test]
+fn the_device_gauges_follow_the_gpu_this_process_trains_on() {
+    // CUDA calls it cuda:0; NVML lists it as device 2, and a stray CUDA context of ours sits
+    // on NVML device 0.
+    let ours = |used: u64| ProcessSample { pid: 4242, used_bytes: Some(used), sm_util: None, name: Some("vramscope".into()), is_self: true };
+    let gpu = |index: u32, processes: Vec<ProcessSample>| DeviceSample {
+        index, name: format!("GPU {index}"), mem_used: 0, mem_total: 80 << 30, mem_free: 80 << 30, gpu_util: None, mem_util: None,
+        temp_c: None, power_mw: None, power_limit_mw: None, sm_clock_mhz: None, mem_clock_mhz: None, processes,
+    };
+    let batch = || GaugeBatch {
+        first_seq: 0,
+        status: None,
+        samples: vec![GaugeSample { t_ns: 0, gauges: Gauges::Devices(vec![gpu(0, vec![ours(300 * MIB)]), gpu(1, Vec::new()), gpu(2, vec![ours(30 << 30)])]) }],
+    };
+    let mut store = with_gpu(session());
+    assert_eq!(store.gauges.selected_device(), 0, "before NVML lists the process: the CUDA ordinal");
+    store.ingest_gauges(batch());
+    assert_eq!(store.gauges.selected_device(), 2);
+    // A CPU run never moves the selection.
+    let mut cpu = session();
+    cpu.ingest_gauges(batch());
+    assert_eq!(cpu.gauges.selected_device(), 0);
 }

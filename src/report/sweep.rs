@@ -178,7 +178,7 @@ pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
     engine.shutdown();
     if crate::capture::cuda_compiled() && tch::Cuda::is_available() {
         let _ = crate::capture::cuda_empty_cache();
-        let _ = crate::capture::cuda_reset_peaks(0);
+        let _ = crate::capture::cuda_reset_peaks(o.device.cuda_ordinal() as usize);
     }
     row.snapshot = saved.and_then(|p| rename_snapshot(&p, &snapshot_name(config)));
     row.outcome = match failure {

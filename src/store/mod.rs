@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use crate::event::{Action, Batch, Category, MemEvent, Phase};
 use crate::source::gauges::history::GaugeHistory;
-use crate::source::gauges::sample::{GaugeBatch, SourceKind};
+use crate::source::gauges::sample::{GaugeBatch, GaugeSample, SourceKind};
 use crate::train::engine::{EngineInfo, KnobChange, OomReport, Report, StepReport};
 
 pub use history::{Column, Entry, History};
@@ -250,6 +250,14 @@ impl Store {
             let kind = if status.kind == SourceKind::Nvml { LogKind::Info } else { LogKind::Warn };
             self.log_line(kind, line);
         }
+        // NVML numbers devices its own way (PCI order, all of them), CUDA its own (fastest
+        // first, CUDA_VISIBLE_DEVICES): the training device is where this process holds the
+        // most memory.
+        if self.info.as_ref().is_some_and(|i| i.cuda) {
+            if let Some(d) = b.samples.last().and_then(training_device) {
+                self.gauges.set_selected_device(d);
+            }
+        }
         self.gauges.ingest(b);
     }
 
@@ -370,6 +378,16 @@ fn apply_knob(c: &mut crate::train::config::StepConfig, k: &KnobChange) {
         "attention" => c.attention = k.to.parse().unwrap_or(c.attention),
         _ => {}
     }
+}
+
+/// The NVML index of the device where this process (the engine) holds the most memory.
+fn training_device(sample: &GaugeSample) -> Option<u32> {
+    sample
+        .devices()
+        .iter()
+        .filter_map(|d| d.processes.iter().find(|p| p.is_self).map(|p| (p.used_bytes.unwrap_or(0), d.index)))
+        .max_by_key(|&(used, index)| (used, std::cmp::Reverse(index)))
+        .map(|(_, index)| index)
 }
 
 #[cfg(test)]

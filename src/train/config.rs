@@ -112,7 +112,54 @@ macro_rules! choice_enum {
 choice_enum!(Precision, "precision", { Fp32 => "fp32", Bf16 => "bf16" });
 choice_enum!(Mode, "mode", { Forward => "forward", Train => "train" });
 choice_enum!(Attention, "attention", { Naive => "naive", Fused => "fused" });
-choice_enum!(DeviceChoice, "device", { Auto => "auto", Cpu => "cpu", Cuda => "cuda" });
+
+/// Where the engine trains: `auto` (the first CUDA device if there is one, else the CPU),
+/// `cpu`, or a CUDA device by its ordinal (`cuda` is `cuda:0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceChoice {
+    Auto,
+    Cpu,
+    Cuda(u8),
+}
+
+impl DeviceChoice {
+    pub const NAMES: &'static str = "auto, cpu, cuda, cuda:N";
+
+    /// The CUDA ordinal a CUDA run uses.
+    pub fn cuda_ordinal(self) -> u8 {
+        match self {
+            DeviceChoice::Cuda(n) => n,
+            DeviceChoice::Auto | DeviceChoice::Cpu => 0,
+        }
+    }
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let l = s.to_ascii_lowercase();
+        match l.as_str() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            _ => l
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| format!("unknown device '{s}' (allowed: {})", DeviceChoice::NAMES)),
+        }
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Auto => f.write_str("auto"),
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
 
 impl Precision {
     pub fn toggled(self) -> Self {
@@ -201,9 +248,19 @@ mod tests {
     }
 
     #[test]
+    fn devices_parse_by_name_and_cuda_ordinal() {
+        let parsed: Vec<DeviceChoice> = ["auto", "CPU", "cuda", "cuda:3"].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(parsed, [DeviceChoice::Auto, DeviceChoice::Cpu, DeviceChoice::Cuda(0), DeviceChoice::Cuda(3)]);
+        assert_eq!(DeviceChoice::Cuda(3).to_string(), "cuda:3");
+        assert_eq!((DeviceChoice::Cuda(3).cuda_ordinal(), DeviceChoice::Auto.cuda_ordinal()), (3, 0));
+    }
+
+    #[test]
     fn knob_values_reject_with_allowed_list() {
         assert!("fp16".parse::<Precision>().unwrap_err().contains("fp32, bf16"));
-        assert!("tpu".parse::<DeviceChoice>().unwrap_err().contains("auto, cpu, cuda"));
+        assert!("tpu".parse::<DeviceChoice>().unwrap_err().contains("auto, cpu, cuda, cuda:N"));
+        assert!("cuda:x".parse::<DeviceChoice>().unwrap_err().contains("'cuda:x'"));
+        assert!("cuda:256".parse::<DeviceChoice>().is_err());
         assert!(validate_ctx(0).unwrap_err().contains("--ctx"));
         assert!(validate_batch(0).unwrap_err().contains("--batch"));
     }

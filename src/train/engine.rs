@@ -245,14 +245,21 @@ struct StopRequested;
 pub fn resolve_device(choice: DeviceChoice) -> anyhow::Result<Device> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Cuda => {
-            if tch::Cuda::is_available() {
-                Ok(Device::Cuda(0))
-            } else {
-                anyhow::bail!("--device cuda: no CUDA device is available here (allowed: auto, cpu, cuda)")
-            }
+        DeviceChoice::Cuda(n) => {
+            let count = if tch::Cuda::is_available() { tch::Cuda::device_count() } else { 0 };
+            check_cuda_ordinal(n, count)?;
+            Ok(Device::Cuda(n as usize))
         }
         DeviceChoice::Auto => Ok(Device::cuda_if_available()),
+    }
+}
+
+/// That CUDA device `n` is one of the `count` this process sees.
+fn check_cuda_ordinal(n: u8, count: i64) -> anyhow::Result<()> {
+    match count {
+        0 => anyhow::bail!("--device cuda:{n}: no CUDA device is available here (allowed: {})", DeviceChoice::NAMES),
+        c if i64::from(n) >= c => anyhow::bail!("--device cuda:{n}: this machine has {c} CUDA device(s), cuda:0 to cuda:{}", c - 1),
+        _ => Ok(()),
     }
 }
 
@@ -260,6 +267,8 @@ struct Worker {
     opts: EngineOptions,
     cfg: StepConfig,
     device: Device,
+    /// The CUDA ordinal trained on (its allocator's events and counters are the ones kept).
+    cuda_device: u8,
     model: TransformerLm,
     optim: AdamW,
     scopes: Scopes,
@@ -296,9 +305,13 @@ impl Worker {
         // Frees of an earlier engine's tensors in this process are not ours.
         capture::drain_into(&mut Vec::new());
         let cuda = device.is_cuda();
+        let cuda_device = match device {
+            Device::Cuda(n) => n as u8,
+            _ => 0,
+        };
         let tracker = if cuda {
             capture::cuda_attach(0)?;
-            Tracker::new(Backend::Cuda { device: 0 }, 1_000_000)
+            Tracker::new(Backend::Cuda { device: cuda_device }, 1_000_000)
         } else {
             Tracker::modelled()
         };
@@ -316,6 +329,7 @@ impl Worker {
             optim: AdamW::new(1e-3, 0.9, 0.999, 1e-8, 0.01),
             cfg,
             device,
+            cuda_device,
             model,
             scopes,
             frames: FrameTables::default(),
@@ -350,7 +364,7 @@ impl Worker {
             }
         });
         let _ = w.rep_tx.send(Report::Started(EngineInfo {
-            device: if cuda { "cuda:0".into() } else { "cpu".into() },
+            device: if cuda { format!("cuda:{}", w.cuda_device) } else { "cpu".into() },
             cuda,
             parameters: w.model.parameter_count(),
             config: w.cfg.clone(),
@@ -498,10 +512,10 @@ impl Worker {
     /// CUDA: the allocator's peak since the last phase boundary belongs to the phase that
     /// just ended; then start a fresh peak window.
     fn read_cuda_counters(&mut self, ended: Phase) {
-        if let Ok(s) = capture::cuda_stats(0) {
+        if let Ok(s) = capture::cuda_stats(self.cuda_device as usize) {
             self.tracker.note_phase_peak(ended, s.allocated_peak, s.reserved_peak);
             self.tracker.set_device_counters(s.allocated, s.reserved, ended);
-            let _ = capture::cuda_reset_peaks(0);
+            let _ = capture::cuda_reset_peaks(self.cuda_device as usize);
         }
     }
 
@@ -511,7 +525,8 @@ impl Worker {
         if self.device.is_cuda() {
             // CPU-side tensors (scalars, RNG state) are not device memory, and other GPUs'
             // allocators are not the one training.
-            self.raw.retain(|e| e.device != CPU_DEVICE && e.device == 0);
+            let ours = self.cuda_device;
+            self.raw.retain(|e| e.device != CPU_DEVICE && e.device == ours);
         }
         let raw = std::mem::take(&mut self.raw);
         self.tracker.ingest(&raw);
@@ -756,5 +771,14 @@ mod tests {
         assert!(is_oom("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes"));
         assert!(!is_oom("shape mismatch"));
         assert_eq!(first_line("\n  CUDA out of memory.\nmore"), "CUDA out of memory.");
+    }
+
+    #[test]
+    fn a_cuda_ordinal_must_be_one_this_process_sees() {
+        assert!(check_cuda_ordinal(3, 8).is_ok());
+        let e = check_cuda_ordinal(2, 2).unwrap_err().to_string();
+        assert_eq!(e, "--device cuda:2: this machine has 2 CUDA device(s), cuda:0 to cuda:1");
+        let e = check_cuda_ordinal(0, 0).unwrap_err().to_string();
+        assert!(e.contains("no CUDA device") && e.contains("cuda:N"), "{e}");
     }
 }
