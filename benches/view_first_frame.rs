@@ -81,8 +81,8 @@ fn child(path: &Path) {
     let keys = KeyMap::<ViewAction>::default();
     let theme = Theme::load("dark").unwrap();
     let t0 = Instant::now();
-    let rx = spawn_loader(path.to_path_buf(), 0);
-    let mut loading = Loading::new("bench".into(), 0);
+    let rx = spawn_loader(path.to_path_buf(), None);
+    let mut loading = Loading::new("bench".into());
     let mut first: Option<(f64, usize)> = None;
     let mut last_draw = Instant::now();
     let data = loop {

@@ -233,9 +233,9 @@ struct ExportArgs {
     width: u32,
     #[arg(long, default_value_t = 600)]
     height: u32,
-    /// Which device's trace to draw.
-    #[arg(long, default_value_t = 0)]
-    device: usize,
+    /// Which device's trace to draw (default: the first one with trace entries).
+    #[arg(long)]
+    device: Option<usize>,
     /// Caption (the peak is appended).
     #[arg(long, default_value = "Active memory timeline")]
     title: String,
@@ -411,7 +411,8 @@ fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
 
 fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
     let snap = vramscope::snapshot::read_snapshot_file(&a.snapshot).with_context(|| a.snapshot.display().to_string())?;
-    let o = ExportOptions { width: a.width, height: a.height, device: a.device, title: a.title };
+    let device = a.device.unwrap_or_else(|| snap.first_traced_device());
+    let o = ExportOptions { width: a.width, height: a.height, device, title: a.title };
     let path = export::export(&snap, &a.output, &o)?;
     println!("wrote {}", path.display());
     Ok(ExitCode::SUCCESS)
@@ -435,8 +436,8 @@ impl ScreenArgs {
 
 fn diff(args: DiffArgs) -> anyhow::Result<()> {
     use vramscope::app::snapshot_viewer::ViewerData;
-    let a = ViewerData::open(&args.a, args.device)?;
-    let b = ViewerData::open(&args.b, args.device)?;
+    let a = ViewerData::open(&args.a, Some(args.device))?;
+    let b = ViewerData::open(&args.b, Some(args.device))?;
     let d = vramscope::report::diff::diff((&a.snap, &a.tl), (&b.snap, &b.tl), args.device, args.top);
     let mut out = std::io::stdout().lock();
     if args.json {

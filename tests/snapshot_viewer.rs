@@ -177,7 +177,7 @@ fn screen(data: &mut ViewerData, keys_pressed: &[ViewAction]) -> String {
 }
 
 fn magma() -> ViewerData {
-    ViewerData::open(&common::fixture_path(common::MAGMA27), 0).unwrap()
+    ViewerData::open(&common::fixture_path(common::MAGMA27), None).unwrap()
 }
 
 #[test]
@@ -213,7 +213,7 @@ fn view_categories() {
 
 #[test]
 fn view_annotations_on_the_timeline() {
-    let mut d = ViewerData::open(&common::fixture_path(common::SNAPVIEWER), 0).unwrap();
+    let mut d = ViewerData::open(&common::fixture_path(common::SNAPVIEWER), None).unwrap();
     let s = screen(&mut d, &[]);
     assert!(s.contains('▶'), "{s}");
     insta::assert_snapshot!(s);
@@ -257,8 +257,8 @@ fn the_loading_timeline_grows_into_the_loaded_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("long.pickle");
     common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
-    let rx = spawn_loader(path.clone(), 0);
-    let mut loading = Loading::new("long.pickle".into(), 0);
+    let rx = spawn_loader(path.clone(), None);
+    let mut loading = Loading::new("long.pickle".into());
     let mut midway = None;
     let mut fractions = Vec::new();
     let data = loop {
@@ -294,9 +294,10 @@ fn the_loading_timeline_grows_into_the_loaded_one() {
 #[test]
 fn view_while_loading() {
     let snap = common::load(common::MAGMA27);
-    let mut loading = Loading::new(format!("{}.pickle", common::MAGMA27), 0);
+    let mut loading = Loading::new(format!("{}.pickle", common::MAGMA27));
     for u in [
         LoadUpdate::Progress { pass: ReadPass::Decode, done: 180_000, total: 495_064 },
+        LoadUpdate::Device(0),
         LoadUpdate::Segments(segment_stats(&snap, 0).1),
         LoadUpdate::Events(snap.device_traces[0][..2500].iter().map(|e| (e.action, e.addr, e.size, 0)).collect(), vec!["unknown".into()]),
     ] {
@@ -307,4 +308,38 @@ fn view_while_loading() {
     let s = text(&draw_to_buffer(160, 40, |f| vramscope::render::snapshot_viewer::render_loading(f, &loading, &KeyMap::default(), &theme)));
     assert!(s.contains("loading 49%") && s.contains("2500 trace entries so far") && s.contains("▼ peak"), "{s}");
     insta::assert_snapshot!(s);
+}
+
+#[test]
+fn a_snapshot_of_another_gpu_opens_on_its_device() {
+    // A run on cuda:1 (or DDP rank 1): device 0's lists are empty.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rank1.pickle");
+    let mut snap = common::load(common::KKAITLYN);
+    let trace = std::mem::take(&mut snap.device_traces[0]);
+    let n = trace.len();
+    snap.device_traces = vec![Vec::new(), trace];
+    for s in &mut snap.segments {
+        s.device = 1;
+    }
+    vramscope::snapshot::save_snapshot_atomic(&snap, &path).unwrap();
+    let fresh = vramscope::snapshot::timeline::Timeline::from_snapshot(&snap, 1);
+    // Loaded in one go, or through the loading screen, it opens on device 1.
+    let data = ViewerData::open(&path, None).unwrap();
+    assert_eq!((data.device, data.tl.peak_bytes), (1, fresh.peak_bytes));
+    let rx = spawn_loader(path.clone(), None);
+    let mut loading = Loading::new("rank1.pickle".into());
+    let data = loop {
+        if let Some(done) = loading.apply(rx.recv().unwrap()) {
+            break done.unwrap();
+        }
+    };
+    assert_eq!(loading.device, Some(1));
+    assert_eq!((data.device, &data.tl.allocations, data.tl.peak_bytes), (1, &fresh.allocations, fresh.peak_bytes));
+    // Asked for device 0, the screen says where the trace is.
+    let mut data = ViewerData::open(&path, Some(0)).unwrap();
+    let s = screen(&mut data, &[]);
+    assert!(s.contains(&format!("Device 1 has {n} trace entries: d shows the next device")), "{s}");
+    let s = screen(&mut data, &[ViewAction::NextDevice]);
+    assert!(s.contains("device 1 of 2") && s.contains("▼ peak"), "{s}");
 }

@@ -14,31 +14,45 @@ use crate::snapshot::model::{Action, Snapshot};
 use crate::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};
 use crate::snapshot::{read_snapshot_file_observed, ReadPass, ReadProgress};
 
-/// What the reader thread sends: progress with segments and events between, then `Done`.
+/// What the reader thread sends: progress with segments, the device and its events
+/// between, then `Done`.
 pub enum LoadUpdate {
     Progress { pass: ReadPass, done: usize, total: usize },
     Segments(SegmentTotals),
+    /// The device shown, once known (before its events).
+    Device(usize),
     /// The next entries of the shown device's trace as (action, address, size, category
     /// index), with the category names so far.
     Events(Vec<(Action, u64, u64, u16)>, Vec<String>),
-    Done(Box<anyhow::Result<Snapshot>>),
+    /// The snapshot and the device to show.
+    Done(Box<anyhow::Result<(Snapshot, usize)>>),
 }
 
 /// Messages in flight; a full channel makes the reader wait for the screen.
 const CHANNEL: usize = 32;
 
-/// Starts reading `path` on its own thread.
-pub fn spawn_loader(path: PathBuf, device: usize) -> Receiver<LoadUpdate> {
+/// Starts reading `path` on its own thread, to show `device` or by default the first with
+/// trace entries (`Snapshot::first_traced_device`).
+pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate> {
     let (tx, rx) = sync_channel(CHANNEL);
     std::thread::Builder::new()
         .name("snapshot-reader".into())
         .spawn(move || {
             let mut sent = 0;
-            let mut segments_sent = false;
+            let (mut shown, mut announced, mut segments_sent) = (device, false, false);
             let mut names = Vec::new();
             // Sends fail only once the screen has gone; the read then just finishes.
             let mut observe = |p: &ReadProgress<'_>| {
                 let _ = tx.send(LoadUpdate::Progress { pass: p.pass, done: p.done, total: p.total });
+                if shown.is_none() {
+                    // Traces come in device order: the first with entries is the default.
+                    shown = p.traces.iter().position(|t| !t.is_empty());
+                }
+                let Some(device) = shown else { return };
+                if !announced {
+                    let _ = tx.send(LoadUpdate::Device(device));
+                    announced = true;
+                }
                 if let (false, Some(segments)) = (segments_sent, p.segments) {
                     let snap = Snapshot { segments: segments.to_vec(), ..Snapshot::default() };
                     let _ = tx.send(LoadUpdate::Segments(segment_stats(&snap, device).1));
@@ -52,7 +66,10 @@ pub fn spawn_loader(path: PathBuf, device: usize) -> Receiver<LoadUpdate> {
             };
             let done = read_snapshot_file_observed(&path, &mut observe)
                 .map_err(|e| anyhow::Error::new(e).context(path.display().to_string()))
-                .and_then(|snap| check_device(&path, &snap, device).map(|()| snap));
+                .and_then(|snap| {
+                    let device = device.unwrap_or_else(|| snap.first_traced_device());
+                    check_device(&path, &snap, device).map(|()| (snap, device))
+                });
             let _ = tx.send(LoadUpdate::Done(Box::new(done)));
         })
         .expect("spawning the snapshot reader thread");
@@ -64,7 +81,8 @@ pub fn spawn_loader(path: PathBuf, device: usize) -> Receiver<LoadUpdate> {
 /// then each allocation's stack is the index of its trace entry.
 pub struct Loading {
     pub name: String,
-    pub device: usize,
+    /// The device shown, once known.
+    pub device: Option<usize>,
     pub pass: ReadPass,
     pub done: usize,
     pub total: usize,
@@ -78,10 +96,10 @@ pub struct Loading {
 }
 
 impl Loading {
-    pub fn new(name: String, device: usize) -> Loading {
+    pub fn new(name: String) -> Loading {
         Loading {
             name,
-            device,
+            device: None,
             pass: ReadPass::Check,
             done: 0,
             total: 0,
@@ -104,6 +122,7 @@ impl Loading {
         match u {
             LoadUpdate::Progress { pass, done, total } => (self.pass, self.done, self.total) = (pass, done, total),
             LoadUpdate::Segments(t) => self.segments = Some(t),
+            LoadUpdate::Device(d) => self.device = Some(d),
             LoadUpdate::Events(events, names) => {
                 if let Some(b) = &mut self.builder {
                     for (i, &(action, addr, size, category)) in events.iter().enumerate() {
@@ -113,19 +132,25 @@ impl Loading {
                 self.entries += events.len();
                 self.categories = names;
             }
-            LoadUpdate::Done(r) => return Some(r.map(|snap| self.finish(snap))),
+            LoadUpdate::Done(r) => return Some(r.map(|(snap, device)| self.finish(snap, device))),
         }
         None
     }
 
-    /// The viewer of the loaded snapshot, its timeline completed from the one fed so far.
-    fn finish(&mut self, snap: Snapshot) -> ViewerData {
-        let mut b = self.builder.take().unwrap_or_default();
+    /// The viewer of the loaded snapshot on `device`: its timeline completed from the one
+    /// fed so far when that holds the device's whole trace, else built afresh.
+    fn finish(&mut self, snap: Snapshot, device: usize) -> ViewerData {
+        let builder = self.builder.take();
         self.detail = DetailView::default();
-        let trace: &[_] = snap.device_traces.get(self.device).map_or(&[], Vec::as_slice);
-        b.stacks_from_entries(trace);
-        let tl = b.finish_snapshot(&snap, self.device, std::mem::take(&mut self.categories));
-        ViewerData::with_timeline(self.name.clone(), snap, self.device, tl)
+        let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
+        match builder {
+            Some(mut b) if self.device == Some(device) && self.entries == trace.len() => {
+                b.stacks_from_entries(trace);
+                let tl = b.finish_snapshot(&snap, device, std::mem::take(&mut self.categories));
+                ViewerData::with_timeline(self.name.clone(), snap, device, tl)
+            }
+            _ => ViewerData::new(self.name.clone(), snap, device),
+        }
     }
 
     /// Recomputes which allocations are drawn one by one when events came in since.

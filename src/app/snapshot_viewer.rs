@@ -32,9 +32,9 @@ pub struct ViewArgs {
     /// With --summary: the report as JSON.
     #[arg(long, requires = "summary")]
     pub json: bool,
-    /// Device whose trace to show.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// Device whose trace to show (default: the first one with trace entries).
+    #[arg(long)]
+    pub device: Option<usize>,
     /// With --summary: how many of the largest allocations to list.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -120,8 +120,10 @@ impl ViewerData {
         }
     }
 
-    pub fn open(path: &Path, device: usize) -> anyhow::Result<ViewerData> {
+    /// Reads `path` and shows `device`, or by default the first with trace entries.
+    pub fn open(path: &Path, device: Option<usize>) -> anyhow::Result<ViewerData> {
         let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
+        let device = device.unwrap_or_else(|| snap.first_traced_device());
         check_device(path, &snap, device)?;
         Ok(ViewerData::new(file_name(path), snap, device))
     }
@@ -419,7 +421,7 @@ pub fn type_search(code: KeyCode, data: &ViewerData, ui: &mut ViewerUi) {
 pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     if args.summary {
         let data = ViewerData::open(&args.file, args.device)?;
-        let summary = crate::report::snapshot_summary::summarize(&data.snap, &data.tl, args.device, args.top);
+        let summary = crate::report::snapshot_summary::summarize(&data.snap, &data.tl, data.device, args.top);
         let mut out = std::io::stdout().lock();
         if args.json {
             serde_json::to_writer_pretty(&mut out, &summary)?;
@@ -432,7 +434,7 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     let keys = KeyMap::<ViewAction>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;
     let rx = spawn_loader(args.file.clone(), args.device);
-    let mut loading = Loading::new(file_name(&args.file), args.device);
+    let mut loading = Loading::new(file_name(&args.file));
     // A file read within a moment opens straight into the viewer (or fails before the
     // screen is entered); a larger one gets the loading screen meanwhile.
     let early = loading.receive(&rx, Duration::from_millis(args.loading_screen_after));

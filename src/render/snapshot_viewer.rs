@@ -44,7 +44,7 @@ pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &Key
         (body, None)
     };
     match ui.tab {
-        Tab::Timeline => render_timeline(f, main, data, ui, theme),
+        Tab::Timeline => render_timeline(f, main, data, ui, keys, theme),
         Tab::Largest => render_largest(f, main, data, ui, theme),
         Tab::Segments => render_segments(f, main, data, theme),
         Tab::Categories => render_categories(f, main, data, theme),
@@ -105,7 +105,7 @@ fn rel_seconds(data: &ViewerData, event: usize) -> Option<f64> {
     event_time(&data.snap, &data.tl, data.device, event).map(|t| (t - t0) as f64 / 1e6)
 }
 
-pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, theme: &Theme) {
+pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
     let tl = &data.tl;
     let title = format!(
         " active memory timeline · actions {}–{} of {} · detail {}% ({} of {} drawn, rest summarized) ",
@@ -120,7 +120,12 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     let (ribbon_y, status_y) = (plot.y + plot.height, plot.y + plot.height + 1);
     let dim = Style::default().fg(theme.ui.dim);
     if tl.total_events == 0 {
-        f.render_widget(Paragraph::new(format!("no alloc/free actions on device {}; {} bytes alive throughout", data.device, bytes(tl.peak_bytes))).style(dim), plot);
+        let mut msg = format!("no alloc/free actions on device {}; {} alive throughout", data.device, bytes(tl.peak_bytes));
+        // A snapshot of a run on another GPU has empty lists before its own.
+        if let Some((d, t)) = data.snap.device_traces.iter().enumerate().find(|(d, t)| *d != data.device && !t.is_empty()) {
+            msg += &format!(". Device {d} has {} trace entries: {} shows the next device.", t.len(), keys.key_of(ViewAction::NextDevice).label());
+        }
+        f.render_widget(Paragraph::new(msg).style(dim).wrap(Wrap { trim: true }), plot);
         return;
     }
     let cols = plot.width as usize;
@@ -427,7 +432,7 @@ pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewAction>, the
         Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
         Span::styled(l.name.clone(), val),
         sep(),
-        Span::styled(format!("device {}", l.device), val),
+        Span::styled(l.device.map_or_else(|| "device not known yet".into(), |d| format!("device {d}")), val),
         sep(),
         Span::styled(format!("loading {pct:.0}% "), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)),
         Span::styled(fill, Style::default().fg(theme.chart.gauge_fill)),

@@ -235,6 +235,12 @@ impl Snapshot {
     pub fn trace_entry_count(&self) -> usize {
         self.device_traces.iter().map(Vec::len).sum()
     }
+
+    /// The device to show when none is asked for: the first whose trace has entries (a
+    /// snapshot of a run on cuda:3, or of DDP rank 3, has empty lists before its own), else 0.
+    pub fn first_traced_device(&self) -> usize {
+        self.device_traces.iter().position(|t| !t.is_empty()).unwrap_or(0)
+    }
 }
 
 /// Interns frames and stacks while building a `Snapshot` (reader, live capture).
