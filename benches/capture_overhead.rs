@@ -52,32 +52,12 @@ fn measure(capture: bool, ctx: i64, batch: i64, steps: u64) -> (f64, f64) {
 /// (allocator model, categories, trace ring) over a training-shaped CPU request stream.
 /// The shim's side (a mutex and a push per allocation) is included by recording through it.
 fn per_event_cost_ns() -> f64 {
+    use vramscope::capture::drain_into;
     use vramscope::capture::tracker::Tracker;
-    use vramscope::capture::{drain_into, RawEvent};
     let n = 1_000_000usize;
-    let mut raw: Vec<RawEvent> = Vec::with_capacity(n);
-    let mut live: Vec<u64> = Vec::new();
-    let mut x = 0x2545F4914F6CDD1Du64;
     // Allocate and free real CPU tensors through the recording allocator would mix in
     // libtorch's own cost; instead feed the tracker the shape of a step directly.
-    for i in 0..n as u64 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let free = !live.is_empty() && (x % 100 < 48 || live.len() > 4000);
-        let mut e = RawEvent::default();
-        if free {
-            e.action = vramscope::capture::RAW_FREE;
-            e.addr = live.swap_remove((x >> 16) as usize % live.len());
-        } else {
-            e.action = vramscope::capture::RAW_ALLOC;
-            e.addr = 0x1000_0000 + i * 64;
-            e.size = if x.is_multiple_of(10) { 1 + (x >> 20) % (16 << 20) } else { 1 + (x >> 20) % 65536 };
-            live.push(e.addr);
-        }
-        e.device = vramscope::capture::CPU_DEVICE;
-        raw.push(e);
-    }
+    let raw = common::training_requests(n);
     let mut tracker = Tracker::modelled();
     let t = process_cpu_s();
     for chunk in raw.chunks(8192) {

@@ -56,3 +56,31 @@ pub fn status_kib(field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// `n` CPU allocation requests and frees shaped like a training step's (many small,
+/// some up to 16 MiB, a few thousand live), as the shim records them.
+pub fn training_requests(n: usize) -> Vec<vramscope::capture::RawEvent> {
+    use vramscope::capture::{RawEvent, CPU_DEVICE, RAW_ALLOC, RAW_FREE};
+    let mut raw = Vec::with_capacity(n);
+    let mut live: Vec<u64> = Vec::new();
+    let mut x = 0x2545F4914F6CDD1Du64;
+    for i in 0..n as u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let free = !live.is_empty() && (x % 100 < 48 || live.len() > 4000);
+        let mut e = RawEvent::default();
+        if free {
+            e.action = RAW_FREE;
+            e.addr = live.swap_remove((x >> 16) as usize % live.len());
+        } else {
+            e.action = RAW_ALLOC;
+            e.addr = 0x1000_0000 + i * 64;
+            e.size = if x.is_multiple_of(10) { 1 + (x >> 20) % (16 << 20) } else { 1 + (x >> 20) % 65536 };
+            live.push(e.addr);
+        }
+        e.device = CPU_DEVICE;
+        raw.push(e);
+    }
+    raw
+}

@@ -14,7 +14,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::capture::snapshot::{cut, FrameTables};
+use crate::capture::snapshot::{FrameTables, SnapshotCut};
 use crate::capture::tracker::{Backend, Tracker};
 use crate::capture::{self, RawEvent, CPU_DEVICE};
 use crate::event::{Batch, Category, Phase};
@@ -695,25 +695,22 @@ impl Worker {
         let _ = self.rep_tx.send(Report::Step(r));
     }
 
-    /// Cuts the snapshot here (cheap copies) and writes it on another thread, so the loop
-    /// never waits on the disk.
+    /// Cuts the snapshot here (copies, and PyTorch's own snapshot on CUDA) and converts and
+    /// writes it on another thread, so the loop never waits on decoding or the disk.
     fn snapshot(&mut self) {
         self.drain();
         let base = if self.device.is_cuda() {
-            match capture::cuda_snapshot_pickle()
-                .map_err(|e| e.to_string())
-                .and_then(|b| crate::snapshot::reader::read_snapshot(&b).map_err(|e| e.to_string()))
-            {
-                Ok(s) => Some(s),
+            match capture::cuda_snapshot_pickle() {
+                Ok(b) => Some(b),
                 Err(e) => {
-                    let _ = self.rep_tx.send(Report::SnapshotFailed { step: self.step, error: e });
+                    let _ = self.rep_tx.send(Report::SnapshotFailed { step: self.step, error: e.to_string() });
                     return;
                 }
             }
         } else {
             None
         };
-        let snap = cut(&self.tracker, &self.frames, base, self.epoch_us_at_zero);
+        let cut = SnapshotCut::take(&self.tracker, &self.frames, base, self.epoch_us_at_zero);
         let c = &self.cfg;
         let name = format!(
             "{}_ctx{}_{}_{}_step{}.pickle",
@@ -724,9 +721,12 @@ impl Worker {
         let tx = self.rep_tx.clone();
         let h = std::thread::Builder::new().name("vramscope-snapshot".into()).spawn(move || {
             let path = crate::snapshot::writer::unique_path(&dir, &name);
-            let r = match save_snapshot_atomic(&snap, &path) {
-                Ok(p) => Report::SnapshotSaved { step, path: p },
-                Err(e) => Report::SnapshotFailed { step, error: e.to_string() },
+            let r = match cut.into_snapshot().map_err(|e| format!("PyTorch's snapshot: {e}")) {
+                Ok(snap) => match save_snapshot_atomic(&snap, &path) {
+                    Ok(p) => Report::SnapshotSaved { step, path: p },
+                    Err(e) => Report::SnapshotFailed { step, error: e.to_string() },
+                },
+                Err(error) => Report::SnapshotFailed { step, error },
             };
             let _ = tx.send(r);
         });
