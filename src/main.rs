@@ -81,9 +81,10 @@ struct DiffArgs {
     /// The report as JSON.
     #[arg(long)]
     json: bool,
-    /// Device whose traces to compare.
-    #[arg(long, default_value_t = 0)]
-    device: usize,
+    /// Device whose traces to compare (default: in each file, the first with trace
+    /// entries, so two DDP ranks' snapshots compare).
+    #[arg(long)]
+    device: Option<usize>,
     /// How many grown and shrunk allocation groups to list.
     #[arg(long, default_value_t = 10)]
     top: usize,
@@ -436,9 +437,9 @@ impl ScreenArgs {
 
 fn diff(args: DiffArgs) -> anyhow::Result<()> {
     use vramscope::app::snapshot_viewer::ViewerData;
-    let a = ViewerData::open(&args.a, Some(args.device))?;
-    let b = ViewerData::open(&args.b, Some(args.device))?;
-    let d = vramscope::report::diff::diff((&a.snap, &a.tl), (&b.snap, &b.tl), args.device, args.top);
+    let a = ViewerData::open(&args.a, args.device)?;
+    let b = ViewerData::open(&args.b, args.device)?;
+    let d = vramscope::report::diff::diff((&a.snap, &a.tl, a.device), (&b.snap, &b.tl, b.device), args.top);
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &d)?;

@@ -342,4 +342,10 @@ fn a_snapshot_of_another_gpu_opens_on_its_device() {
     assert!(s.contains(&format!("Device 1 has {n} trace entries: d shows the next device")), "{s}");
     let s = screen(&mut data, &[ViewAction::NextDevice]);
     assert!(s.contains("device 1 of 2") && s.contains("▼ peak"), "{s}");
+    // Against the same run on device 0 (another rank), nothing changed.
+    let out = vramscope().args(["diff", "--json"]).arg(common::fixture_path(common::KKAITLYN)).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&d["peak_active_bytes"]["delta"], &d["peak_reserved_bytes"]["delta"]), (&serde_json::json!(0), &serde_json::json!(0)));
+    assert!(d["peak_active_bytes"]["a"].as_u64().unwrap() > 0);
 }

@@ -75,9 +75,10 @@ fn peak_groups(snap: &Snapshot, tl: &Timeline) -> HashMap<(u64, String), (u64, O
     out
 }
 
-pub fn diff(a: (&Snapshot, &Timeline), b: (&Snapshot, &Timeline), device: usize, top: usize) -> SnapshotDiff {
-    let (sa, ta) = a;
-    let (sb, tb) = b;
+/// `a` and `b`: a snapshot, its timeline, and the device that timeline is of.
+pub fn diff(a: (&Snapshot, &Timeline, usize), b: (&Snapshot, &Timeline, usize), top: usize) -> SnapshotDiff {
+    let (sa, ta, da) = a;
+    let (sb, tb, db) = b;
     let by_category = has_categories(ta) && has_categories(tb);
     let (ba, bb) = (breakdown_at_peak(sa, ta, by_category), breakdown_at_peak(sb, tb, by_category));
     let mut groups: HashMap<String, (u64, u64)> = HashMap::new();
@@ -110,7 +111,7 @@ pub fn diff(a: (&Snapshot, &Timeline), b: (&Snapshot, &Timeline), device: usize,
     shrank.truncate(top);
     SnapshotDiff {
         peak_active_bytes: Change::new(ta.peak_bytes, tb.peak_bytes),
-        peak_reserved_bytes: Change::new(reserved_peak(sa, device).0, reserved_peak(sb, device).0),
+        peak_reserved_bytes: Change::new(reserved_peak(sa, da).0, reserved_peak(sb, db).0),
         allocations: Change::new(ta.allocations.len() as u64, tb.allocations.len() as u64),
         trace_entries: Change::new(sa.trace_entry_count() as u64, sb.trace_entry_count() as u64),
         breakdown_by: ba.by,
