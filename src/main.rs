@@ -96,18 +96,8 @@ struct ShapeArgs {
     /// Model size: tiny, small, medium, large, xl, 2.7B, 10B.
     #[arg(long, default_value = "tiny", value_parser = parse_preset)]
     model: Preset,
-    /// Override the preset's width.
-    #[arg(long)]
-    d_model: Option<i64>,
-    /// Override the preset's feed-forward width.
-    #[arg(long)]
-    d_ff: Option<i64>,
-    /// Override the preset's layer count.
-    #[arg(long)]
-    layers: Option<i64>,
-    /// Override the preset's head count.
-    #[arg(long)]
-    heads: Option<i64>,
+    #[command(flatten)]
+    dims: DimsArgs,
     /// Context length (tokens per sequence).
     #[arg(long, default_value_t = 256, value_parser = parse_ctx)]
     ctx: i64,
@@ -169,6 +159,9 @@ struct SweepArgs {
     /// Model sizes (comma-separated): tiny, small, medium, large, xl, 2.7B, 10B.
     #[arg(long, default_value = "tiny", value_delimiter = ',', value_parser = parse_preset)]
     model: Vec<Preset>,
+    /// Applied to every model size.
+    #[command(flatten)]
+    dims: DimsArgs,
     /// Context lengths (comma-separated).
     #[arg(long, default_value = "256", value_delimiter = ',', value_parser = parse_ctx)]
     ctx: Vec<i64>,
@@ -266,10 +259,28 @@ fn parse_batch(s: &str) -> Result<i64, String> {
     validate_batch(s.parse::<i64>().map_err(|_| format!("--batch must be a whole number, got '{s}'"))?)
 }
 
-impl ShapeArgs {
-    fn step_config(&self) -> anyhow::Result<StepConfig> {
-        let p = self.model.dims();
-        let custom = self.d_model.is_some() || self.d_ff.is_some() || self.layers.is_some() || self.heads.is_some();
+/// Overrides of a preset's dimensions, for a model the CS336 table does not list.
+#[derive(Args, Clone)]
+struct DimsArgs {
+    /// Override the preset's width.
+    #[arg(long)]
+    d_model: Option<i64>,
+    /// Override the preset's feed-forward width.
+    #[arg(long)]
+    d_ff: Option<i64>,
+    /// Override the preset's layer count.
+    #[arg(long)]
+    layers: Option<i64>,
+    /// Override the preset's head count.
+    #[arg(long)]
+    heads: Option<i64>,
+}
+
+impl DimsArgs {
+    /// `preset` with the overrides, and its name: the preset's, followed by what was
+    /// overridden (`small-layers8`), as tables and snapshot file names show it.
+    fn apply(&self, preset: Preset) -> anyhow::Result<(String, ModelDims)> {
+        let p = preset.dims();
         let dims = ModelDims {
             d_model: self.d_model.unwrap_or(p.d_model),
             d_ff: self.d_ff.unwrap_or(p.d_ff),
@@ -281,8 +292,21 @@ impl ShapeArgs {
             "--d-model, --d-ff, --layers and --heads must be positive");
         anyhow::ensure!(dims.d_model % dims.heads == 0 && (dims.d_model / dims.heads) % 2 == 0,
             "--d-model ({}) must split into --heads ({}) heads of even width (RoPE rotates pairs)", dims.d_model, dims.heads);
+        let mut name = preset.name().to_string();
+        for (key, v) in [("dmodel", self.d_model), ("dff", self.d_ff), ("layers", self.layers), ("heads", self.heads)] {
+            if let Some(v) = v {
+                name += &format!("-{key}{v}");
+            }
+        }
+        Ok((name, dims))
+    }
+}
+
+impl ShapeArgs {
+    fn step_config(&self) -> anyhow::Result<StepConfig> {
+        let (model_name, dims) = self.dims.apply(self.model)?;
         Ok(StepConfig {
-            model_name: if custom { "custom".into() } else { self.model.name().into() },
+            model_name,
             dims,
             ctx: self.ctx,
             batch: self.batch,
@@ -351,19 +375,22 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!(a.fit && a.format == sweep::Format::Csv), "--fit prints a second table: use --format markdown or json");
-    let models: Vec<StepConfig> = a
+    let models = a
         .model
         .iter()
-        .map(|p| StepConfig {
-            model_name: p.name().into(),
-            dims: p.dims(),
-            ctx: a.ctx[0],
-            batch: a.batch[0],
-            precision: a.precision[0],
-            mode: a.mode[0],
-            attention: a.attention[0],
+        .map(|&p| {
+            let (model_name, dims) = a.dims.apply(p)?;
+            Ok(StepConfig {
+                model_name,
+                dims,
+                ctx: a.ctx[0],
+                batch: a.batch[0],
+                precision: a.precision[0],
+                mode: a.mode[0],
+                attention: a.attention[0],
+            })
         })
-        .collect();
+        .collect::<anyhow::Result<Vec<StepConfig>>>()?;
     let configs = sweep::configurations(&models, &a.ctx, &a.batch, &a.precision, &a.mode, &a.attention);
     let opts = sweep::SweepOptions {
         device: a.device,

@@ -92,6 +92,22 @@ fn the_markdown_table_and_snapshots_per_configuration() {
     assert!(row[6].parse::<u64>().unwrap() > 1 << 20, "{csv}");
 }
 
+#[test]
+fn a_sweep_of_a_custom_model_names_it_and_measures_it() {
+    let sweep = |extra: &[&str]| -> Value {
+        let out = stdout(vramscope().args(["sweep", "--device", "cpu", "--ctx", "16", "--batch", "1", "--warmup", "0", "--steps", "1", "--format", "json"]).args(extra));
+        serde_json::from_str::<Value>(&out).unwrap()["rows"][0].clone()
+    };
+    let plain = sweep(&[]);
+    let custom = sweep(&["--layers", "1", "--d-model", "128", "--heads", "4"]);
+    assert_eq!(custom["config"]["model_name"], "tiny-dmodel128-layers1-heads4", "{custom}");
+    assert_eq!((custom["config"]["dims"]["layers"].as_i64(), custom["config"]["dims"]["d_model"].as_i64()), (Some(1), Some(128)));
+    // Fewer, narrower layers than tiny's: less memory at the same shape.
+    assert!(custom["peak_bytes"].as_u64().unwrap() < plain["peak_bytes"].as_u64().unwrap(), "{custom} vs {plain}");
+    let bad = vramscope().args(["sweep", "--device", "cpu", "--heads", "5"]).assert().failure().code(2);
+    assert!(String::from_utf8_lossy(&bad.get_output().stderr).contains("--heads (5)"));
+}
+
 /// Tolerance of the estimate against the engine's measured phase peaks on CPU (modelled
 /// allocator, block sizes): fp32 within 8%, bf16 (autocast casts modelled coarser) within 15%.
 #[test]
