@@ -1262,12 +1262,6 @@ impl<'a> FastEntry<'_, 'a> {
         }
     }
 
-    /// A frame dict seen before, read back at `at`: its id and the BINGET's length.
-    fn frame_at(&self, at: usize) -> Option<(FrameId, usize)> {
-        let (idx, len) = memo_ref(self.data.get(at..)?)?;
-        Some((self.vm.memo_frame(idx)?, len))
-    }
-
     /// `frames`: None, a stack read back, or a new list of frames read back (as Python
     /// writes it: empty, `BINGET APPEND` for one, `MARK BINGET... APPENDS` batches).
     fn frames(&mut self, ids: &mut Vec<FrameId>) -> Option<FastFrames> {
@@ -1299,16 +1293,13 @@ impl<'a> FastEntry<'_, 'a> {
                 op::MARK => {
                     self.pos += 1;
                     let before = ids.len();
-                    while let Some((f, len)) = self.frame_at(self.pos) {
-                        ids.push(f);
-                        self.pos += len;
-                    }
+                    self.pos = self.vm.frame_refs(self.pos, ids);
                     if ids.len() == before || self.byte()? != op::APPENDS {
                         return None;
                     }
                     self.pos += 1;
                 }
-                _ => match self.frame_at(self.pos) {
+                _ => match self.vm.frame_at(self.pos) {
                     Some((f, len)) if self.data.get(self.pos + len) == Some(&op::APPEND) => {
                         ids.push(f);
                         self.pos += len + 1;
@@ -1764,13 +1755,7 @@ impl<'a> Vm<'a> {
     fn frame_run(&mut self) -> Result<(), ReadError> {
         let mut ids = std::mem::take(&mut self.frame_scratch);
         let data = self.cur.data;
-        while let Some((idx, len)) = memo_ref(&data[self.cur.pos..]) {
-            match self.memo_frame(idx) {
-                Some(f) => ids.push(f),
-                None => break,
-            }
-            self.cur.pos += len;
-        }
+        self.cur.pos = self.frame_refs(self.cur.pos, &mut ids);
         let closes = !ids.is_empty() && data.get(self.cur.pos) == Some(&op::APPENDS);
         match self.frame_list_below_mark().filter(|_| closes) {
             Some(list) => {
@@ -1787,6 +1772,22 @@ impl<'a> Vm<'a> {
         ids.clear();
         self.frame_scratch = ids;
         Ok(())
+    }
+
+    /// A frame dict seen before, read back at `at`: its id and the BINGET's length.
+    #[inline]
+    fn frame_at(&self, at: usize) -> Option<(FrameId, usize)> {
+        let (idx, len) = memo_ref(self.cur.data.get(at..)?)?;
+        Some((self.memo_frame(idx)?, len))
+    }
+
+    /// The frames read back by the BINGETs from `at` on, onto `ids`; where they end.
+    fn frame_refs(&self, mut at: usize, ids: &mut Vec<FrameId>) -> usize {
+        while let Some((f, len)) = self.frame_at(at) {
+            ids.push(f);
+            at += len;
+        }
+        at
     }
 
     /// Put a shared container back in its arena slot; once it is a frame or a stack,
