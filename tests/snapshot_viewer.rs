@@ -4,9 +4,8 @@
 
 mod common;
 
-use std::process::Command;
+use common::vramscope;
 
-use assert_cmd::cargo::CommandCargoExt;
 use vramscope::app::keys::{KeyMap, ViewAction};
 use vramscope::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
 use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
@@ -70,10 +69,6 @@ print(json.dumps({
     'fragmentation': 1 - allocated / reserved if reserved else 0.0,
 }))
 "#;
-
-fn vramscope() -> Command {
-    Command::cargo_bin("vramscope").unwrap()
-}
 
 fn summary_json(name: &str) -> serde_json::Value {
     let out = vramscope().args(["view", "--summary", "--json"]).arg(common::fixture_path(name)).output().unwrap();
@@ -298,7 +293,7 @@ fn view_while_loading() {
     for u in [
         LoadUpdate::Progress { pass: ReadPass::Decode, done: 180_000, total: 495_064 },
         LoadUpdate::Device(0),
-        LoadUpdate::Segments(segment_stats(&snap, 0).1),
+        LoadUpdate::Segments(segment_stats(&snap.segments, 0).1),
         LoadUpdate::Events(snap.device_traces[0][..2500].iter().map(|e| (e.action, e.addr, e.size, 0)).collect(), vec!["unknown".into()]),
     ] {
         assert!(loading.apply(u).is_none());

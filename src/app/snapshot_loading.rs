@@ -54,8 +54,7 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
                     announced = true;
                 }
                 if let (false, Some(segments)) = (segments_sent, p.segments) {
-                    let snap = Snapshot { segments: segments.to_vec(), ..Snapshot::default() };
-                    let _ = tx.send(LoadUpdate::Segments(segment_stats(&snap, device).1));
+                    let _ = tx.send(LoadUpdate::Segments(segment_stats(segments, device).1));
                     segments_sent = true;
                 }
                 if let Some(new) = p.traces.get(device).and_then(|t| t.get(sent..)).filter(|n| !n.is_empty()) {

@@ -142,7 +142,7 @@ impl ViewerData {
     }
 
     pub fn segments(&self) -> &(Vec<SegmentStats>, SegmentTotals) {
-        self.segments.get_or_init(|| segment_stats(&self.snap, self.device))
+        self.segments.get_or_init(|| segment_stats(&self.snap.segments, self.device))
     }
 
     pub fn breakdown(&self) -> &Breakdown {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::allocator::config::{round_size, AllocatorConfig};
-use crate::snapshot::model::{Action, AnnotationStage, BlockState, Frame, Snapshot, StackId};
+use crate::snapshot::model::{Action, AnnotationStage, BlockState, Frame, Segment, Snapshot, StackId};
 use crate::snapshot::timeline::Timeline;
 
 /// Frames that say nothing about who allocated: unsymbolized addresses, the unwinder and
@@ -181,9 +181,8 @@ pub struct SegmentTotals {
     pub fragmentation: f64,
 }
 
-pub fn segment_stats(snap: &Snapshot, device: usize) -> (Vec<SegmentStats>, SegmentTotals) {
-    let rows: Vec<SegmentStats> = snap
-        .segments
+pub fn segment_stats(segments: &[Segment], device: usize) -> (Vec<SegmentStats>, SegmentTotals) {
+    let rows: Vec<SegmentStats> = segments
         .iter()
         .filter(|s| s.device == device as i64)
         .map(|s| {
@@ -345,7 +344,7 @@ pub struct SnapshotSummary {
 }
 
 pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> SnapshotSummary {
-    let (_, totals) = segment_stats(snap, device);
+    let (_, totals) = segment_stats(&snap.segments, device);
     let (peak_reserved, _) = reserved_peak(snap, device);
     SnapshotSummary {
         device,
