@@ -2,12 +2,9 @@
 
 mod common;
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+use common::vramscope;
 
-fn vramscope() -> Command {
-    Command::cargo_bin("vramscope").expect("binary built")
-}
+use predicates::prelude::*;
 
 #[test]
 fn headless_run_prints_one_line_per_step() {

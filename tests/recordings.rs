@@ -4,10 +4,11 @@
 
 mod common;
 
+use common::vramscope;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use assert_cmd::Command;
 use vramscope::record::player::Script;
 use vramscope::record::reader::{Ending, Recording};
 use vramscope::record::writer::Recorder;
@@ -15,10 +16,6 @@ use vramscope::record::{RecordError, CHUNK_HEADER_LEN, HEADER_LEN};
 use vramscope::source::feed::Incoming;
 use vramscope::train::config::{Mode, Precision};
 use vramscope::train::engine::StepReport;
-
-fn vramscope() -> Command {
-    Command::cargo_bin("vramscope").expect("binary built")
-}
 
 fn sample(name: &str) -> PathBuf {
     common::repo_root().join("recordings").join(name)

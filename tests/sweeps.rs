@@ -3,15 +3,13 @@
 
 mod common;
 
+use common::vramscope;
+
 use assert_cmd::Command;
 use serde_json::Value;
 
 use vramscope::report::estimate::estimate;
 use vramscope::train::config::{Attention, Mode, Precision};
-
-fn vramscope() -> Command {
-    Command::cargo_bin("vramscope").expect("binary built")
-}
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(cmd.assert().success().get_output().stdout.clone()).unwrap()

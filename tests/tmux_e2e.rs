@@ -52,8 +52,7 @@ fn keys_change_the_next_step_and_q_restores_the_terminal() {
     assert!(snap.trace_entry_count() > 0);
     s.keys("q");
     assert_eq!(wait_file(&dir.path().join("exit"), 60).trim(), "0", "exit code");
-    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
-    assert_eq!(s.display("#{cursor_flag}"), "1", "cursor shown again");
+    s.assert_terminal_restored();
 }
 
 #[test]
@@ -67,7 +66,7 @@ fn sighup_stops_cleanly_and_restores_the_terminal() {
     assert!(!pid.is_empty(), "vramscope runs under the pane's shell");
     assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
     assert_eq!(wait_file(&dir.path().join("exit"), 60).trim(), "0", "a hangup is a clean stop");
-    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
+    s.assert_terminal_restored();
 }
 
 #[test]
@@ -87,8 +86,7 @@ fn view_opens_a_snapshot_moves_detail_inspects_and_quits_cleanly() {
     assert!(inspected.contains("address"), "{inspected}");
     s.keys("q");
     assert_eq!(wait_file(&dir.path().join("exit"), 20).trim(), "0", "exit code");
-    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
-    assert_eq!(s.display("#{cursor_flag}"), "1", "cursor shown again");
+    s.assert_terminal_restored();
 }
 
 #[test]
@@ -112,6 +110,5 @@ fn view_behind_the_loading_screen_opens_and_a_truncated_file_fails_cleanly() {
     assert_eq!(wait_file(&dir.path().join("exit2"), 60).trim(), "2", "a bad file is exit code 2");
     let err = std::fs::read_to_string(dir.path().join("err")).unwrap();
     assert!(err.lines().count() == 1 && err.contains("cut.pickle"), "one line naming the file: {err}");
-    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
-    assert_eq!(s.display("#{cursor_flag}"), "1", "cursor shown again");
+    s.assert_terminal_restored();
 }

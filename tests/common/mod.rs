@@ -77,6 +77,11 @@ pub fn collect(mut engine: Engine) -> Run {
     out
 }
 
+/// The built `vramscope` binary, ready for arguments.
+pub fn vramscope() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("vramscope").expect("binary built")
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

@@ -38,6 +38,12 @@ impl Session {
         tmux(&["send-keys", "-t", &self.name, keys]);
     }
 
+    /// The program left the alternate screen and showed the cursor again.
+    pub fn assert_terminal_restored(&self) {
+        assert_eq!(self.display("#{alternate_on}"), "0", "alternate screen left");
+        assert_eq!(self.display("#{cursor_flag}"), "1", "cursor shown again");
+    }
+
     pub fn display(&self, what: &str) -> String {
         tmux(&["display-message", "-p", "-t", &self.name, what]).trim().to_string()
     }
