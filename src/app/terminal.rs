@@ -1,6 +1,5 @@
 //! The terminal while an app owns it: raw mode and the alternate screen, restored however
-//! the app ends: return, error (drop), panic (ratatui's hook, with engine-thread panics
-//! filtered out), and SIGTERM/SIGHUP, which only raise a flag the app's loop checks, so the
+//! the app ends: return, error (drop), panic (ratatui's hook), and SIGTERM/SIGHUP, which only raise a flag the app's loop checks, so the
 //! loop ends like a quit and everything unwinds normally (an SSH drop included).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,8 +20,6 @@ impl TerminalSession {
             signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
         }
         let terminal = ratatui::try_init().context("setting up the terminal")?;
-        // After ratatui's hook, so a caught panic on the engine thread leaves the screen be.
-        crate::train::engine::install_panic_filter();
         Ok(TerminalSession { terminal, stop })
     }
 

@@ -2,8 +2,8 @@
 
 use std::io::Write;
 
-use crate::source::feed::Incoming;
-use crate::train::engine::{Report, StepReport};
+use crate::source::job::Fed;
+use crate::stream::{Incoming, Report, StepReport};
 
 use crate::render::format::bytes;
 
@@ -15,13 +15,14 @@ pub fn step_line(r: &StepReport) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "step {:>3}  {} {} ctx {} batch {} {} | peak {} ({}) | reserved {} | {:.3} s | {:.0} tok/s{}",
+        "{}step {:>3}  {} {} ctx {} batch {}{} | peak {} ({}) | reserved {} | {:.3} s | {:.0} tok/s{}",
+        r.rank.map(|k| format!("rank {k} ")).unwrap_or_default(),
         r.step,
         r.mode,
         r.precision,
         r.ctx,
         r.batch,
-        r.attention,
+        r.attention.map(|a| format!(" {a}")).unwrap_or_default(),
         bytes(r.peak_allocated_bytes),
         phases,
         bytes(r.reserved_bytes),
@@ -31,17 +32,22 @@ pub fn step_line(r: &StepReport) -> String {
     )
 }
 
-/// Prints a session's steps as its items arrive, from any source (an engine, a recording).
-/// Returns the step reports; an error report ends the run with that error.
-pub fn run(items: impl Iterator<Item = Incoming>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
+/// Prints a session's steps as its items arrive, from any source (a job's ranks, a
+/// recording), until it ends. Returns the step reports; an error report ends the run with
+/// that error.
+pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
+    let mut started = std::collections::BTreeSet::new();
     // Headless has no store: batches and gauges pass by unread.
-    for item in items {
+    for (rank, item) in items {
         let Incoming::Report(report) = item else { continue };
         match report {
             Report::Started(info) => {
-                if !json {
-                    writeln!(out, "vramscope: {} on {} ({} parameters){}", info.config.model_name, info.device,
+                // A viewer that attaches hears Started again when a job declares a knob.
+                if !json && started.insert(rank) {
+                    let name = info.config.as_ref().map_or(info.name.as_str(), |c| c.model_name.as_str());
+                    let rank = info.rank.map(|r| format!(" rank {r}")).unwrap_or_default();
+                    writeln!(out, "vramscope: {name}{rank} on {} ({} parameters){}", info.device,
                         info.parameters, info.note.map(|n| format!(" — {n}")).unwrap_or_default())?;
                 }
             }
@@ -64,8 +70,12 @@ pub fn run(items: impl Iterator<Item = Incoming>, json: bool, out: &mut impl Wri
             }
             Report::Oom(o) => anyhow::bail!("out of memory at step {} ({}): {}", o.step, o.phase.as_str(), o.message),
             Report::Error(e) => anyhow::bail!("{e}"),
-            Report::Knob(_) | Report::Paused(_) => {}
-            Report::Finished => break,
+            Report::Note(n) => {
+                if !json {
+                    writeln!(out, "vramscope: {n}")?;
+                }
+            }
+            Report::Knob(_) | Report::Paused(_) | Report::Finished => {}
         }
     }
     Ok(steps)

@@ -42,11 +42,9 @@ impl AdamW {
         }
     }
 
-    /// Addresses of the state tensors (empty before the first step).
-    pub fn state_ptrs(&self) -> Vec<u64> {
-        self.state
-            .iter()
-            .flat_map(|(m, v)| [m.data_ptr() as u64, v.data_ptr() as u64])
-            .collect()
+    /// Addresses of each parameter's two moments, in parameter order (empty before the
+    /// first step).
+    pub fn state_ptrs(&self) -> Vec<(u64, u64)> {
+        self.state.iter().map(|(m, v)| (m.data_ptr() as u64, v.data_ptr() as u64)).collect()
     }
 }

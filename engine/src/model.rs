@@ -4,8 +4,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::config::{Attention, ModelDims};
-use super::scope::Scopes;
+use vramscope::producer::scopes::Scopes;
+use vramscope::step_config::{Attention, ModelDims};
 
 const RMS_EPS: f64 = 1e-5;
 const ROPE_THETA: f64 = 10_000.0;
@@ -115,15 +115,32 @@ impl TransformerLm {
         }
     }
 
-    pub fn parameters(&self) -> Vec<&Tensor> {
-        let mut p = vec![&self.embed];
-        for b in &self.blocks {
-            p.extend([
-                &b.ln1.g, &b.q.w, &b.k.w, &b.v.w, &b.o.w, &b.ln2.g, &b.w1.w, &b.w2.w, &b.w3.w,
-            ]);
+    /// Every parameter with its name, as the CS336 reference's `named_parameters()` calls
+    /// it (the names the allocations table and snapshots show).
+    pub fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut p = vec![("token_embeddings.weight".to_string(), &self.embed)];
+        for (i, b) in self.blocks.iter().enumerate() {
+            for (name, t) in [
+                ("ln1.weight", &b.ln1.g),
+                ("attn.q_proj.weight", &b.q.w),
+                ("attn.k_proj.weight", &b.k.w),
+                ("attn.v_proj.weight", &b.v.w),
+                ("attn.output_proj.weight", &b.o.w),
+                ("ln2.weight", &b.ln2.g),
+                ("ffn.w1.weight", &b.w1.w),
+                ("ffn.w2.weight", &b.w2.w),
+                ("ffn.w3.weight", &b.w3.w),
+            ] {
+                p.push((format!("layers.{i}.{name}"), t));
+            }
         }
-        p.extend([&self.ln_final.g, &self.lm_head.w]);
+        p.push(("ln_final.weight".to_string(), &self.ln_final.g));
+        p.push(("lm_head.weight".to_string(), &self.lm_head.w));
         p
+    }
+
+    pub fn parameters(&self) -> Vec<&Tensor> {
+        self.named_parameters().into_iter().map(|(_, t)| t).collect()
     }
 
     /// `zero_grad(set_to_none=True)`: gradients are freed, not zeroed.

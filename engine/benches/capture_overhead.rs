@@ -3,46 +3,60 @@
 //!
 //!   cargo bench --bench capture_overhead -- [rounds] [ctx] [batch]
 
+#[path = "../../benches/common/mod.rs"]
 mod common;
 
-use std::time::Duration;
+use vramscope::producer::session::Capture;
+use vramscope::source::job::Output;
+use vramscope::source::launch::launch_engine;
+use vramscope::step_config::Preset;
+use vramscope::stream::{Incoming, Report};
+use vramscope_engine::capture;
 
-use vramscope::train::config::Preset;
-use vramscope::train::engine::{Engine, Report};
-
-/// CPU seconds this process has used (all threads: libtorch's intra-op pool included).
-fn process_cpu_s() -> f64 {
+/// CPU seconds `who` (this process, or its children that have ended) has used.
+fn cpu_s(who: i32) -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: a valid rusage out-pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
+fn process_cpu_s() -> f64 {
+    cpu_s(libc::RUSAGE_SELF)
+}
+
+/// CPU seconds of /proc/<pid>/stat's utime + stime (a running child's own threads).
+fn child_cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat; after the ")" they are 12th and 13th.
+    (ticks(11) + ticks(12)) / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 /// (median wall seconds per step, CPU seconds per step) over `steps` steps after one
-/// warm-up step. CPU time is steadier than wall time on a shared machine.
+/// warm-up step of the engine process, consumed as `run --headless` does. CPU time is
+/// steadier than wall time on a shared machine.
 fn measure(capture: bool, ctx: i64, batch: i64, steps: u64) -> (f64, f64) {
     let mut o = common::cpu_train(Preset::Small, ctx, batch, steps);
     o.capture = capture;
-    let mut engine = Engine::spawn(o).expect("engine");
-    let batches = engine.batches.clone();
+    let source = launch_engine(&o, Output::Capture).expect("the engine starts");
+    let pid = source.child_pid().expect("a child");
     let mut times = Vec::new();
     let mut cpu_after_warmup = None;
     let mut cpu_at_end = 0.0;
-    loop {
-        while batches.try_recv().is_ok() {}
-        match engine.reports.recv_timeout(Duration::from_millis(10)) {
-            Ok(Report::Step(s)) if s.step == 0 => cpu_after_warmup = Some(process_cpu_s()),
-            Ok(Report::Step(s)) => {
+    while let Some((_, item)) = source.next() {
+        match item {
+            Incoming::Report(Report::Step(s)) if s.step == 0 => cpu_after_warmup = Some(child_cpu_s(pid)),
+            Incoming::Report(Report::Step(s)) => {
                 times.push(s.step_time_s);
-                cpu_at_end = process_cpu_s();
+                cpu_at_end = child_cpu_s(pid);
             }
-            Ok(Report::Finished) => break,
-            Ok(Report::Error(e)) => panic!("{e}"),
+            Incoming::Report(Report::Error(e)) => panic!("{e}"),
             _ => {}
         }
     }
-    engine.shutdown();
     times.sort_by(f64::total_cmp);
     let cpu = (cpu_at_end - cpu_after_warmup.expect("a warm-up step")) / times.len() as f64;
     (times[times.len() / 2], cpu)
@@ -52,13 +66,12 @@ fn measure(capture: bool, ctx: i64, batch: i64, steps: u64) -> (f64, f64) {
 /// (allocator model, categories, trace ring) over a training-shaped CPU request stream.
 /// The shim's side (a mutex and a push per allocation) is included by recording through it.
 fn per_event_cost_ns() -> f64 {
-    use vramscope::capture::drain_into;
-    use vramscope::capture::tracker::Tracker;
+    use vramscope::producer::tracker::Tracker;
     let n = 1_000_000usize;
     // Allocate and free real CPU tensors through the recording allocator would mix in
     // libtorch's own cost; instead feed the tracker the shape of a step directly.
     let raw = common::training_requests(n);
-    let mut tracker = Tracker::modelled();
+    let mut tracker = Tracker::modelled(vramscope::allocator::AllocatorConfig::default());
     let t = process_cpu_s();
     for chunk in raw.chunks(8192) {
         tracker.ingest(chunk);
@@ -67,17 +80,17 @@ fn per_event_cost_ns() -> f64 {
     let tracker_s = process_cpu_s() - t;
     // The shim's part: allocate and free small CPU tensors through libtorch with recording
     // on and off, interleaved; the difference per event is what recording adds.
-    vramscope::capture::install_cpu_allocator().expect("shim installs");
+    capture::install_cpu_allocator().expect("shim installs");
     let mut out = Vec::with_capacity(1 << 16);
     let mut loop_s = |on: bool| {
-        vramscope::capture::set_capture_enabled(on);
+        capture::set_capture_enabled(on);
         let t = process_cpu_s();
         for _ in 0..50 {
             for _ in 0..2000 {
                 drop(std::hint::black_box(tch::Tensor::empty([16], (tch::Kind::Float, tch::Device::Cpu))));
             }
             out.clear();
-            drain_into(&mut out);
+            capture::Shim.drain(&mut out);
         }
         process_cpu_s() - t
     };

@@ -9,10 +9,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::allocator::{AllocatorConfig, CachingAllocatorModel, ModelOp};
-use crate::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
+use crate::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark, Retag};
 use crate::snapshot::model::StackId;
 
-use super::{RawEvent, RAW_ALLOC, RAW_FREE};
+use super::raw::{RawEvent, RAW_ALLOC, RAW_FREE, RAW_OOM};
 
 /// Where events come from, which decides how they are translated.
 pub enum Backend {
@@ -31,6 +31,9 @@ struct Live {
     tagged: bool,
     step: u32,
     phase: Phase,
+    scope: u32,
+    t_ns: u64,
+    stream: i64,
     /// Stream sequence number of the alloc event (to fix its category in the trace ring).
     seq: u64,
 }
@@ -43,6 +46,9 @@ pub struct StepStats {
     pub peak_reserved: u64,
     pub peak_active: u64,
 }
+
+/// Trace entries kept for snapshots, as PyTorch's `_record_memory_history` default.
+pub const RING_ENTRIES: usize = 1_000_000;
 
 pub struct Tracker {
     backend: Backend,
@@ -84,11 +90,9 @@ impl Tracker {
         }
     }
 
-    pub fn modelled() -> Tracker {
-        Tracker::new(
-            Backend::Modelled(Box::new(CachingAllocatorModel::new(AllocatorConfig::default()))),
-            1_000_000,
-        )
+    /// CPU requests modelled as a GPU whose caching allocator runs with `config`.
+    pub fn modelled(config: AllocatorConfig) -> Tracker {
+        Tracker::new(Backend::Modelled(Box::new(CachingAllocatorModel::new(config))), RING_ENTRIES)
     }
 
     pub fn backend(&self) -> &Backend {
@@ -103,6 +107,12 @@ impl Tracker {
     pub fn ingest(&mut self, raw: &[RawEvent]) {
         for e in raw {
             let phase = Phase::from_u8(e.phase);
+            if e.action == RAW_OOM && matches!(self.backend, Backend::Modelled(_)) {
+                // A failed CPU allocation: what a CUDA OOM entry says, with the modelled
+                // device's free bytes unknown.
+                self.emit(e, Action::Oom, 0, e.size, Category::Unknown);
+                continue;
+            }
             match &mut self.backend {
                 Backend::Modelled(model) => {
                     let mut ops = std::mem::take(&mut self.ops);
@@ -172,7 +182,7 @@ impl Tracker {
         let seq = self.next_seq;
         self.live.insert(
             key,
-            Live { addr, size, category, tagged: false, step: e.step, phase, seq },
+            Live { addr, size, category, tagged: false, step: e.step, phase, scope: e.scope, t_ns: e.t_ns, stream: e.stream, seq },
         );
         self.category_bytes[category as usize] += size;
         self.active_bytes += size;
@@ -189,7 +199,7 @@ impl Tracker {
         let phase = Phase::from_u8(e.phase);
         // Made and dropped inside one phase of one step: scratch, whatever it was presumed.
         if !l.tagged && l.step == e.step && l.phase == phase && l.category != Category::Temporary {
-            self.recategorize(&mut l, Category::Temporary);
+            self.recategorize(&mut l, Category::Temporary, 0);
         }
         self.category_bytes[l.category as usize] -= l.size;
         self.active_bytes -= l.size;
@@ -199,26 +209,63 @@ impl Tracker {
         }
     }
 
-    fn recategorize(&mut self, l: &mut Live, to: Category) {
-        if l.category == to {
+    /// Moves a live allocation to `to` (and names it `scope`, unless 0).
+    fn recategorize(&mut self, l: &mut Live, to: Category, scope: u32) {
+        let renamed = scope != 0 && scope != l.scope;
+        if l.category == to && !renamed {
             return;
         }
         self.category_bytes[l.category as usize] -= l.size;
         self.category_bytes[to as usize] += l.size;
         l.category = to;
+        if renamed {
+            l.scope = scope;
+        }
         let first = self.next_seq - self.ring.len() as u64;
         if let Some(ev) = l.seq.checked_sub(first).and_then(|i| self.ring.get_mut(i as usize)) {
             ev.category = to;
+            ev.scope = l.scope;
         }
-        self.pending.retags.push((l.addr, to));
+        self.pending.retags.push(Retag { addr: l.addr, category: to, scope: if renamed { scope } else { 0 } });
     }
 
-    /// The loop names what the allocation at raw address `key` holds.
-    pub fn tag(&mut self, key: u64, category: Category) {
+    /// The loop names what the allocation at raw address `key` holds, and, with a scope,
+    /// what it is called (a parameter's name).
+    pub fn tag(&mut self, key: u64, category: Category, scope: u32) {
         if let Some(mut l) = self.live.get(&key).copied() {
             l.tagged = true;
-            self.recategorize(&mut l, category);
+            self.recategorize(&mut l, category, scope);
             self.live.insert(key, l);
+        }
+    }
+
+    /// What a viewer that attaches now needs to agree with the live totals: an alloc event
+    /// for every live allocation, in the order they were made.
+    pub fn live_events(&self) -> Vec<MemEvent> {
+        let mut live: Vec<&Live> = self.live.values().collect();
+        live.sort_by_key(|l| l.seq);
+        let device = self.device();
+        live.iter()
+            .map(|l| MemEvent {
+                t_ns: l.t_ns,
+                addr: l.addr,
+                size: l.size,
+                stream: l.stream,
+                step: l.step,
+                scope: l.scope,
+                action: Action::Alloc,
+                phase: l.phase,
+                device,
+                category: l.category,
+            })
+            .collect()
+    }
+
+    /// The device events are reported on.
+    pub fn device(&self) -> u8 {
+        match self.backend {
+            Backend::Modelled(_) => 0,
+            Backend::Cuda { device } => device,
         }
     }
 
@@ -232,10 +279,7 @@ impl Tracker {
             scope: e.scope,
             action,
             phase: Phase::from_u8(e.phase),
-            device: match self.backend {
-                Backend::Modelled(_) => 0,
-                Backend::Cuda { device } => device,
-            },
+            device: self.device(),
             category,
         };
         self.next_seq += 1;
@@ -329,8 +373,8 @@ mod tests {
 
     #[test]
     fn cpu_requests_become_a_caching_allocator_stream() {
-        let mut t = Tracker::modelled();
-        t.ingest(&[raw(RAW_ALLOC, 0x1000, 1000, 0, Phase::Forward, super::super::CPU_DEVICE)]);
+        let mut t = Tracker::modelled(AllocatorConfig::default());
+        t.ingest(&[raw(RAW_ALLOC, 0x1000, 1000, 0, Phase::Forward, crate::producer::raw::CPU_DEVICE)]);
         let b = t.take_batch(Vec::new());
         let actions: Vec<Action> = b.events.iter().map(|e| e.action).collect();
         assert_eq!(actions, [Action::SegmentAlloc, Action::Alloc]);
@@ -339,12 +383,12 @@ mod tests {
         assert_eq!(t.allocated_bytes, 1024, "allocated counts the rounded block");
         assert_eq!((t.reserved_bytes, t.active_bytes), (2 * MIB, 1000));
         // Freed in the phase it was made: scratch, whatever it was presumed to be.
-        t.ingest(&[raw(RAW_FREE, 0x1000, 0, 0, Phase::Forward, super::super::CPU_DEVICE)]);
+        t.ingest(&[raw(RAW_FREE, 0x1000, 0, 0, Phase::Forward, crate::producer::raw::CPU_DEVICE)]);
         let b = t.take_batch(Vec::new());
         let actions: Vec<Action> = b.events.iter().map(|e| e.action).collect();
         assert_eq!(actions, [Action::FreeRequested, Action::FreeCompleted]);
         assert_eq!(b.events[0].category, Category::Temporary);
-        assert_eq!(b.retags, vec![(b.events[0].addr, Category::Temporary)]);
+        assert_eq!(b.retags, vec![Retag { addr: b.events[0].addr, category: Category::Temporary, scope: 0 }]);
         assert_eq!((t.active_bytes, t.allocated_bytes, t.reserved_bytes), (0, 0, 2 * MIB), "the segment stays cached");
         // The ring holds the same stream for snapshots, with the corrected category.
         let ring: Vec<(Action, Category)> = t.trace().map(|e| (e.action, e.category)).collect();
@@ -353,14 +397,19 @@ mod tests {
 
     #[test]
     fn tags_name_categories_and_survivors_keep_theirs() {
-        let mut t = Tracker::modelled();
-        let cpu = super::super::CPU_DEVICE;
+        let mut t = Tracker::modelled(AllocatorConfig::default());
+        let cpu = crate::producer::raw::CPU_DEVICE;
         t.ingest(&[
             raw(RAW_ALLOC, 0x10, 4 * MIB, 0, Phase::Other, cpu),
             raw(RAW_ALLOC, 0x20, 3 * MIB, 0, Phase::Forward, cpu),
         ]);
-        t.tag(0x10, Category::Parameter);
+        t.tag(0x10, Category::Parameter, 5);
         assert_eq!(t.category_bytes[Category::Parameter as usize], 4 * MIB);
+        // A viewer attaching now gets both, oldest first, the parameter under its name.
+        let live: Vec<(u64, u32, Category)> = t.live_events().iter().map(|e| (e.size, e.scope, e.category)).collect();
+        assert_eq!(live, [(4 * MIB, 5, Category::Parameter), (3 * MIB, 0, Category::Activation)]);
+        let named = t.trace().find(|e| e.action == Action::Alloc && e.size == 4 * MIB).unwrap();
+        assert_eq!((named.scope, named.category), (5, Category::Parameter), "snapshots cut later name it too");
         assert_eq!(t.category_bytes[Category::Activation as usize], 3 * MIB);
         // An activation freed in backward stays an activation.
         t.ingest(&[raw(RAW_FREE, 0x20, 0, 0, Phase::Backward, cpu)]);

@@ -43,6 +43,10 @@ int vs_cuda_attach(int64_t history_entries) {
                  static_cast<int64_t>(reinterpret_cast<uintptr_t>(te.stream_)),
                  static_cast<uint8_t>(te.device_));
     });
+    // Called without the allocator's lock, so the host may take PyTorch's snapshot in it.
+    cca::attachOutOfMemoryObserver([](int64_t, size_t allocated, size_t, size_t) {
+      vs::report_oom(static_cast<uint64_t>(allocated));
+    });
     if (history_entries > 0) {
       torch::cuda::_record_memory_history(true, true, history_entries, true, false);
     }

@@ -13,7 +13,7 @@ struct VsRawEvent {
   int64_t stream;
   uint32_t step;
   uint32_t scope;
-  uint8_t action;  // c10 TraceEntry::Action numbering; the CPU wrapper uses 0 alloc, 2 free
+  uint8_t action;  // c10 TraceEntry::Action numbering; the CPU wrapper uses 0 alloc, 2 free, 8 oom
   uint8_t phase;
   uint8_t device;  // 0xff = CPU
   uint8_t pad0;
@@ -29,6 +29,9 @@ namespace vs {
 void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_t device);
 bool capture_enabled();
 void set_error(const char* msg);
+// Tells the host an allocation of `size` bytes failed, before the error unwinds: it saves
+// a snapshot while the memory that did not fit is still held.
+void report_oom(uint64_t size);
 
 // Runs `f`, turning a C++ exception into -1 and a message for `vs_last_error`: exceptions
 // must not cross into Rust.

@@ -151,6 +151,19 @@ impl FromStr for DeviceChoice {
     }
 }
 
+// As its flag spells it ("cuda:1"), so an engine's options read as written.
+impl Serialize for DeviceChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for DeviceChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -202,6 +215,35 @@ pub struct StepConfig {
 impl StepConfig {
     pub fn tokens(&self) -> i64 {
         self.ctx * self.batch
+    }
+}
+
+/// Sets the knob `name` of `c` to `value` (a value that does not parse leaves it); the
+/// engine's knobs are its step config's fields.
+pub fn apply_knob(c: &mut StepConfig, name: &str, value: &str) {
+    match name {
+        "precision" => c.precision = value.parse().unwrap_or(c.precision),
+        "ctx" => c.ctx = value.parse().unwrap_or(c.ctx),
+        "batch" => c.batch = value.parse().unwrap_or(c.batch),
+        "mode" => c.mode = value.parse().unwrap_or(c.mode),
+        "attention" => c.attention = value.parse().unwrap_or(c.attention),
+        _ => {}
+    }
+}
+
+impl StepConfig {
+    /// The step config's fields as knobs a viewer can change.
+    pub fn knobs(&self) -> Vec<crate::stream::Knob> {
+        [
+            ("precision", self.precision.to_string()),
+            ("ctx", self.ctx.to_string()),
+            ("batch", self.batch.to_string()),
+            ("mode", self.mode.to_string()),
+            ("attention", self.attention.to_string()),
+        ]
+        .into_iter()
+        .map(|(name, value)| crate::stream::Knob { name: name.into(), value })
+        .collect()
     }
 }
 

@@ -24,6 +24,7 @@ std::atomic<uint8_t> g_phase{0};
 std::atomic<bool> g_enabled{true};
 const auto g_t0 = std::chrono::steady_clock::now();
 thread_local std::string g_error;
+std::atomic<void (*)(uint64_t)> g_oom_callback{nullptr};
 
 c10::Allocator* g_inner = nullptr;
 c10::DeleterFnPtr g_inner_delete = nullptr;
@@ -37,7 +38,15 @@ void vs_cpu_delete(void* p) {
 // fill options) and swaps in a deleter that reports the free first.
 struct RecordingCpuAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr dp = g_inner->allocate(n);
+    c10::DataPtr dp;
+    try {
+      dp = g_inner->allocate(n);
+    } catch (...) {
+      // Said before the error reaches the training code, like CUDA's OOM observer.
+      if (vs::capture_enabled()) vs::record(8, 0, n, 0, 0xff);
+      vs::report_oom(n);
+      throw;
+    }
     void* p = dp.get();
     // Zero-byte requests and any pointer whose context is not the data itself keep the
     // inner deleter: we could not free them correctly through ours.
@@ -74,6 +83,9 @@ void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_
 }
 bool capture_enabled() { return g_enabled.load(std::memory_order_relaxed); }
 void set_error(const char* msg) { g_error = msg; }
+void report_oom(uint64_t size) {
+  if (auto cb = g_oom_callback.load()) cb(size);
+}
 }  // namespace vs
 
 extern "C" {
@@ -102,6 +114,16 @@ void vs_set_tags(uint32_t step, uint8_t phase) {
 void vs_set_scope(uint32_t scope) { g_scope.store(scope, std::memory_order_relaxed); }
 
 void vs_set_capture_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
+
+// The host's out-of-memory callback (null: none).
+void vs_set_oom_callback(void (*cb)(uint64_t)) { g_oom_callback.store(cb); }
+
+// CLOCK_MONOTONIC nanoseconds at this clock's zero (steady_clock is CLOCK_MONOTONIC on
+// Linux), so processes line their clocks up.
+uint64_t vs_clock_zero_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(g_t0.time_since_epoch()).count());
+}
 
 uint64_t vs_now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(

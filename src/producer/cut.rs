@@ -17,19 +17,19 @@ use super::tracker::Tracker;
 pub struct FrameTables {
     pub tables: Snapshot,
     interner: StackInterner,
+    /// The innermost frame of every stack: where the job's loop runs.
+    runner: Frame,
 }
 
-impl Default for FrameTables {
-    fn default() -> Self {
+impl FrameTables {
+    pub fn new(runner: Frame) -> FrameTables {
         let mut tables = Snapshot::default();
         let mut interner = StackInterner::default();
         // Stack 0 is the empty stack: events with no module and phase.
         interner.stack(&mut tables, Vec::new());
-        FrameTables { tables, interner }
+        FrameTables { tables, interner, runner }
     }
-}
 
-impl FrameTables {
     /// The stack memory_viz shows for an allocation: module, then phase, then where our loop
     /// runs it (innermost first, as PyTorch orders frames).
     pub fn stack_for(&mut self, scope_name: &str, phase: Phase) -> StackId {
@@ -40,12 +40,7 @@ impl FrameTables {
         }
         let f = Frame { name: phase.as_str().to_string(), filename: "phase".into(), line: 0 };
         ids.push(self.interner.frame(&mut self.tables, f));
-        let f = Frame {
-            name: "vramscope::train::engine::step".into(),
-            filename: "src/train/engine.rs".into(),
-            line: 0,
-        };
-        ids.push(self.interner.frame(&mut self.tables, f));
+        ids.push(self.interner.frame(&mut self.tables, self.runner.clone()));
         self.interner.stack(&mut self.tables, ids)
     }
 }
@@ -74,6 +69,7 @@ impl SnapshotCut {
             super::tracker::Backend::Modelled(_) => 0usize,
             super::tracker::Backend::Cuda { device } => *device as usize,
         };
+
         SnapshotCut {
             device,
             base,
