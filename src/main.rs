@@ -37,6 +37,12 @@ struct Cli {
 enum Command {
     /// Train and watch memory (the default): live screen, or lines with --headless.
     Run(RunArgs),
+    /// Run your own PyTorch script or command with vramscope's hook and watch it live
+    /// (`vramscope py train.py`, `vramscope py -- torchrun --nproc-per-node 2 train.py`).
+    Py(PyCommand),
+    /// Watch a job that already runs (started with `vramscope py` or
+    /// `python -m vramscope_hook`); quitting leaves it running.
+    Attach(AttachCommand),
     /// Device gauges for every GPU and its processes (host gauges without NVML).
     Watch(vramscope::app::watch::WatchArgs),
     /// Play a recording (or a memory snapshot's trace) on the screen, or --headless.
@@ -59,6 +65,22 @@ enum Command {
 struct ReplayCommand {
     #[command(flatten)]
     replay: vramscope::app::replay::ReplayArgs,
+    #[command(flatten)]
+    screen: ScreenArgs,
+}
+
+#[derive(Args, Clone)]
+struct PyCommand {
+    #[command(flatten)]
+    py: vramscope::app::py::PyArgs,
+    #[command(flatten)]
+    screen: ScreenArgs,
+}
+
+#[derive(Args, Clone)]
+struct AttachCommand {
+    #[command(flatten)]
+    attach: vramscope::app::py::AttachArgs,
     #[command(flatten)]
     screen: ScreenArgs,
 }
@@ -518,6 +540,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Run(a)) => run(a),
+        Some(Command::Py(a)) => {
+            let screen = if a.py.headless { None } else { Some(a.screen.load()) }.transpose();
+            screen.and_then(|s| vramscope::app::py::run_py(a.py, s))
+        }
+        Some(Command::Attach(a)) => {
+            let screen = if a.attach.headless { None } else { Some(a.screen.load()) }.transpose();
+            screen.and_then(|s| vramscope::app::py::run_attach(a.attach, s))
+        }
         Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Replay(a)) => replay(a).map(|()| ExitCode::SUCCESS),
         Some(Command::View(a)) => vramscope::app::snapshot_viewer::run_view(a).map(|()| ExitCode::SUCCESS),

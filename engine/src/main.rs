@@ -28,6 +28,7 @@ const WAIT_FOR_VIEWER: Duration = Duration::from_secs(30);
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    worker::quiet_step_panics();
     if std::env::var_os("VRAMSCOPE_PARENT_DEATH").is_some() {
         // Started by a vramscope: end with it, even if it is killed.
         // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number.

@@ -28,6 +28,22 @@ use crate::optim::AdamW;
 /// Unwinds out of a step when a stop was asked for, so quitting never waits for the step.
 struct StopRequested;
 
+thread_local! {
+    /// A step is running: its panics (tch's errors, an OOM) are caught and reported.
+    static IN_STEP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Keeps the panics a step catches (tch reports libtorch errors by panicking) off the
+/// terminal: they reach the viewer as the step's error. Any other panic is a bug, printed.
+pub fn quiet_step_panics() {
+    let inner = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !IN_STEP.with(|s| s.get()) {
+            inner(info);
+        }
+    }));
+}
+
 pub fn resolve_device(choice: DeviceChoice) -> anyhow::Result<Device> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
@@ -124,7 +140,15 @@ impl Worker {
             Box::new(Shim),
             scopes.clone(),
             server,
-            SessionOptions { info, backend, snapshot_dir: opts.snapshot_dir.clone(), runner_frame: runner, start_paused: opts.start_paused },
+            SessionOptions {
+                info,
+                backend,
+                snapshot_dir: opts.snapshot_dir.clone(),
+                runner_frame: runner,
+                start_paused: opts.start_paused,
+                // The vramscope that started the engine is its viewer: nothing to announce.
+                announce_viewers: std::env::var_os("VRAMSCOPE_WAIT_FOR_VIEWER").is_none(),
+            },
             log,
         );
         let session = Arc::new(Mutex::new(session));
@@ -215,7 +239,9 @@ impl Worker {
     fn run_step(&mut self) {
         let cfg = self.cfg.clone();
         let started = Instant::now();
+        IN_STEP.with(|s| s.set(true));
         let outcome = catch_unwind(AssertUnwindSafe(|| self.step_inner(&cfg)));
+        IN_STEP.with(|s| s.set(false));
         let elapsed = started.elapsed().as_secs_f64();
         match outcome {
             Ok(loss) => {
@@ -338,8 +364,20 @@ fn is_oom(msg: &str) -> bool {
     m.contains("out of memory") || m.contains("outofmemory") || m.contains("can't allocate memory")
 }
 
+/// What a failed step says, in one line: libtorch's message without tch's wrapping
+/// (`called Result::unwrap() on an Err value: Torch("…")`, escaped newlines), its C++
+/// backtrace or its enforce prefix.
 fn first_line(msg: &str) -> String {
-    msg.lines().find(|l| !l.trim().is_empty()).unwrap_or(msg).trim().to_string()
+    let msg = msg.replace("\\n", "\n");
+    let line = msg.lines().find(|l| !l.trim().is_empty()).unwrap_or(&msg).trim();
+    let line = line.strip_prefix("called `Result::unwrap()` on an `Err` value: ").unwrap_or(line);
+    let line = line.strip_prefix("Torch(\"").unwrap_or(line);
+    let line = line.strip_suffix("\")").unwrap_or(line);
+    let line = match line.strip_prefix("[enforce fail at ").and_then(|r| r.split_once("] ")) {
+        Some((_, rest)) => rest.strip_prefix("err == 0. ").unwrap_or(rest),
+        None => line,
+    };
+    line.trim().to_string()
 }
 
 #[cfg(test)]
@@ -352,6 +390,11 @@ mod tests {
         assert!(is_oom("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes"));
         assert!(!is_oom("shape mismatch"));
         assert_eq!(first_line("\n  CUDA out of memory.\nmore"), "CUDA out of memory.");
+        let tch = r#"called `Result::unwrap()` on an `Err` value: Torch("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 274877906944 bytes. Error code 12 (Cannot allocate memory)\nframe #0: c10::ThrowEnforceNotMet(char const*, int)\n")"#;
+        assert_eq!(
+            first_line(tch),
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 274877906944 bytes. Error code 12 (Cannot allocate memory)"
+        );
     }
 
     #[test]

@@ -92,7 +92,10 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, scree
     let mut controls = JobControls { source: &source, kind, recorder, detached: false, said_knobs: false };
     let result = {
         let mut session = TerminalSession::enter()?;
-        rt.block_on(event_loop(&mut session, incoming, &mut controls, screen, ranks))
+        let r = rt.block_on(event_loop(&mut session, incoming, &mut controls, screen, ranks));
+        // An SSH drop is not a decision to stop the user's job: it runs on, attachable.
+        controls.detached |= session.hung_up();
+        r
     };
     drop(gauges);
     // The terminal is restored: now end the job as its kind says.

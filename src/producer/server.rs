@@ -111,6 +111,8 @@ struct Shared {
     closing: AtomicBool,
     /// Set when a viewer asks the job to stop: a host checks it mid-step.
     stop: Arc<AtomicBool>,
+    /// Set when a viewer asks for a snapshot: taken at the end of the step under way.
+    snapshot: AtomicBool,
     controls: Sender<Control>,
     log: Log,
     capacity: usize,
@@ -171,6 +173,7 @@ impl Server {
             refused: Mutex::new(HashSet::new()),
             closing: AtomicBool::new(false),
             stop: Arc::new(AtomicBool::new(false)),
+            snapshot: AtomicBool::new(false),
             controls: ctl_tx,
             log,
             capacity: queue_batches.max(1),
@@ -209,6 +212,11 @@ impl Server {
         for c in clients.iter() {
             c.push(stamp, item.clone());
         }
+    }
+
+    /// Whether a viewer asked for a snapshot since the last call.
+    pub fn take_snapshot_request(&self) -> bool {
+        self.shared.snapshot.swap(false, Ordering::SeqCst)
     }
 
     /// Raised when a viewer asks the job to stop (hosts may raise it too, on SIGTERM).
@@ -359,6 +367,7 @@ fn read_controls(shared: &Shared, client: &Client, mut r: BufReader<Box<dyn Conn
         match channel::read_line(&mut r) {
             Ok(Some(line)) => match serde_json::from_str::<Control>(&line) {
                 // A full queue means a viewer sends faster than steps run: extra controls go.
+                Ok(Control::Snapshot) => shared.snapshot.store(true, Ordering::SeqCst),
                 Ok(c) => {
                     if c == Control::Stop {
                         shared.stop.store(true, Ordering::SeqCst);

@@ -63,7 +63,6 @@ pub struct Session {
     /// Phases entered during the step (its report lists their peaks).
     phases_seen: BTreeSet<Phase>,
     paused: bool,
-    snapshot_requested: bool,
     recent_steps: VecDeque<StepReport>,
     epoch_us_at_zero: i64,
     writers: Vec<JoinHandle<()>>,
@@ -72,6 +71,7 @@ pub struct Session {
     snapshot_dir: PathBuf,
     raw: Vec<RawEvent>,
     log: Log,
+    announce_viewers: bool,
     /// The snapshot written when an allocation failed, for the OOM report that follows.
     oom_snapshot: Option<PathBuf>,
 }
@@ -90,6 +90,8 @@ pub struct SessionOptions {
     /// The innermost frame of every snapshot stack: where the job's loop runs.
     pub runner_frame: Frame,
     pub start_paused: bool,
+    /// Say on the job's stderr when a viewer attaches (not when the job's launcher does).
+    pub announce_viewers: bool,
 }
 
 /// Between steps, the loop either runs the next one or stops.
@@ -115,7 +117,6 @@ impl Session {
             phase: Phase::Other,
             phases_seen: BTreeSet::new(),
             paused: opts.start_paused,
-            snapshot_requested: false,
             recent_steps: VecDeque::new(),
             epoch_us_at_zero,
             writers: Vec::new(),
@@ -123,6 +124,7 @@ impl Session {
             snapshot_dir: opts.snapshot_dir,
             raw: Vec::with_capacity(1 << 14),
             log,
+            announce_viewers: opts.announce_viewers,
             oom_snapshot: None,
         }
     }
@@ -214,7 +216,9 @@ impl Session {
             items.push((now, Incoming::Report(Report::Paused(true))));
         }
         for c in joining {
-            (self.log)(&format!("vramscope: viewer attached ({})", c.peer));
+            if self.announce_viewers {
+                (self.log)(&format!("vramscope: viewer attached ({})", c.peer));
+            }
             self.server.admit(c, items.clone());
         }
     }
@@ -336,9 +340,18 @@ impl Session {
         }
     }
 
-    /// Takes a snapshot request made by a viewer.
+    /// Takes a snapshot request a viewer made (during the step that just ended).
     pub fn take_snapshot_request(&mut self) -> bool {
-        std::mem::take(&mut self.snapshot_requested)
+        self.server.take_snapshot_request()
+    }
+
+    /// An allocation failed in a job that handles it itself (the hook's): say so, with the
+    /// snapshot written for it, and go on.
+    pub fn oom(&mut self, requested: u64, snapshot: Option<PathBuf>) {
+        self.drain();
+        let message = format!("out of memory: tried to allocate {requested} bytes");
+        self.report(Report::Oom(OomReport { step: self.step, phase: self.phase, message, snapshot }));
+        self.flush();
     }
 
     /// Cuts a snapshot now (and PyTorch's own on CUDA) and writes it as `name` in the
@@ -420,6 +433,14 @@ impl Session {
         self.report(Report::Knob(KnobChange { step, knob: name.to_string(), from, to: to.to_string() }));
     }
 
+    /// The job's parameter count, learnt once its model is known (the hook's case).
+    pub fn set_parameters(&mut self, n: i64) {
+        if self.info.parameters != n {
+            self.info.parameters = n;
+            self.report(Report::Started(self.info.clone()));
+        }
+    }
+
     /// Declares a knob (the Python hook's `knob()`); its value is the declared default.
     pub fn declare_knob(&mut self, name: &str, value: &str) {
         if self.info.knobs.iter().all(|k| k.name != name) {
@@ -491,7 +512,8 @@ pub fn between_steps(shared: &Shared, apply: &mut dyn FnMut(&str, &str) -> Resul
             Control::StepOnce => run_once = true,
             Control::Pause => s.set_paused(true),
             Control::Resume => s.set_paused(false),
-            Control::Snapshot => s.snapshot_requested = true,
+            // Taken by the server as it arrives (see `take_snapshot_request`).
+            Control::Snapshot => {}
             Control::SetKnob { name, value } => match apply(&name, &value) {
                 Ok(to) => s.knob_changed(&name, &to),
                 Err(why) => s.report(Report::Note(why)),

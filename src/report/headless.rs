@@ -37,24 +37,33 @@ pub fn step_line(r: &StepReport) -> String {
 /// that error.
 pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
-    let mut started = std::collections::BTreeSet::new();
+    // Each rank's latest word on who it is, said before its first step (a job learns its
+    // parameter count when its model first runs).
+    let mut info: std::collections::BTreeMap<u32, crate::stream::EngineInfo> = Default::default();
+    let mut said = std::collections::BTreeSet::new();
+    let mut oom = None;
     // Headless has no store: batches and gauges pass by unread.
     for (rank, item) in items {
         let Incoming::Report(report) = item else { continue };
         match report {
-            Report::Started(info) => {
-                // A viewer that attaches hears Started again when a job declares a knob.
-                if !json && started.insert(rank) {
-                    let name = info.config.as_ref().map_or(info.name.as_str(), |c| c.model_name.as_str());
-                    let rank = info.rank.map(|r| format!(" rank {r}")).unwrap_or_default();
-                    writeln!(out, "vramscope: {name}{rank} on {} ({} parameters){}", info.device,
-                        info.parameters, info.note.map(|n| format!(" — {n}")).unwrap_or_default())?;
-                }
+            Report::Started(i) => {
+                info.insert(rank, i);
             }
-            Report::Step(r) => {
+            Report::Step(mut r) => {
+                let i = info.get(&rank);
                 if json {
                     writeln!(out, "{}", serde_json::to_string(&r)?)?;
                 } else {
+                    if let Some(i) = i.filter(|_| said.insert(rank)) {
+                        let name = i.config.as_ref().map_or(i.name.as_str(), |c| c.model_name.as_str());
+                        let of = i.world_size.map(|w| format!(" rank {} of {w}", i.rank.unwrap_or(0))).unwrap_or_default();
+                        let note = i.note.as_ref().map(|n| format!(" — {n}")).unwrap_or_default();
+                        writeln!(out, "vramscope: {name}{of} on {} ({} parameters){note}", i.device, i.parameters)?;
+                    }
+                    // A single process's lines need no rank.
+                    if i.is_none_or(|i| i.world_size.is_none()) {
+                        r.rank = None;
+                    }
                     writeln!(out, "{}", step_line(&r))?;
                 }
                 out.flush()?;
@@ -68,7 +77,26 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
             Report::SnapshotFailed { step, error } => {
                 anyhow::bail!("snapshot of step {step} failed: {error}")
             }
-            Report::Oom(o) => anyhow::bail!("out of memory at step {} ({}): {}", o.step, o.phase.as_str(), o.message),
+            Report::Oom(o) => {
+                let line = format!(
+                    "out of memory at step {} ({}): {}{}",
+                    o.step,
+                    o.phase.as_str(),
+                    o.message,
+                    o.snapshot.as_ref().map(|p| format!(" (snapshot: {})", p.display())).unwrap_or_default()
+                );
+                // A job that handles the error itself goes on; vramscope's engine pauses,
+                // and with nobody to resume it the run ends there.
+                if json {
+                    eprintln!("vramscope: {line}");
+                } else {
+                    writeln!(out, "vramscope: {line}")?;
+                }
+                oom = Some(());
+            }
+            Report::Paused(true) if oom.is_some() => {
+                anyhow::bail!("the run paused after running out of memory, and a headless run has nobody to resume it")
+            }
             Report::Error(e) => anyhow::bail!("{e}"),
             Report::Note(n) => {
                 if !json {
