@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use vramscope::channel::dir;
 use vramscope::producer::server::{Listen, Log, Server};
 use vramscope::source::launch::EngineOptions;
 
@@ -45,17 +44,12 @@ fn main() -> ExitCode {
 
 fn serve(args: &Args) -> anyhow::Result<()> {
     let opts: EngineOptions = serde_json::from_str(&args.options).map_err(|e| anyhow::anyhow!("--options: {e}"))?;
-    let sockets = match std::env::var_os("VRAMSCOPE_SOCKET_DIR") {
-        Some(d) => {
-            let d = std::path::PathBuf::from(d);
-            dir::ensure_private_dir(&d)?;
-            d
-        }
-        None => dir::socket_dir()?,
-    };
     let job = std::env::var("VRAMSCOPE_JOB").unwrap_or_else(|_| format!("{}-engine", std::process::id()));
     let log: Log = Arc::new(|line: &str| eprintln!("{line}"));
-    let server = Server::bind(&Listen::Unix(dir::socket_path(&sockets, &job, 0)), opts.queue_batches, log.clone())?;
+    let socket_dir = std::env::var_os("VRAMSCOPE_SOCKET_DIR").map(std::path::PathBuf::from);
+    let tcp = std::env::var("VRAMSCOPE_LISTEN").ok();
+    let listen = Listen::for_job(socket_dir.as_deref(), tcp.as_deref(), &job, 0, 0)?;
+    let server = Server::bind_job(&listen, &job, 0, opts.queue_batches, log.clone())?;
     if std::env::var_os("VRAMSCOPE_WAIT_FOR_VIEWER").is_some() {
         server.wait_for_viewer(WAIT_FOR_VIEWER);
     }

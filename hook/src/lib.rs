@@ -17,7 +17,6 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use vramscope::allocator::{AllocatorConfig, CachingAllocatorModel};
-use vramscope::channel::{dir, parse_listen, token};
 use vramscope::event::{Category, Phase};
 use vramscope::producer::raw::{CudaStats, RawEvent};
 use vramscope::producer::scopes::Scopes;
@@ -253,40 +252,8 @@ fn start(cfg: Config) -> Result<Core, String> {
         None => Backend::Modelled(Box::new(CachingAllocatorModel::new(alloc))),
     };
     let log: Log = Arc::new(|line: &str| eprintln!("{line}"));
-    let listen = match &cfg.listen {
-        Some(l) => {
-            let mut addr = parse_listen(l).map_err(|e| e.to_string())?;
-            if addr.port() != 0 {
-                addr.set_port(addr.port() + cfg.local_rank as u16);
-            }
-            Listen::Tcp { addr, token: token::new_token().map_err(|e| e.to_string())? }
-        }
-        None => {
-            let d = match &cfg.socket_dir {
-                Some(d) => {
-                    dir::ensure_private_dir(d).map_err(|e| e.to_string())?;
-                    d.clone()
-                }
-                None => dir::socket_dir().map_err(|e| e.to_string())?,
-            };
-            Listen::Unix(dir::socket_path(&d, &cfg.job, cfg.rank))
-        }
-    };
-    let server = Server::bind(&listen, cfg.queue_batches, log.clone()).map_err(|e| e.to_string())?;
-    if let Listen::Tcp { token, .. } = &listen {
-        // Where the owner can find the token: the job's output, and a file only they can read.
-        let d = dir::socket_dir().map_err(|e| e.to_string())?;
-        let file = d.join(format!("{}-r{}.token", cfg.job, cfg.rank));
-        let _ = std::fs::remove_file(&file);
-        token::write_token_file(&file, token).map_err(|e| format!("{}: {e}", file.display()))?;
-        eprintln!(
-            "vramscope: rank {} listening on {}; attach with: vramscope attach {} --token-file {} (token {token})",
-            cfg.rank,
-            server.endpoint,
-            server.endpoint,
-            file.display()
-        );
-    }
+    let listen = Listen::for_job(cfg.socket_dir.as_deref(), cfg.listen.as_deref(), &cfg.job, cfg.rank, cfg.local_rank).map_err(|e| e.to_string())?;
+    let server = Server::bind_job(&listen, &cfg.job, cfg.rank, cfg.queue_batches, log.clone()).map_err(|e| e.to_string())?;
     let info = EngineInfo {
         device: cfg.device.clone(),
         cuda: cuda_device.is_some(),

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -26,6 +26,29 @@ use crate::stream::{Control, Incoming, Report};
 pub enum Listen {
     Unix(PathBuf),
     Tcp { addr: SocketAddr, token: String },
+}
+
+impl Listen {
+    /// Where rank `rank` of `job` listens: on TCP when `tcp` (`PORT` or `HOST:PORT`, each
+    /// local rank one port up) is given, with a new token; else its Unix socket in the
+    /// owner-only directory (`socket_dir`, or the default one).
+    pub fn for_job(socket_dir: Option<&Path>, tcp: Option<&str>, job: &str, rank: u32, local_rank: u32) -> Result<Listen, ChannelError> {
+        if let Some(l) = tcp {
+            let mut addr = channel::parse_listen(l)?;
+            if addr.port() != 0 {
+                addr.set_port(addr.port() + local_rank as u16);
+            }
+            return Ok(Listen::Tcp { addr, token: token::new_token()? });
+        }
+        let d = match socket_dir {
+            Some(d) => {
+                channel::dir::ensure_private_dir(d)?;
+                d.to_path_buf()
+            }
+            None => channel::dir::socket_dir()?,
+        };
+        Ok(Listen::Unix(channel::dir::socket_path(&d, job, rank)))
+    }
 }
 
 /// Queued reports a viewer may fall behind by before it is dropped as stuck (batches are
@@ -120,9 +143,9 @@ struct Shared {
 }
 
 impl Shared {
-    /// A refused peer is said once, not once per attempt.
-    fn refuse(&self, who: &str, why: &str) {
-        if self.refused.lock().unwrap_or_else(|e| e.into_inner()).insert(who.to_string()) {
+    /// A refused peer (`key`: its uid, or its address) is said once, not once per attempt.
+    fn refuse(&self, key: &str, who: &str, why: &str) {
+        if self.refused.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string()) {
             (self.log)(&format!("vramscope: refused a connection from {who}: {why}"));
         }
     }
@@ -182,6 +205,23 @@ impl Server {
         let s2 = shared.clone();
         let acceptor = std::thread::Builder::new().name("vramscope-accept".into()).spawn(move || accept_loop(listener, s2))?;
         Ok(Server { shared, endpoint, controls: ctl_rx, acceptor: Some(acceptor), socket_path })
+    }
+
+    /// Binds for rank `rank` of `job` and, on TCP, tells the job's owner how to attach: the
+    /// address and token on the job's stderr, and the token in a file only they can read.
+    pub fn bind_job(listen: &Listen, job: &str, rank: u32, queue_batches: usize, log: Log) -> Result<Server, ChannelError> {
+        let server = Server::bind(listen, queue_batches, log.clone())?;
+        if let Listen::Tcp { token, .. } = listen {
+            let file = channel::dir::socket_dir()?.join(format!("{job}-r{rank}.token"));
+            let _ = std::fs::remove_file(&file);
+            token::write_token_file(&file, token)?;
+            log(&format!(
+                "vramscope: rank {rank} listening on {ep}; attach with: vramscope attach {ep} --token-file {} (token {token})",
+                file.display(),
+                ep = server.endpoint
+            ));
+        }
+        Ok(server)
     }
 
     /// Viewers let in since the last call; the caller queues what they missed, then `admit`s
@@ -280,7 +320,7 @@ fn accept_loop(listener: Listener, shared: Arc<Shared>) {
                     let who = match peer::check_same_user(&s) {
                         Ok(c) => format!("uid {} pid {}", c.uid, c.pid),
                         Err(c) => {
-                            shared.refuse(&format!("uid {} (pid {})", c.uid, c.pid), "only the job's owner may watch it");
+                            shared.refuse(&format!("uid {}", c.uid), &format!("uid {} (pid {})", c.uid, c.pid), "only the job's owner may watch it");
                             continue;
                         }
                     };
@@ -305,6 +345,11 @@ fn accept_loop(listener: Listener, shared: Arc<Shared>) {
             }
         }
     }
+}
+
+/// A peer as refusals count it: its uid, or its address without the port.
+fn peer_key(who: &str) -> String {
+    who.parse::<SocketAddr>().map(|a| a.ip().to_string()).unwrap_or_else(|_| who.split(" pid").next().unwrap_or(who).to_string())
 }
 
 trait Conn: std::io::Read + Send {
@@ -334,14 +379,14 @@ fn spawn_client(shared: &Arc<Shared>, who: String, r: Box<dyn Conn>, w: Box<dyn 
         };
         let token_ok = match (&hello, &shared.token) {
             (Err(why), _) => {
-                shared.refuse(&who, why);
+                shared.refuse(&peer_key(&who), &who, why);
                 return;
             }
             (Ok(given), Some(expected)) => given.as_deref().is_some_and(|g| token::tokens_equal(g, expected)),
             (Ok(_), None) => true,
         };
         if !token_ok {
-            shared.refuse(&who, "wrong or missing token");
+            shared.refuse(&peer_key(&who), &who, "wrong or missing token");
             return;
         }
         r.get_ref().clear_timeout();
