@@ -90,11 +90,24 @@ impl OomReport {
     }
 }
 
+/// (trace position, the timeline action after it) of each `oom` entry on `device`'s
+/// trace: cheap, for marking them before a report is asked for.
+pub fn oom_marks(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<(usize, usize)> {
+    let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
+    trace
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Oom)
+        .map(|(pos, _)| (pos, tl.event_positions.partition_point(|&p| p < pos)))
+        .collect()
+}
+
 /// The OOMs on `device`'s trace, in order (none without `oom` entries). `tl` is the
 /// device's timeline.
 pub fn oom_reports(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<OomReport> {
     let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
-    let Some(last) = trace.iter().rposition(|e| e.action == Action::Oom) else {
+    let marks = oom_marks(snap, tl, device);
+    let Some(&(last, _)) = marks.last() else {
         return Vec::new();
     };
     let cfg = snap
@@ -116,7 +129,7 @@ pub fn oom_reports(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<OomRepo
                 let st = m.stats();
                 let reserved = reserved.max(0) as u64;
                 let modelled_exactly = exact && !ok && st.reserved_bytes == reserved;
-                let action = tl.event_positions.partition_point(|&p| p < pos);
+                let action = marks[out.len()].1;
                 // Allocated before the OOM and not freed before it.
                 let alive = || {
                     tl.allocations

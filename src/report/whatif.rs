@@ -245,43 +245,59 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, w: &Whatif) -> std:
             let b = |v: Option<u64>| v.map_or_else(|| "–".to_string(), bytes);
             let frag = r.fragmentation_at_oom.map_or_else(|| "–".to_string(), |f| format!("{:.1}%", f * 100.0));
             line += &format!("  {:>13}  {:>13}  {:>6}", b(r.reserved_at_oom_bytes), b(r.largest_free_block_at_oom_bytes), frag);
-            let fit = match (r.oom_would_fit, r.out_of_memory_at_entry) {
-                (Some(true), _) => "fits".to_string(),
-                (_, Some(at)) if at < o.entry => format!("runs out earlier, at entry {at}"),
-                _ => "does not fit".to_string(),
-            };
+            let fit = oom_outcome(r, o);
             line += &format!("  {:>8}  {fit}", r.segments_created);
         } else {
             line += &format!("  {:>8}", r.segments_created);
         }
         writeln!(out, "{}", line.trim_end())?;
     }
-    if let Some(c) = w.rows.first().and_then(|r| r.self_check.as_ref()) {
-        if c.matches_recording {
-            writeln!(out, "self-check: the recorded settings reproduce the recording (peak reserved {} as recorded{}; {})", bytes(c.recorded_peak_reserved_bytes), if c.recorded_oom { ", the OOM" } else { "" }, c.replay)?;
-        } else {
-            let why = if c.recording_inconsistent {
-                format!(
-                    "; the recording cannot be replayed: its trace has {} allocated at once but it never reserved more than {}",
-                    bytes(w.rows[0].peak_active_bytes),
-                    bytes(c.recorded_peak_reserved_bytes)
-                )
-            } else {
-                String::new()
-            };
-            writeln!(
-                out,
-                "self-check FAILED: under the recorded settings the model reaches peak reserved {} where the recording has {} ({}){why}; the other rows are not to be trusted",
-                bytes(w.rows[0].peak_reserved_bytes),
-                bytes(c.recorded_peak_reserved_bytes),
-                c.replay
-            )?;
-        }
+    if let Some(sentence) = self_check_sentence(w) {
+        writeln!(out, "{sentence}")?;
     }
     Ok(())
 }
 
-fn setting_label(r: &WhatifRow) -> String {
+/// What became of the recording's failed request under a row's settings.
+pub fn oom_outcome(r: &WhatifRow, oom: &RecordedOom) -> String {
+    match (r.oom_would_fit, r.out_of_memory_at_entry) {
+        (Some(true), _) => "fits".to_string(),
+        (_, Some(at)) if at < oom.entry => format!("fails earlier, at entry {at}"),
+        _ => "does not fit".to_string(),
+    }
+}
+
+/// The self-check's verdict as a sentence.
+pub fn self_check_sentence(w: &Whatif) -> Option<String> {
+    let first = w.rows.first()?;
+    let c = first.self_check.as_ref()?;
+    if c.matches_recording {
+        let oom = if c.recorded_oom { ", the OOM" } else { "" };
+        return Some(format!(
+            "self-check: the recorded settings reproduce the recording (peak reserved {} as recorded{oom}; {})",
+            bytes(c.recorded_peak_reserved_bytes),
+            c.replay
+        ));
+    }
+    let why = if c.recording_inconsistent {
+        format!(
+            "; the recording cannot be replayed: its trace has {} allocated at once but it never reserved more than {}",
+            bytes(first.peak_active_bytes),
+            bytes(c.recorded_peak_reserved_bytes)
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "self-check FAILED: under the recorded settings the model reaches peak reserved {} where the recording has {} ({}){why}; the other rows are not to be trusted",
+        bytes(first.peak_reserved_bytes),
+        bytes(c.recorded_peak_reserved_bytes),
+        c.replay
+    ))
+}
+
+/// "recorded: expandable_segments:True", "defaults", or the settings as given.
+pub fn setting_label(r: &WhatifRow) -> String {
     let conf = if r.alloc_conf.is_empty() { "defaults" } else { &r.alloc_conf };
     if r.recorded {
         format!("recorded: {conf}")

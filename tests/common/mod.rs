@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod tmux;
+pub mod viewer;
 
 use std::path::PathBuf;
 use std::time::Duration;
