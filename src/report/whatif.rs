@@ -222,9 +222,9 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, w: &Whatif) -> std:
         )?;
     }
     let width = w.rows.iter().map(|r| setting_label(r).chars().count()).max().unwrap_or(0).max(8);
-    let mut head = format!("{:<width$}  {:>13}  {:>11}  {:>14}  {:>13}  {:>6}", "settings", "peak reserved", "peak active", "reserved@peak", "largest free", "frag");
+    let mut head = format!("{:<width$}  {:>13}  {:>11}  {:>14}  {:>13}  {:>6}", "settings", "peak reserved", "peak active", "reserved@peak", "largest@peak", "frag");
     if w.oom.is_some() {
-        head += &format!("  {:>13}  {:>13}  {:>6}", "reserved@OOM", "largest free", "frag");
+        head += &format!("  {:>13}  {:>13}  {:>6}", "reserved@OOM", "largest@OOM", "frag");
     }
     head += &format!("  {:>8}", "segments");
     if w.oom.is_some() {
