@@ -95,6 +95,23 @@ struct Node {
     mapped: bool,
 }
 
+impl Node {
+    /// A free block of `segment`, not yet linked.
+    fn free(addr: u64, size: u64, segment: u32, frames: StackId, mapped: bool) -> Node {
+        Node {
+            addr,
+            size,
+            requested: 0,
+            segment,
+            prev: NIL,
+            next: NIL,
+            frames,
+            allocated: false,
+            mapped,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Seg {
     /// The cudaMalloc'd range, or an expandable segment's whole reserved range.
@@ -278,15 +295,9 @@ impl CachingAllocatorModel {
         if split {
             let n = &self.nodes[idx as usize];
             let rest = Node {
-                addr: n.addr + rounded,
-                size: remaining,
-                requested: 0,
-                segment: n.segment,
                 prev: idx,
                 next: n.next,
-                frames: self.empty_stack,
-                allocated: false,
-                mapped: true,
+                ..Node::free(n.addr + rounded, remaining, n.segment, self.empty_stack, true)
             };
             let r = self.new_node(rest);
             let old_next = self.nodes[idx as usize].next;
@@ -556,17 +567,7 @@ impl CachingAllocatorModel {
         let addr = self.queued_addrs.pop_front().unwrap_or(self.next_addr);
         self.bump_next_addr(addr + size);
         let seg = self.segs.len() as u32;
-        let idx = self.new_node(Node {
-            addr,
-            size,
-            requested: 0,
-            segment: seg,
-            prev: NIL,
-            next: NIL,
-            frames,
-            allocated: false,
-            mapped: true,
-        });
+        let idx = self.new_node(Node::free(addr, size, seg, frames, true));
         self.push_seg(Seg {
             addr,
             size,

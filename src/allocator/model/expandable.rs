@@ -94,17 +94,7 @@ impl CachingAllocatorModel {
         let addr = self.queued_reservation_address().unwrap_or(self.next_addr);
         self.bump_next_addr(addr + bytes);
         let seg = self.segs.len() as u32;
-        let idx = self.new_node(Node {
-            addr,
-            size: bytes,
-            requested: 0,
-            segment: seg,
-            prev: NIL,
-            next: NIL,
-            frames: self.empty_stack,
-            allocated: false,
-            mapped: false,
-        });
+        let idx = self.new_node(Node::free(addr, bytes, seg, self.empty_stack, false));
         self.push_seg(Seg {
             addr,
             size: bytes,
@@ -322,17 +312,7 @@ impl CachingAllocatorModel {
                 live: true,
                 page: Some(page),
             });
-            let unmapped = |addr: u64, size: u64| Node {
-                addr,
-                size,
-                requested: 0,
-                segment: seg,
-                prev: NIL,
-                next: NIL,
-                frames: self.empty_stack,
-                allocated: false,
-                mapped: false,
-            };
+            let unmapped = |addr: u64, size: u64| Node::free(addr, size, seg, self.empty_stack, false);
             let mut nodes = Vec::new();
             let mut cursor = base;
             for s in &g {
