@@ -59,6 +59,9 @@ enum Command {
     Estimate(EstimateArgs),
     /// Draw a snapshot's active-memory timeline as an SVG or PNG.
     Export(ExportArgs),
+    /// Replay a snapshot's trace under other allocator settings: peaks, fragmentation,
+    /// and whether the request that ran out of memory would have fit.
+    Whatif(vramscope::report::whatif::WhatifArgs),
 }
 
 #[derive(Args, Clone)]
@@ -555,6 +558,7 @@ fn main() -> ExitCode {
         Some(Command::Sweep(a)) => sweep_cmd(a),
         Some(Command::Estimate(a)) => estimate_cmd(a),
         Some(Command::Export(a)) => export_cmd(a),
+        Some(Command::Whatif(a)) => vramscope::report::whatif::run(a).map(|()| ExitCode::SUCCESS),
         None => run(cli.run),
     };
     match result {

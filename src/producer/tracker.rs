@@ -138,6 +138,12 @@ impl Tracker {
                                 ModelOp::SegmentFree { addr, size } => {
                                     self.emit(e, Action::SegmentFree, addr, size, Category::Unknown)
                                 }
+                                ModelOp::SegmentMap { addr, size } => {
+                                    self.emit(e, Action::SegmentMap, addr, size, Category::Unknown)
+                                }
+                                ModelOp::SegmentUnmap { addr, size } => {
+                                    self.emit(e, Action::SegmentUnmap, addr, size, Category::Unknown)
+                                }
                                 ModelOp::Alloc { addr, size, .. } => self.on_alloc(e, e.addr, addr, size),
                                 ModelOp::Free { .. } => self.on_free(e, e.addr, true),
                             }

@@ -7,8 +7,10 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::allocator::config::{round_size, AllocatorConfig};
-use crate::snapshot::model::{Action, AnnotationStage, BlockState, Frame, Segment, Snapshot, StackId};
-use crate::snapshot::timeline::Timeline;
+use crate::allocator::replay::{reserved_before_trace, reserved_change};
+use super::oom::{oom_reports, OomReport};
+use crate::snapshot::model::{AnnotationStage, BlockState, Frame, Segment, Snapshot, StackId};
+use crate::snapshot::timeline::{Timeline, TimelineAlloc};
 
 /// Frames that say nothing about who allocated: unsymbolized addresses, the unwinder and
 /// the caching allocator's own call path.
@@ -218,24 +220,10 @@ pub fn segment_stats(segments: &[Segment], device: usize) -> (Vec<SegmentStats>,
 pub fn reserved_peak(snap: &Snapshot, device: usize) -> (u64, u64) {
     let last: u64 = snap.segments.iter().filter(|s| s.device == device as i64).map(|s| s.total_size).sum();
     let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
-    let grow = |a: Action| matches!(a, Action::SegmentAlloc | Action::SegmentMap);
-    let shrink = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
-    let mut now = trace.iter().fold(last as i128, |acc, e| {
-        if grow(e.action) {
-            acc - e.size as i128
-        } else if shrink(e.action) {
-            acc + e.size as i128
-        } else {
-            acc
-        }
-    });
+    let mut now = reserved_before_trace(snap, device) as i128;
     let mut peak = now.max(last as i128);
     for e in trace {
-        if grow(e.action) {
-            now += e.size as i128;
-        } else if shrink(e.action) {
-            now -= e.size as i128;
-        }
+        now += reserved_change(e);
         peak = peak.max(now);
     }
     (peak.max(0) as u64, last)
@@ -264,9 +252,15 @@ pub fn has_categories(tl: &Timeline) -> bool {
 
 pub fn breakdown_at_peak(snap: &Snapshot, tl: &Timeline, by_category: bool) -> Breakdown {
     let at = tl.peak_index;
+    let alive = tl.allocations.iter().filter(|a| tl.total_events == 0 || a.alive_at(at));
+    breakdown_of(snap, tl, alive, at, by_category)
+}
+
+/// Bytes of `allocations` grouped by category or by top frame; largest first.
+pub fn breakdown_of<'a>(snap: &Snapshot, tl: &Timeline, allocations: impl Iterator<Item = &'a TimelineAlloc>, at_event: usize, by_category: bool) -> Breakdown {
     let mut groups: HashMap<String, (u64, usize)> = HashMap::new();
     let mut labels: HashMap<StackId, String> = HashMap::new();
-    for a in tl.allocations.iter().filter(|a| tl.total_events == 0 || a.alive_at(at)) {
+    for a in allocations {
         let name = if by_category {
             tl.categories[a.category as usize].clone()
         } else {
@@ -281,7 +275,7 @@ pub fn breakdown_at_peak(snap: &Snapshot, tl: &Timeline, by_category: bool) -> B
     }
     let mut groups: Vec<GroupBytes> = groups.into_iter().map(|(name, (bytes, allocations))| GroupBytes { name, bytes, allocations }).collect();
     groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
-    Breakdown { by: if by_category { "category" } else { "top_frame" }, at_event: at, groups }
+    Breakdown { by: if by_category { "category" } else { "top_frame" }, at_event, groups }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -318,6 +312,8 @@ pub fn annotation_marks(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<An
 /// `vramscope view --summary`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SnapshotSummary {
+    /// Out-of-memory failures on `device`'s trace: the first thing to say about a file.
+    pub oom: Vec<OomReport>,
     pub device: usize,
     pub devices: usize,
     /// The Active Memory Timeline's peak (memory_viz's), on `device`.
@@ -347,6 +343,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
     let (_, totals) = segment_stats(&snap.segments, device);
     let (peak_reserved, _) = reserved_peak(snap, device);
     SnapshotSummary {
+        oom: oom_reports(snap, tl, device),
         device,
         devices: snap.device_traces.len().max(1),
         peak_active_bytes: tl.peak_bytes,
@@ -374,6 +371,9 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
     use crate::render::format::bytes;
     let at = s.peak_active_time_us.map(|t| format!(", time_us {t}")).unwrap_or_default();
     writeln!(out, "{name} · device {} of {}", s.device, s.devices)?;
+    for r in &s.oom {
+        super::oom::write_text(out, r, 5)?;
+    }
     writeln!(out, "peak active      {} at action {} of {}{at}", bytes(s.peak_active_bytes), s.peak_active_event, s.events)?;
     writeln!(out, "peak reserved    {}", bytes(s.peak_reserved_bytes))?;
     writeln!(out, "at the end       reserved {}, allocated {}, cached free {}", bytes(s.reserved_bytes), bytes(s.allocated_bytes), bytes(s.inactive_bytes))?;

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod tmux;
+pub mod viewer;
 
 use std::path::PathBuf;
 
@@ -96,6 +97,8 @@ pub fn python() -> PathBuf {
 pub const KKAITLYN: &str = "kkaitlyn111_cs336-a2-systems_memory_ctx128_forward";
 pub const MAGMA27: &str = "MAGMA27_assignment2-systems_memory_snapshot";
 pub const SNAPVIEWER: &str = "SnapViewer_assets_memory";
+/// `expandable_segments:True`, three traced devices, an `oom` on device 1.
+pub const CONSTRUCTOR_SUN: &str = "Constructor-Sun_code_location_memory_snapshot";
 pub const ALL: [&str; 3] = [KKAITLYN, MAGMA27, SNAPVIEWER];
 
 pub fn fixture_path(name: &str) -> PathBuf {
