@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use common::{options, repo_root, tiny};
@@ -23,8 +24,31 @@ fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o777
 }
 
+/// A job that is killed however its test ends (a failed assertion too).
+struct Job(Child);
+
+impl std::ops::Deref for Job {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Job {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// vramscope's engine as a job of its own, listening as `job` in `dir` (or on TCP).
-fn start_engine(dir: &Path, job: &str, snapshots: &Path, tcp: Option<&str>) -> Child {
+fn start_engine(dir: &Path, job: &str, snapshots: &Path, tcp: Option<&str>) -> Job {
     let mut o = options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 100_000);
     o.snapshot_dir = snapshots.to_path_buf();
     let mut cmd = Command::new(repo_root().join("target/release/vramscope-engine"));
@@ -32,7 +56,7 @@ fn start_engine(dir: &Path, job: &str, snapshots: &Path, tcp: Option<&str>) -> C
     if let Some(t) = tcp {
         cmd.env("VRAMSCOPE_LISTEN", t);
     }
-    cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+    Job(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap())
 }
 
 fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
@@ -44,7 +68,7 @@ fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
 }
 
 /// Stops the job and returns what it said on stderr (if not read already).
-fn stop(mut job: Child) -> String {
+fn stop(mut job: Job) -> String {
     job.kill().unwrap();
     job.wait().unwrap();
     let mut err = String::new();
@@ -136,7 +160,7 @@ fn another_account_can_neither_reach_the_socket_nor_be_let_in_and_the_owner_is()
 }
 
 /// The address and token file a TCP job printed.
-fn tcp_endpoint(job: &mut Child) -> (std::net::SocketAddr, PathBuf, String) {
+fn tcp_endpoint(job: &mut Job) -> (std::net::SocketAddr, PathBuf, String) {
     let mut err = std::io::BufReader::new(job.stderr.take().unwrap());
     let mut line = String::new();
     std::io::BufRead::read_line(&mut err, &mut line).unwrap();

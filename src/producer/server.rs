@@ -54,6 +54,8 @@ impl Listen {
 /// Queued reports a viewer may fall behind by before it is dropped as stuck (batches are
 /// dropped long before: they are bounded separately and counted).
 const MAX_QUEUED_REPORTS: usize = 10_000;
+/// How long a finishing job waits for its viewers to take the rest of its stream.
+const FINISH_WAIT: Duration = Duration::from_secs(10);
 /// zstd level on the wire: the job's CPU matters more than the bytes on a local socket.
 const WIRE_ZSTD_LEVEL: i32 = 1;
 
@@ -131,6 +133,8 @@ struct Shared {
     joining: Mutex<Vec<Arc<Client>>>,
     joined: Condvar,
     refused: Mutex<HashSet<String>>,
+    /// Every viewer's writer thread, so the job's end can wait for them to drain.
+    writers: Mutex<Vec<JoinHandle<()>>>,
     closing: AtomicBool,
     /// Set when a viewer asks the job to stop: a host checks it mid-step.
     stop: Arc<AtomicBool>,
@@ -194,6 +198,7 @@ impl Server {
             joining: Mutex::new(Vec::new()),
             joined: Condvar::new(),
             refused: Mutex::new(HashSet::new()),
+            writers: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
             stop: Arc::new(AtomicBool::new(false)),
             snapshot: AtomicBool::new(false),
@@ -276,8 +281,8 @@ impl Server {
         self.shared.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Ends every viewer's stream with the end record (after what is queued) and stops
-    /// listening.
+    /// Ends every viewer's stream with the end record (after what is queued), waits a
+    /// bounded time for them to take it, and stops listening.
     pub fn finish(&mut self) {
         self.shared.closing.store(true, Ordering::SeqCst);
         for c in self.shared.clients.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
@@ -288,6 +293,18 @@ impl Server {
         }
         if let Some(p) = self.socket_path.take() {
             let _ = std::fs::remove_file(p);
+        }
+        // A job's last reports must reach its viewers before the process exits; a viewer
+        // that reads nothing may hold it only this long.
+        let deadline = std::time::Instant::now() + FINISH_WAIT;
+        let writers = std::mem::take(&mut *self.shared.writers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in writers {
+            while !w.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if w.is_finished() {
+                let _ = w.join();
+            }
         }
     }
 }
@@ -397,9 +414,9 @@ fn spawn_client(shared: &Arc<Shared>, who: String, r: Box<dyn Conn>, w: Box<dyn 
             capacity: shared.capacity,
         });
         let c2 = client.clone();
-        let writer = std::thread::Builder::new().name("vramscope-send".into()).spawn(move || write_loop(&c2, w));
-        if writer.is_err() {
-            return;
+        match std::thread::Builder::new().name("vramscope-send".into()).spawn(move || write_loop(&c2, w)) {
+            Ok(h) => shared.writers.lock().unwrap_or_else(|e| e.into_inner()).push(h),
+            Err(_) => return,
         }
         shared.joining.lock().unwrap_or_else(|e| e.into_inner()).push(client.clone());
         shared.joined.notify_all();
