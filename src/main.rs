@@ -567,6 +567,8 @@ fn main() -> ExitCode {
         Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
             ExitCode::SUCCESS
         }
+        // Said already, line by line, as it happened.
+        Err(e) if e.downcast_ref::<vramscope::report::headless::Failed>().is_some() => ExitCode::from(2),
         Err(e) => {
             eprintln!("vramscope: {e:#}");
             ExitCode::from(2)

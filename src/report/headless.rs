@@ -33,15 +33,17 @@ pub fn step_line(r: &StepReport) -> String {
 }
 
 /// Prints a session's steps as its items arrive, from any source (a job's ranks, a
-/// recording), until it ends. Returns the step reports; an error report ends the run with
-/// that error.
+/// recording), until it ends. Returns the step reports. A rank's error is said on stderr as
+/// it comes and the other ranks go on; the run then fails with `Failed`. A run that pauses
+/// after an error or an OOM (vramscope's engine does, for someone to resume) ends there.
 pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
     // Each rank's latest word on who it is, said before its first step (a job learns its
     // parameter count when its model first runs).
     let mut info: std::collections::BTreeMap<u32, crate::stream::EngineInfo> = Default::default();
     let mut said = std::collections::BTreeSet::new();
-    let mut oom = None;
+    // What went wrong, said as it happened.
+    let mut failed: Option<&'static str> = None;
     // Headless has no store: batches and gauges pass by unread.
     for (rank, item) in items {
         let Incoming::Report(report) = item else { continue };
@@ -75,7 +77,8 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                 }
             }
             Report::SnapshotFailed { step, error } => {
-                anyhow::bail!("snapshot of step {step} failed: {error}")
+                eprintln!("vramscope: snapshot of step {step} failed: {error}");
+                failed = Some("a snapshot failed");
             }
             Report::Oom(o) => {
                 let line = format!(
@@ -92,12 +95,16 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                 } else {
                     writeln!(out, "vramscope: {line}")?;
                 }
-                oom = Some(());
+                failed = Some("running out of memory");
             }
-            Report::Paused(true) if oom.is_some() => {
-                anyhow::bail!("the run paused after running out of memory, and a headless run has nobody to resume it")
+            Report::Paused(true) if failed.is_some() => {
+                let what = failed.unwrap_or_default();
+                anyhow::bail!("the run paused after {what}, and a headless run has nobody to resume it")
             }
-            Report::Error(e) => anyhow::bail!("{e}"),
+            Report::Error(e) => {
+                eprintln!("vramscope: {e}");
+                failed = Some("an error");
+            }
             Report::Note(n) => {
                 if !json {
                     writeln!(out, "vramscope: {n}")?;
@@ -106,5 +113,13 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
             Report::Knob(_) | Report::Paused(_) | Report::Finished => {}
         }
     }
-    Ok(steps)
+    match failed {
+        Some(_) => Err(Failed.into()),
+        None => Ok(steps),
+    }
 }
+
+/// A headless run that went wrong, already said on stderr as it happened.
+#[derive(Debug, thiserror::Error)]
+#[error("the run failed (see above)")]
+pub struct Failed;
