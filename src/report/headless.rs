@@ -49,6 +49,11 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
         let Incoming::Report(report) = item else { continue };
         match report {
             Report::Started(i) => {
+                // A job that knows its parameter count says who it is at once; the hook
+                // learns it when the model first runs, so its line waits for a step.
+                if !json && i.parameters > 0 && said.insert(rank) {
+                    say_who(out, &i)?;
+                }
                 info.insert(rank, i);
             }
             Report::Step(mut r) => {
@@ -57,10 +62,7 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                     writeln!(out, "{}", serde_json::to_string(&r)?)?;
                 } else {
                     if let Some(i) = i.filter(|_| said.insert(rank)) {
-                        let name = i.config.as_ref().map_or(i.name.as_str(), |c| c.model_name.as_str());
-                        let of = i.world_size.map(|w| format!(" rank {} of {w}", i.rank.unwrap_or(0))).unwrap_or_default();
-                        let note = i.note.as_ref().map(|n| format!(" — {n}")).unwrap_or_default();
-                        writeln!(out, "vramscope: {name}{of} on {} ({} parameters){note}", i.device, i.parameters)?;
+                        say_who(out, i)?;
                     }
                     // A single process's lines need no rank.
                     if i.is_none_or(|i| i.world_size.is_none()) {
@@ -117,6 +119,13 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
         Some(_) => Err(Failed.into()),
         None => Ok(steps),
     }
+}
+
+fn say_who(out: &mut impl Write, i: &crate::stream::EngineInfo) -> std::io::Result<()> {
+    let name = i.config.as_ref().map_or(i.name.as_str(), |c| c.model_name.as_str());
+    let of = i.world_size.map(|w| format!(" rank {} of {w}", i.rank.unwrap_or(0))).unwrap_or_default();
+    let note = i.note.as_ref().map(|n| format!(" — {n}")).unwrap_or_default();
+    writeln!(out, "vramscope: {name}{of} on {} ({} parameters){note}", i.device, i.parameters)
 }
 
 /// A headless run that went wrong, already said on stderr as it happened.
