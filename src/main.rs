@@ -16,11 +16,9 @@ use vramscope::record::player::Script;
 use vramscope::record::writer::Recorder;
 use vramscope::source::job::Output;
 use vramscope::source::launch::{launch_engine, EngineOptions};
-use vramscope::stream::Incoming;
 use vramscope::render::theme::Theme;
 use vramscope::render::export::{self, ExportOptions};
 use vramscope::render::format::parse_bytes;
-use vramscope::report::growth::{self, LiveByOrigin};
 use vramscope::report::{estimate, fit, sweep};
 
 #[derive(Parser)]
@@ -180,6 +178,9 @@ struct RunArgs {
     record: Option<PathBuf>,
     #[command(flatten)]
     alloc: AllocConfArgs,
+    /// Serve the run's figures to Prometheus at ADDR/metrics (PORT alone: loopback).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 /// The caching-allocator settings of the GPU that CPU runs model.
@@ -389,48 +390,21 @@ impl RunArgs {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    // Bound before the engine starts, so a bad address or a taken port is said first.
+    let metrics = args.metrics.as_deref().map(vramscope::metrics::Metrics::serve).transpose()?;
     if args.headless {
         let opts = args.engine_options(Some(3))?;
-        let mut recorder = args.record.as_deref().map(Recorder::create).transpose()?;
-        let source = launch_engine(&opts, Output::Inherit).context("starting the training engine")?;
-        let mut out = std::io::stdout().lock();
-        let mut live = LiveByOrigin::default();
-        let items = std::iter::from_fn(|| source.next()).inspect(|(_, i)| {
-            if let Incoming::Batch(b) = i {
-                live.ingest(b);
-            }
-        });
-        let steps = match &mut recorder {
-            Some(r) => vramscope::report::headless::run(r.tee(items), args.json, &mut out),
-            None => vramscope::report::headless::run(items, args.json, &mut out),
-        };
-        // On an error the engine waits, paused: stop it either way.
-        source.send(&vramscope::stream::Control::Stop);
-        if source.wait_child(std::time::Duration::from_secs(60)).is_none() {
-            source.stop_child(std::time::Duration::from_secs(5));
-        }
-        if let Some(r) = recorder {
-            let s = r.finish()?;
-            eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
-        }
-        let steps = steps?;
         if let Some(last) = opts.snapshot_at.iter().filter(|s| **s >= opts.steps.unwrap_or(u64::MAX)).max() {
             anyhow::bail!("--snapshot-at {last}: the run has steps 0 to {} (steps count from 0)", opts.steps.unwrap_or(0).saturating_sub(1));
         }
-        if args.check_growth.is_some() {
-            anyhow::ensure!(steps.iter().all(|s| s.dropped_events == 0), "events were dropped: the growth check needs all of them");
-            let report = growth::check(&live.finish(), &steps);
-            std::io::Write::write_fmt(&mut out, format_args!("{report}"))?;
-            if !report.healthy() {
-                return Ok(ExitCode::from(1));
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
+        let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
+        let source = launch_engine(&opts, Output::Inherit).context("starting the training engine")?;
+        return vramscope::app::headless::headless(&source, recorder, metrics.as_ref(), args.json, args.check_growth.is_some());
     }
     anyhow::ensure!(!args.json, "--json needs --headless");
     let screen = args.screen.load()?;
     let engine = args.engine_options(None)?;
-    vramscope::app::live::run(LiveOptions { engine, screen, record: args.record })?;
+    vramscope::app::live::run(LiveOptions { engine, screen, record: args.record, metrics })?;
     Ok(ExitCode::SUCCESS)
 }
 

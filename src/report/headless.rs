@@ -34,16 +34,19 @@ pub fn step_line(r: &StepReport) -> String {
 
 /// Prints a session's steps as its items arrive, from any source (a job's ranks, a
 /// recording), until it ends. Returns the step reports. A rank's error is said on stderr as
-/// it comes and the other ranks go on; the run then fails with `Failed`. A run that pauses
-/// after an error or an OOM (vramscope's engine does, for someone to resume) ends there.
+/// it comes and the other ranks go on; the run then fails with `Failed`. An OOM the job
+/// handles itself is said and the run goes on (the job's own exit status decides); a run
+/// that pauses after an error or an OOM (vramscope's engine does, for someone to resume)
+/// ends there.
 pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
     // Each rank's latest word on who it is, said before its first step (a job learns its
     // parameter count when its model first runs).
     let mut info: std::collections::BTreeMap<u32, crate::stream::EngineInfo> = Default::default();
     let mut said = std::collections::BTreeSet::new();
-    // What went wrong, said as it happened.
-    let mut failed: Option<&'static str> = None;
+    // What went wrong, said as it happened; an OOM fails the run only if it stops it.
+    let mut failed = false;
+    let mut trouble: Option<&'static str> = None;
     // Headless has no store: batches and gauges pass by unread.
     for (rank, item) in items {
         let Incoming::Report(report) = item else { continue };
@@ -80,7 +83,7 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
             }
             Report::SnapshotFailed { step, error } => {
                 eprintln!("vramscope: snapshot of step {step} failed: {error}");
-                failed = Some("a snapshot failed");
+                (failed, trouble) = (true, Some("a snapshot failed"));
             }
             Report::Oom(o) => {
                 let line = format!(
@@ -97,15 +100,15 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                 } else {
                     writeln!(out, "vramscope: {line}")?;
                 }
-                failed = Some("running out of memory");
+                trouble = Some("running out of memory");
             }
-            Report::Paused(true) if failed.is_some() => {
-                let what = failed.unwrap_or_default();
+            Report::Paused(true) if trouble.is_some() => {
+                let what = trouble.unwrap_or_default();
                 anyhow::bail!("the run paused after {what}, and a headless run has nobody to resume it")
             }
             Report::Error(e) => {
                 eprintln!("vramscope: {e}");
-                failed = Some("an error");
+                (failed, trouble) = (true, Some("an error"));
             }
             Report::Note(n) => {
                 if !json {
@@ -115,10 +118,10 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
             Report::Knob(_) | Report::Paused(_) | Report::Finished => {}
         }
     }
-    match failed {
-        Some(_) => Err(Failed.into()),
-        None => Ok(steps),
+    if failed {
+        return Err(Failed.into());
     }
+    Ok(steps)
 }
 
 fn say_who(out: &mut impl Write, i: &crate::stream::EngineInfo) -> std::io::Result<()> {

@@ -90,6 +90,8 @@ pub struct Store {
     /// The recording being written, shown until it stops.
     pub recording: Option<PathBuf>,
     pub oom: Option<OomReport>,
+    /// Out-of-memory errors so far.
+    pub ooms: u64,
     /// Events known lost between producer and store (sequence gaps).
     pub lost_events: u64,
     next_seq: Option<u64>,
@@ -120,6 +122,7 @@ impl Store {
             finished: false,
             recording: None,
             oom: None,
+            ooms: 0,
             lost_events: 0,
             next_seq: None,
             peak: (0, 0),
@@ -338,6 +341,7 @@ impl Store {
                 );
                 self.markers.push_back((here, Marker::Oom(o.clone())));
                 self.oom = Some(o);
+                self.ooms += 1;
             }
             Report::Paused(p) => {
                 self.paused = p;

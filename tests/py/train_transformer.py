@@ -100,6 +100,7 @@ def main():
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--timings", help="write each step's seconds here, one per line")
+    p.add_argument("--linger", type=float, default=0.0, help="seconds to wait, model alive, after training")
     a = p.parse_args()
     torch.manual_seed(0)
     model = TransformerLM(d=a.d_model, heads=4, d_ff=4 * a.d_model, layers=a.layers)
@@ -141,7 +142,8 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump(figures, f)
-    print(f"trained {a.steps} steps, final loss {loss.item():.3f}")
+    print(f"trained {a.steps} steps, final loss {loss.item():.3f}", flush=True)
+    time.sleep(a.linger)
 
 
 if __name__ == "__main__":
