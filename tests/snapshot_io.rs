@@ -433,7 +433,9 @@ fn rejects_malformed_input() {
     assert!(err(b"\x80\x04e.").contains("needs a MARK"));
     assert!(err(b"\x80\x04K\x01K\x02a.").contains("expected a list"));
     assert!(err(b"\x80\x04}\x8c\x01a\x8c\x01bs.").contains("no `segments`"));
-    assert!(err(b"\x80\x04].").contains("top-level value is not a dict"));
+    // A bare list is a list of segments (what `torch.cuda.memory_snapshot()` returns).
+    assert!(err(b"\x80\x04K\x01.").contains("the top-level value is an integer"));
+    assert!(err(b"\x80\x04]K\x01a.").contains("element 0 of `segments` is an integer, not a segment"));
     assert!(err(b"\x80\x04\x8f.").contains("EMPTY_SET"));
     assert!(err(b"\x80\x05\x97.").contains("NEXT_BUFFER"));
     // A cycle: a list appended to itself, then used as the trace list.

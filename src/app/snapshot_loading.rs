@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::app::snapshot_viewer::{check_device, default_detail_step, drawn_count, ViewerData};
 use crate::report::snapshot_summary::{segment_stats, SegmentTotals};
-use crate::snapshot::model::{Action, Snapshot};
+use crate::snapshot::model::{Action, Snapshot, TraceEntry};
 use crate::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};
 use crate::snapshot::{read_snapshot_file_observed, ReadPass, ReadProgress};
 
@@ -32,7 +32,7 @@ pub enum LoadUpdate {
 const CHANNEL: usize = 32;
 
 /// Starts reading `path` on its own thread, to show `device` or by default the first with
-/// trace entries (`Snapshot::first_traced_device`).
+/// alloc or free actions (as `Snapshot::default_device` picks it once the file is read).
 pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate> {
     let (tx, rx) = sync_channel(CHANNEL);
     std::thread::Builder::new()
@@ -40,13 +40,13 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
         .spawn(move || {
             let mut sent = 0;
             let (mut shown, mut announced, mut segments_sent) = (device, false, false);
+            let mut scanned = Vec::new();
             let mut names = Vec::new();
             // Sends fail only once the screen has gone; the read then just finishes.
             let mut observe = |p: &ReadProgress<'_>| {
                 let _ = tx.send(LoadUpdate::Progress { pass: p.pass, done: p.done, total: p.total });
                 if shown.is_none() {
-                    // Traces come in device order: the first with entries is the default.
-                    shown = p.traces.iter().position(|t| !t.is_empty());
+                    shown = first_with_actions(&p.traces, &mut scanned);
                 }
                 let Some(device) = shown else { return };
                 if !announced {
@@ -54,7 +54,8 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
                     announced = true;
                 }
                 if let (false, Some(segments)) = (segments_sent, p.segments) {
-                    let _ = tx.send(LoadUpdate::Segments(segment_stats(segments, device).1));
+                    let on_device = segments.iter().filter(|s| s.device == device as i64);
+                    let _ = tx.send(LoadUpdate::Segments(segment_stats(on_device).1));
                     segments_sent = true;
                 }
                 if let Some(new) = p.traces.get(device).and_then(|t| t.get(sent..)).filter(|n| !n.is_empty()) {
@@ -66,13 +67,27 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
             let done = read_snapshot_file_observed(&path, &mut observe)
                 .map_err(|e| anyhow::Error::new(e).context(path.display().to_string()))
                 .and_then(|snap| {
-                    let device = device.unwrap_or_else(|| snap.first_traced_device());
+                    let device = device.unwrap_or_else(|| snap.default_device());
                     check_device(&path, &snap, device).map(|()| (snap, device))
                 });
             let _ = tx.send(LoadUpdate::Done(Box::new(done)));
         })
         .expect("spawning the snapshot reader thread");
     rx
+}
+
+/// The first of the traces decoded so far with an alloc or free action. Traces come in
+/// device order, each complete before the next begins; `scanned` keeps how far each was
+/// looked at, so every entry is looked at once over the whole read.
+fn first_with_actions(traces: &[&[TraceEntry]], scanned: &mut Vec<usize>) -> Option<usize> {
+    if scanned.len() < traces.len() {
+        scanned.resize(traces.len(), 0);
+    }
+    traces.iter().enumerate().position(|(d, t)| {
+        let found = t[scanned[d].min(t.len())..].iter().any(|e| e.action.is_alloc_or_free());
+        scanned[d] = t.len();
+        found
+    })
 }
 
 /// The viewer's state while the file is read: progress, and the timeline of the trace
@@ -141,7 +156,7 @@ impl Loading {
     fn finish(&mut self, snap: Snapshot, device: usize) -> ViewerData {
         let builder = self.builder.take();
         self.detail = DetailView::default();
-        let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
+        let trace = snap.trace(device);
         match builder {
             Some(mut b) if self.device == Some(device) && self.entries == trace.len() => {
                 b.stacks_from_entries(trace);

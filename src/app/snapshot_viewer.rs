@@ -16,7 +16,7 @@ use crate::app::keys::{KeyMap, ViewAction};
 use crate::render::snapshot_viewer::{plot_columns, render_loading, render_viewer};
 use crate::render::theme::Theme;
 use crate::report::snapshot_summary::{
-    annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_peak,
+    annotation_marks, breakdown_at_peak, figures_conflict, has_categories, largest_ids, reserved_peak,
     segment_stats, AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
 };
 use crate::snapshot::model::Snapshot;
@@ -52,7 +52,7 @@ pub struct ViewArgs {
 
 /// That the snapshot read from `path` has `device` (a file without traces has device 0).
 pub fn check_device(path: &Path, snap: &Snapshot, device: usize) -> anyhow::Result<()> {
-    let devices = snap.device_traces.len().max(1);
+    let devices = snap.device_count();
     anyhow::ensure!(device < devices, "{}: no device {device} (the file has {devices})", path.display());
     Ok(())
 }
@@ -82,6 +82,9 @@ pub struct ViewerData {
     breakdown: OnceCell<Breakdown>,
     marks: OnceCell<Vec<AnnotationMark>>,
     reserved: OnceCell<(u64, u64)>,
+    /// Warnings and notes about the file the header shows: figures that contradict each
+    /// other, what the reader left out.
+    notes: Vec<String>,
 }
 
 pub fn drawn_count(step: usize, allocations: usize) -> usize {
@@ -105,6 +108,8 @@ impl ViewerData {
         let n = tl.allocations.len();
         let detail_step = default_detail_step(n);
         let detail = tl.detail(drawn_count(detail_step, n));
+        let conflict = figures_conflict(&snap, &tl, device).map(|c| format!("warning: {}", c.describe()));
+        let notes = conflict.into_iter().chain(snap.skipped.describe().map(|s| format!("not read: {s}"))).collect();
         ViewerData {
             name,
             snap,
@@ -117,13 +122,19 @@ impl ViewerData {
             breakdown: OnceCell::new(),
             marks: OnceCell::new(),
             reserved: OnceCell::new(),
+            notes,
         }
+    }
+
+    /// Warnings first, then notes; each one line for the header.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Reads `path` and shows `device`, or by default the first with trace entries.
     pub fn open(path: &Path, device: Option<usize>) -> anyhow::Result<ViewerData> {
         let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
-        let device = device.unwrap_or_else(|| snap.first_traced_device());
+        let device = device.unwrap_or_else(|| snap.default_device());
         check_device(path, &snap, device)?;
         Ok(ViewerData::new(file_name(path), snap, device))
     }
@@ -142,7 +153,7 @@ impl ViewerData {
     }
 
     pub fn segments(&self) -> &(Vec<SegmentStats>, SegmentTotals) {
-        self.segments.get_or_init(|| segment_stats(&self.snap.segments, self.device))
+        self.segments.get_or_init(|| segment_stats(self.snap.device_segments(self.device)))
     }
 
     pub fn breakdown(&self) -> &Breakdown {
@@ -382,7 +393,7 @@ pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_cou
             ui.typing = Some(ui.filter.clone());
         }
         ViewAction::NextDevice => {
-            let devices = data.snap.device_traces.len().max(1);
+            let devices = data.snap.device_count();
             let device = (data.device + 1) % devices;
             if device != data.device {
                 let snap = std::mem::take(&mut data.snap);

@@ -62,7 +62,7 @@ fn peak_groups(snap: &Snapshot, tl: &Timeline) -> HashMap<(u64, String), (u64, O
         let key = text
             .entry(a.stack)
             .or_insert_with(|| {
-                shown_frames(snap.stack(a.stack), false)
+                shown_frames(snap, a.stack, false)
                     .iter()
                     .map(|f| format!("{}|{}|{}|{}", f.name, f.filename, f.line, f.repeats))
                     .collect::<Vec<_>>()

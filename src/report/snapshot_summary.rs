@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::allocator::config::{round_size, AllocatorConfig};
-use crate::snapshot::model::{Action, AnnotationStage, BlockState, Frame, Segment, Snapshot, StackId};
+use crate::snapshot::model::{Action, AnnotationStage, BlockState, Frame, FrameId, Segment, Skipped, Snapshot, StackId, TraceEntry};
 use crate::snapshot::timeline::Timeline;
 
 /// Frames that say nothing about who allocated: unsymbolized addresses, the unwinder and
@@ -34,15 +34,35 @@ pub struct ShownFrame {
     pub filename: String,
     pub line: i64,
     pub repeats: usize,
+    /// The FX node behind generated code (`augment_with_fx_traces`): "op name (target)".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fx: Option<String>,
 }
 
-/// Frames innermost first; noise dropped unless `all`, consecutive repeats merged.
-pub fn shown_frames<'a>(frames: impl Iterator<Item = &'a Frame>, all: bool) -> Vec<ShownFrame> {
+/// A frame's FX keys in one line: "call_function linear_1 (aten.mm)".
+fn fx_label(fx: &[(String, String)]) -> Option<String> {
+    let get = |k: &str| fx.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let (op, name) = (get("fx_node_op"), get("fx_node_name"));
+    let mut s = [op, name].into_iter().flatten().collect::<Vec<_>>().join(" ");
+    if let Some(t) = get("fx_node_target") {
+        s += &format!(" ({t})");
+    }
+    (!s.trim().is_empty()).then(|| s.trim().to_string())
+}
+
+/// A stack's frames, innermost first; noise dropped unless `all`, consecutive repeats
+/// merged.
+pub fn shown_frames(snap: &Snapshot, stack: StackId, all: bool) -> Vec<ShownFrame> {
     let mut out: Vec<ShownFrame> = Vec::new();
-    for f in frames.filter(|f| all || !is_noise_frame(f)) {
+    let ids: &[FrameId] = snap.stacks.get(stack as usize).map_or(&[], Vec::as_slice);
+    for &id in ids {
+        let f = &snap.frames[id as usize];
+        if !all && is_noise_frame(f) {
+            continue;
+        }
         match out.last_mut() {
             Some(l) if !all && l.name == f.name && l.filename == f.filename && l.line == f.line => l.repeats += 1,
-            _ => out.push(ShownFrame { name: f.name.clone(), filename: f.filename.clone(), line: f.line, repeats: 1 }),
+            _ => out.push(ShownFrame { name: f.name.clone(), filename: f.filename.clone(), line: f.line, repeats: 1, fx: fx_label(snap.frame_fx(id)) }),
         }
     }
     out
@@ -99,26 +119,53 @@ pub struct AllocationInfo {
     pub top_frame: Option<String>,
     /// Innermost first, noise dropped and repeats merged.
     pub frames: Vec<ShownFrame>,
+    /// What newer PyTorch records with the alloc (`torch.compile` region, the user's
+    /// `_set_memory_metadata`, a memory pool other than the default), when present.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile_context: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_metadata: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<(i64, i64)>,
+    /// The forward op's frames behind a block made in backward (its `forward_frames`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub forward_frames: Vec<ShownFrame>,
 }
 
 /// Time (µs) of a timeline action.
 pub fn event_time(snap: &Snapshot, tl: &Timeline, device: usize, event: usize) -> Option<i64> {
     let pos = *tl.event_positions.get(event)?;
-    snap.device_traces.get(device)?.get(pos).map(|e| e.time_us)
+    snap.trace(device).get(pos).map(|e| e.time_us)
 }
 
 /// Block size of `addr` in the final segments when active there.
 fn final_block_size(snap: &Snapshot, device: usize, addr: u64) -> Option<u64> {
-    snap.segments
-        .iter()
-        .filter(|s| s.device == device as i64 && (s.address..s.address + s.total_size).contains(&addr))
+    snap.device_segments(device)
+        .filter(|s| (s.address..s.address + s.total_size).contains(&addr))
         .flat_map(|s| &s.blocks)
         .find(|b| b.address == addr && b.state.is_active())
         .map(|b| b.size)
 }
 
+/// The trace entry that made an allocation (none for blocks older than the trace).
+fn alloc_entry<'s>(snap: &'s Snapshot, tl: &Timeline, device: usize, id: u32) -> Option<(usize, &'s crate::snapshot::model::TraceEntry)> {
+    let a = &tl.allocations[id as usize];
+    if a.alive_at_start {
+        return None;
+    }
+    let pos = *tl.event_positions.get(a.start)?;
+    snap.trace(device).get(pos).filter(|e| e.action == Action::Alloc).map(|e| (pos, e))
+}
+
 pub fn allocation_info(snap: &Snapshot, tl: &Timeline, device: usize, id: u32, all_frames: bool) -> AllocationInfo {
     let a = &tl.allocations[id as usize];
+    let entry = alloc_entry(snap, tl, device, id);
+    let text = |t: Option<&String>| t.filter(|t| !t.is_empty() && *t != "N/A").cloned();
+    let forward = snap
+        .device_segments(device)
+        .flat_map(|s| &s.blocks)
+        .find(|b| b.address == a.addr && a.end.is_none())
+        .and_then(|b| snap.forward_frames(b.address));
     let divisions = snap.allocator_settings.as_ref().map(AllocatorConfig::from_settings).unwrap_or_default().division_table();
     let size = match a.end {
         None => final_block_size(snap, device, a.addr),
@@ -139,7 +186,11 @@ pub fn allocation_info(snap: &Snapshot, tl: &Timeline, device: usize, id: u32, a
         alive_at_peak: tl.total_events == 0 || a.alive_at(tl.peak_index),
         category,
         top_frame: top_frame_label(snap, a.stack),
-        frames: shown_frames(snap.stack(a.stack), all_frames),
+        frames: shown_frames(snap, a.stack, all_frames),
+        compile_context: text(entry.and_then(|e| e.1.compile_context.as_ref())),
+        user_metadata: text(entry.and_then(|e| e.1.user_metadata.as_ref())),
+        pool: entry.map(|(pos, _)| snap.entry_pool(device, pos)).filter(|p| *p != (0, 0)),
+        forward_frames: forward.map(|st| shown_frames(snap, st, all_frames)).unwrap_or_default(),
     }
 }
 
@@ -181,10 +232,10 @@ pub struct SegmentTotals {
     pub fragmentation: f64,
 }
 
-pub fn segment_stats(segments: &[Segment], device: usize) -> (Vec<SegmentStats>, SegmentTotals) {
+/// Occupancy of one device's segments, each and together.
+pub fn segment_stats<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> (Vec<SegmentStats>, SegmentTotals) {
     let rows: Vec<SegmentStats> = segments
-        .iter()
-        .filter(|s| s.device == device as i64)
+        .into_iter()
         .map(|s| {
             let free = s.blocks.iter().filter(|b| b.state == BlockState::Inactive);
             SegmentStats {
@@ -213,32 +264,98 @@ pub fn segment_stats(segments: &[Segment], device: usize) -> (Vec<SegmentStats>,
     (rows, t)
 }
 
-/// Reserved bytes over the trace: the final segments, rewound through the trace's segment
-/// events. Returns (peak, final).
+/// What a trace entry does to reserved bytes.
+fn reserved_change(e: &TraceEntry) -> i128 {
+    match e.action {
+        Action::SegmentAlloc | Action::SegmentMap => e.size as i128,
+        Action::SegmentFree | Action::SegmentUnmap => -(e.size as i128),
+        _ => 0,
+    }
+}
+
+/// Reserved bytes before the trace's first entry: the final segments, rewound through
+/// the trace's segment events.
+fn reserved_at_start(snap: &Snapshot, device: usize) -> i128 {
+    let last: u64 = snap.device_segments(device).map(|s| s.total_size).sum();
+    snap.trace(device).iter().fold(last as i128, |r, e| r - reserved_change(e))
+}
+
+/// Reserved bytes over the trace. Returns (peak, final).
 pub fn reserved_peak(snap: &Snapshot, device: usize) -> (u64, u64) {
-    let last: u64 = snap.segments.iter().filter(|s| s.device == device as i64).map(|s| s.total_size).sum();
-    let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
-    let grow = |a: Action| matches!(a, Action::SegmentAlloc | Action::SegmentMap);
-    let shrink = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
-    let mut now = trace.iter().fold(last as i128, |acc, e| {
-        if grow(e.action) {
-            acc - e.size as i128
-        } else if shrink(e.action) {
-            acc + e.size as i128
-        } else {
-            acc
-        }
-    });
-    let mut peak = now.max(last as i128);
-    for e in trace {
-        if grow(e.action) {
-            now += e.size as i128;
-        } else if shrink(e.action) {
-            now -= e.size as i128;
-        }
+    let mut now = reserved_at_start(snap, device);
+    let mut peak = now;
+    for e in snap.trace(device) {
+        now += reserved_change(e);
         peak = peak.max(now);
     }
-    (peak.max(0) as u64, last)
+    (peak.max(0) as u64, now.max(0) as u64)
+}
+
+/// Active bytes above the bytes reserved at the same action: figures that cannot both
+/// be true (every allocation lies in a reserved segment).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FiguresConflict {
+    pub action: usize,
+    pub active_bytes: u64,
+    pub reserved_bytes: u64,
+}
+
+impl FiguresConflict {
+    pub fn describe(&self) -> String {
+        use crate::render::format::bytes;
+        format!(
+            "active memory {} at action {} is above the {} reserved then: this file's figures cannot all be true",
+            bytes(self.active_bytes),
+            self.action,
+            bytes(self.reserved_bytes)
+        )
+    }
+}
+
+/// The action where active memory exceeds reserved memory the most, if it ever does.
+/// A device with neither segments nor segment events has no reserved figure to hold.
+pub fn figures_conflict(snap: &Snapshot, tl: &Timeline, device: usize) -> Option<FiguresConflict> {
+    let trace = snap.trace(device);
+    let known = snap.device_segments(device).next().is_some() || trace.iter().any(|e| reserved_change(e) != 0);
+    if !known {
+        return None;
+    }
+    let mut reserved = reserved_at_start(snap, device);
+    let (mut next, mut worst): (usize, Option<(i128, FiguresConflict)>) = (0, None);
+    for (i, &pos) in tl.event_positions.iter().enumerate() {
+        while next <= pos && next < trace.len() {
+            reserved += reserved_change(&trace[next]);
+            next += 1;
+        }
+        let active = tl.totals_at(i);
+        let excess = active as i128 - reserved;
+        if excess > 0 && worst.as_ref().is_none_or(|w| excess > w.0) {
+            let c = FiguresConflict { action: i, active_bytes: active, reserved_bytes: reserved.max(0) as u64 };
+            worst = Some((excess, c));
+        }
+    }
+    worst.map(|w| w.1)
+}
+
+/// Segments, blocks and trace entries of one device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeviceCounts {
+    pub device: usize,
+    /// "device N" or "host".
+    pub name: String,
+    pub segments: usize,
+    pub blocks: usize,
+    pub trace_entries: usize,
+}
+
+/// The counts of every device of the file, in device order.
+pub fn device_counts(snap: &Snapshot) -> Vec<DeviceCounts> {
+    (0..snap.device_count())
+        .map(|d| {
+            let (segments, blocks) = snap.device_segments(d).fold((0, 0), |(n, b), s| (n + 1, b + s.blocks.len()));
+            DeviceCounts { device: d, name: snap.device_name(d), segments, blocks, trace_entries: snap.trace(d).len() }
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -319,7 +436,12 @@ pub fn annotation_marks(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<An
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SnapshotSummary {
     pub device: usize,
+    /// "device N" or "host".
+    pub device_name: String,
     pub devices: usize,
+    /// Figures of this file that contradict each other, said before anything else.
+    pub warnings: Vec<String>,
+    pub figures_conflict: Option<FiguresConflict>,
     /// The Active Memory Timeline's peak (memory_viz's), on `device`.
     pub peak_active_bytes: u64,
     pub peak_active_event: usize,
@@ -328,10 +450,14 @@ pub struct SnapshotSummary {
     pub peak_reserved_bytes: u64,
     pub reserved_bytes: u64,
     pub allocated_bytes: u64,
-    /// Counts over the whole file, all devices.
+    /// Counts on `device`.
     pub segments: usize,
     pub blocks: usize,
     pub trace_entries: usize,
+    /// Counts of every device.
+    pub per_device: Vec<DeviceCounts>,
+    /// What the reader left out (unknown actions and keys), counted.
+    pub skipped: Skipped,
     /// Timeline actions and allocations on `device`.
     pub events: usize,
     pub allocations: usize,
@@ -344,20 +470,28 @@ pub struct SnapshotSummary {
 }
 
 pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> SnapshotSummary {
-    let (_, totals) = segment_stats(&snap.segments, device);
+    let (_, totals) = segment_stats(snap.device_segments(device));
     let (peak_reserved, _) = reserved_peak(snap, device);
+    let per_device = device_counts(snap);
+    let here = per_device.get(device).cloned();
+    let conflict = figures_conflict(snap, tl, device);
     SnapshotSummary {
         device,
-        devices: snap.device_traces.len().max(1),
+        device_name: snap.device_name(device),
+        devices: snap.device_count(),
+        warnings: conflict.iter().map(FiguresConflict::describe).collect(),
+        figures_conflict: conflict,
         peak_active_bytes: tl.peak_bytes,
         peak_active_event: tl.peak_index,
         peak_active_time_us: event_time(snap, tl, device, tl.peak_index),
         peak_reserved_bytes: peak_reserved,
         reserved_bytes: totals.reserved,
         allocated_bytes: totals.allocated,
-        segments: snap.segments.len(),
-        blocks: snap.block_count(),
-        trace_entries: snap.trace_entry_count(),
+        segments: here.as_ref().map_or(0, |c| c.segments),
+        blocks: here.as_ref().map_or(0, |c| c.blocks),
+        trace_entries: here.as_ref().map_or(0, |c| c.trace_entries),
+        per_device,
+        skipped: snap.skipped.clone(),
         events: tl.total_events,
         allocations: tl.allocations.len(),
         fragmentation: totals.fragmentation,
@@ -373,12 +507,22 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
 pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary) -> std::io::Result<()> {
     use crate::render::format::bytes;
     let at = s.peak_active_time_us.map(|t| format!(", time_us {t}")).unwrap_or_default();
-    writeln!(out, "{name} · device {} of {}", s.device, s.devices)?;
+    writeln!(out, "{name} · {} of {}", s.device_name, s.devices)?;
+    for w in &s.warnings {
+        writeln!(out, "warning: {w}")?;
+    }
     writeln!(out, "peak active      {} at action {} of {}{at}", bytes(s.peak_active_bytes), s.peak_active_event, s.events)?;
     writeln!(out, "peak reserved    {}", bytes(s.peak_reserved_bytes))?;
     writeln!(out, "at the end       reserved {}, allocated {}, cached free {}", bytes(s.reserved_bytes), bytes(s.allocated_bytes), bytes(s.inactive_bytes))?;
     writeln!(out, "fragmentation    {:.1}% of reserved holds no allocation; largest free block {}", s.fragmentation * 100.0, bytes(s.largest_free_block))?;
-    writeln!(out, "counts           {} segments, {} blocks, {} trace entries, {} allocations", s.segments, s.blocks, s.trace_entries, s.allocations)?;
+    writeln!(out, "counts           {} segments, {} blocks, {} trace entries, {} allocations on {}", s.segments, s.blocks, s.trace_entries, s.allocations, s.device_name)?;
+    if s.per_device.len() > 1 {
+        let each: Vec<String> = s.per_device.iter().map(|c| format!("{} {}/{}/{}", c.name, c.segments, c.blocks, c.trace_entries)).collect();
+        writeln!(out, "every device     segments/blocks/trace entries: {}", each.join(", "))?;
+    }
+    if let Some(skipped) = s.skipped.describe() {
+        writeln!(out, "not read         {skipped}")?;
+    }
     writeln!(out, "largest allocations:")?;
     for a in &s.largest {
         let life = match (a.start_event, a.end_event) {
@@ -420,12 +564,16 @@ mod tests {
             frame("_call_impl", "/x/torch/nn/modules/module.py", 1790),
             frame("forward", "/home/me/cs336_basics/model.py", 102),
         ];
-        let shown = shown_frames(frames.iter(), false);
+        let mut snap = Snapshot { frames: frames.to_vec(), stacks: vec![vec![0, 1, 2, 3, 4]], ..Default::default() };
+        let shown = shown_frames(&snap, 0, false);
         assert_eq!(shown.len(), 2);
         assert_eq!((shown[0].name.as_str(), shown[0].repeats), ("_call_impl", 2));
-        assert_eq!(shown_frames(frames.iter(), true).len(), 5);
-        let snap = Snapshot { frames: frames.to_vec(), stacks: vec![vec![0, 1, 2, 3, 4]], ..Default::default() };
+        assert_eq!(shown_frames(&snap, 0, true).len(), 5);
         assert_eq!(top_frame_label(&snap, 0).unwrap(), "forward (model.py:102)");
+        // FX keys of generated code name the graph node beside the frame.
+        let fx = |k: &str, v: &str| (k.to_string(), v.to_string());
+        snap.details.frame_fx = vec![(4, vec![fx("fx_node_op", "call_function"), fx("fx_node_name", "linear_1"), fx("fx_node_target", "aten.mm")])];
+        assert_eq!(shown_frames(&snap, 0, false)[1].fx.as_deref(), Some("call_function linear_1 (aten.mm)"));
         assert_eq!(frame_label("f", "C:\\a\\b.py", 3), "f (b.py:3)");
     }
 }

@@ -270,18 +270,44 @@ impl TimelineBuilder {
     /// The timeline of a snapshot's trace once every entry of `device` is fed: the final
     /// state's active blocks the trace left unallocated are added alive throughout, and
     /// the categories take `names` (from `category_index`).
+    ///
+    /// A trace without alloc or free actions (none recorded, or only `snapshot` and `oom`
+    /// entries) becomes one action holding the final state, as memory_viz draws it: the
+    /// first active block is allocated there, above the others.
     pub fn finish_snapshot(mut self, s: &Snapshot, device: usize, mut names: Vec<String>) -> Timeline {
         let unknown = category_index(&mut names, None);
         self.ensure_category((names.len() - 1) as u16);
-        for seg in s.segments.iter().filter(|seg| seg.device == device as i64) {
+        let first = self.tl.allocations.len();
+        for seg in s.device_segments(device) {
             for blk in &seg.blocks {
                 if blk.state == super::model::BlockState::ActiveAllocated && !self.is_open(blk.address) {
                     self.add_alive_throughout(blk.address, blk.requested_size, blk.frames, unknown);
                 }
             }
         }
+        if self.tl.total_events == 0 && first < self.tl.allocations.len() {
+            self.allocate_at_the_end(first, s.trace(device).len());
+        }
         self.tl.categories = names;
         self.tl
+    }
+
+    /// Makes block `id`, alive throughout, the allocation of a new action at trace
+    /// position `pos`.
+    fn allocate_at_the_end(&mut self, id: usize, pos: usize) {
+        let tl = &mut self.tl;
+        let (size, category) = (tl.allocations[id].size, tl.allocations[id].category as usize);
+        tl.base -= size;
+        tl.cat_base[category] -= size;
+        let i = self.begin_step(id as u32, false, pos);
+        let tl = &mut self.tl;
+        let a = &mut tl.allocations[id];
+        (a.alive_at_start, a.start) = (false, i);
+        tl.stack_keys[id] = i as i64;
+        tl.current += size;
+        tl.cat_current[category] += size;
+        let during = tl.current;
+        self.record_total(i, during);
     }
 
     /// For a builder fed trace entry indices in place of stacks: each allocation gets the
@@ -452,7 +478,7 @@ impl Timeline {
     /// The timeline of `device`'s trace, with the final state's unallocated active blocks
     /// alive throughout.
     pub fn from_snapshot(s: &Snapshot, device: usize) -> Timeline {
-        let trace: &[_] = s.device_traces.get(device).map_or(&[], Vec::as_slice);
+        let trace = s.trace(device);
         let mut names = Vec::new();
         let mut b = TimelineBuilder::new(Vec::new());
         for e in trace {

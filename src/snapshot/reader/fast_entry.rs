@@ -1,11 +1,14 @@
-//! The fast path for the bulk of a snapshot: trace entry dicts read straight from the bytes.
+//! The fast path for the bulk of a snapshot: trace entry dicts read straight from the
+//! bytes, frames included, whether shared through the memo (as PyTorch writes them) or
+//! written out in each entry (a snapshot rewritten by a script).
 
 use super::cursor::{long_value, Op};
+use super::intern::NO_FRAME;
 use super::model::{FrameId, StackId, TraceEntry};
 use super::op;
 use super::prescan::memo_ref;
 use super::schema::{action_of, Key};
-use super::vm::{Memo, Value, Vm};
+use super::vm::{Memo, Pool, Value, Vm};
 
 /// A trace entry's `frames` as `FastEntry` reads them: the frame ids collected, or a
 /// stack already interned (a list read back by BINGET).
@@ -14,17 +17,37 @@ pub(super) enum FastFrames {
     Stack(StackId),
 }
 
+/// A frame dict written out in the entry: interned once the entry has been read.
+#[derive(Clone, Copy)]
+pub(super) struct NewFrame<'a> {
+    /// Its place in the frame ids (a `NO_FRAME` placeholder until interned).
+    at: usize,
+    name: &'a str,
+    filename: &'a str,
+    line: i64,
+    /// The memo slot it fills when read back later.
+    slot: Option<usize>,
+}
+
+/// What `FastEntry` keeps aside until the entry is known to be read: the memo puts it
+/// makes and the frames written out in it. Reused across entries.
+#[derive(Default)]
+pub(super) struct FastScratch<'a> {
+    ids: Vec<FrameId>,
+    /// Strings memoized within the entry and read back later: (memo slot, text).
+    puts: Vec<(usize, &'a str)>,
+    new_frames: Vec<NewFrame<'a>>,
+}
+
 /// Reads one trace entry dict straight from the bytes for `Vm::fast_entry`, changing
-/// nothing: the memo puts it would make are kept aside (`puts`, `memo_len`). Every
-/// method returns `None` on anything it does not know.
+/// nothing in the VM: the memo puts it would make are kept aside (`scratch`,
+/// `memo_len`). Every method returns `None` on anything it does not know.
 pub(super) struct FastEntry<'v, 'a> {
     pub(super) vm: &'v Vm<'a>,
     pub(super) data: &'a [u8],
     pub(super) pos: usize,
     pub(super) memo_len: u32,
-    /// Strings memoized within the entry and read back later: (memo slot, text).
-    pub(super) puts: [(usize, &'a str); 4],
-    pub(super) nputs: usize,
+    pub(super) scratch: FastScratch<'a>,
 }
 
 impl<'a> FastEntry<'_, 'a> {
@@ -53,6 +76,15 @@ impl<'a> FastEntry<'_, 'a> {
         Some(self.vm.refs.slot(idx))
     }
 
+    /// A BINGET here of a slot memoized within this entry: the memo slot.
+    fn own_memo_ref(&self) -> Option<(usize, usize)> {
+        let (idx, len) = memo_ref(&self.data[self.pos..])?;
+        if idx < self.vm.memo_len || idx >= self.memo_len {
+            return None;
+        }
+        Some((self.vm.refs.slot(idx)?, len))
+    }
+
     pub(super) fn string(&mut self) -> Option<&'a str> {
         let text = match self.byte()? {
             op::SHORT_BINUNICODE => {
@@ -67,17 +99,14 @@ impl<'a> FastEntry<'_, 'a> {
             }
             op::BINGET | op::LONG_BINGET => {
                 let (idx, len) = memo_ref(&self.data[self.pos..])?;
-                if idx >= self.memo_len {
-                    return None;
-                }
-                let slot = self.vm.refs.slot(idx)?;
-                let s = if idx >= self.vm.memo_len {
-                    self.puts[..self.nputs].iter().find(|p| p.0 == slot)?.1
-                } else {
-                    match self.vm.memo[slot] {
+                let s = if idx < self.vm.memo_len {
+                    match self.vm.memo[self.vm.refs.slot(idx)?] {
                         Memo::Str(s) => s,
                         _ => return None,
                     }
+                } else {
+                    let (slot, _) = self.own_memo_ref()?;
+                    self.scratch.puts.iter().find(|p| p.0 == slot)?.1
                 };
                 self.pos += len;
                 return Some(s);
@@ -86,8 +115,7 @@ impl<'a> FastEntry<'_, 'a> {
         };
         let s = std::str::from_utf8(text).ok()?;
         if let Some(slot) = self.memoize()? {
-            *self.puts.get_mut(self.nputs)? = (slot, s);
-            self.nputs += 1;
+            self.scratch.puts.push((slot, s));
         }
         Some(s)
     }
@@ -136,8 +164,81 @@ impl<'a> FastEntry<'_, 'a> {
         }
     }
 
-    /// `frames`: None, a stack read back, or a new list of frames read back (as Python
-    /// writes it: empty, `BINGET APPEND` for one, `MARK BINGET... APPENDS` batches).
+    /// `pool_id`, as `Vm::int_pair` takes it: two integers and TUPLE2 (memoized, never
+    /// read back), or such a tuple read back.
+    fn pool(&mut self) -> Option<(i64, i64)> {
+        if let Some((idx, len)) = memo_ref(&self.data[self.pos..]) {
+            if idx >= self.vm.memo_len {
+                return None;
+            }
+            let Memo::Shared(h) = self.vm.memo[self.vm.refs.slot(idx)?] else { return None };
+            let Value::Tuple(t) = &self.vm.arena[h as usize] else { return None };
+            let [Value::Int(a), Value::Int(b)] = t.items.as_slice() else { return None };
+            self.pos += len;
+            return Some((*a, *b));
+        }
+        let pair = (self.signed()?, self.signed()?);
+        if self.byte()? != op::TUPLE2 {
+            return None;
+        }
+        self.pos += 1;
+        match self.memoize()? {
+            Some(_) => None, // read back later: a shared tuple, for the generic path
+            None => Some(pair),
+        }
+    }
+
+    /// A frame dict written out here, `EMPTY_DICT [MEMOIZE] MARK key value ... SETITEMS`
+    /// with `name`, `filename` and `line` (in any order) and nothing else.
+    fn new_frame(&mut self, ids: &mut Vec<FrameId>) -> Option<()> {
+        if self.byte()? != op::EMPTY_DICT {
+            return None;
+        }
+        self.pos += 1;
+        let slot = self.memoize()?;
+        if self.byte()? != op::MARK {
+            return None;
+        }
+        self.pos += 1;
+        let (mut name, mut filename, mut line) = (None, None, None);
+        while self.byte()? != op::SETITEMS {
+            let key = self.string()?;
+            match self.vm.keys.get(key) {
+                Key::Name => name = Some(self.string()?),
+                Key::Filename => filename = Some(self.string()?),
+                Key::Line => line = Some(self.signed()?),
+                _ => return None,
+            }
+        }
+        self.pos += 1;
+        let frame = NewFrame { at: ids.len(), name: name?, filename: filename?, line: line?, slot };
+        self.scratch.new_frames.push(frame);
+        ids.push(NO_FRAME);
+        Some(())
+    }
+
+    /// One frame of a list here: a frame dict seen before (BINGET), one written out here,
+    /// or one written out earlier in this entry and read back. `None`, having read
+    /// nothing, when there is no frame here.
+    fn frame(&mut self, ids: &mut Vec<FrameId>) -> Option<()> {
+        if let Some((f, len)) = self.vm.frame_at(self.pos) {
+            ids.push(f);
+            self.pos += len;
+            return Some(());
+        }
+        if self.byte()? == op::EMPTY_DICT {
+            return self.new_frame(ids);
+        }
+        let (slot, len) = self.own_memo_ref()?;
+        let seen = *self.scratch.new_frames.iter().find(|f| f.slot == Some(slot))?;
+        self.scratch.new_frames.push(NewFrame { at: ids.len(), slot: None, ..seen });
+        ids.push(NO_FRAME);
+        self.pos += len;
+        Some(())
+    }
+
+    /// `frames`: None, a stack read back, or a new list of frames (as Python writes it:
+    /// empty, one frame and APPEND, `MARK frame... APPENDS` batches).
     pub(super) fn frames(&mut self, ids: &mut Vec<FrameId>) -> Option<FastFrames> {
         ids.clear();
         match self.byte()? {
@@ -163,23 +264,28 @@ impl<'a> FastEntry<'_, 'a> {
             return None; // a list read back later is shared
         }
         loop {
-            match self.byte()? {
-                op::MARK => {
-                    self.pos += 1;
-                    let before = ids.len();
+            if self.byte()? == op::MARK {
+                self.pos += 1;
+                let before = ids.len();
+                loop {
+                    // Frames seen before run without a call per frame.
                     self.pos = self.vm.frame_refs(self.pos, ids);
-                    if ids.len() == before || self.byte()? != op::APPENDS {
-                        return None;
+                    if self.byte()? == op::APPENDS {
+                        break;
                     }
-                    self.pos += 1;
+                    self.frame(ids)?;
                 }
-                _ => match self.vm.frame_at(self.pos) {
-                    Some((f, len)) if self.data.get(self.pos + len) == Some(&op::APPEND) => {
-                        ids.push(f);
-                        self.pos += len + 1;
-                    }
-                    _ => return Some(FastFrames::Ids),
-                },
+                if ids.len() == before {
+                    return None;
+                }
+                self.pos += 1;
+                continue;
+            }
+            let at = self.pos;
+            match self.frame(ids) {
+                Some(()) if self.byte() == Some(op::APPEND) => self.pos += 1,
+                None if self.pos == at => return Some(FastFrames::Ids), // the list has ended
+                _ => return None,
             }
         }
     }
@@ -187,7 +293,7 @@ impl<'a> FastEntry<'_, 'a> {
     /// `EMPTY_DICT [MEMOIZE] MARK key value ... SETITEMS` of entry keys only, as
     /// `Vm::entry_from` reads them (the last of a repeated key wins); `frames` is left
     /// for the caller to intern.
-    pub(super) fn entry(&mut self, ids: &mut Vec<FrameId>) -> Option<(TraceEntry, FastFrames)> {
+    pub(super) fn entry(&mut self, ids: &mut Vec<FrameId>) -> Option<(TraceEntry, FastFrames, Pool)> {
         if self.byte()? != op::EMPTY_DICT {
             return None;
         }
@@ -198,7 +304,7 @@ impl<'a> FastEntry<'_, 'a> {
         self.pos += 1;
         let (mut action, mut addr, mut size, mut stream, mut time_us) = (None, None, None, 0, 0);
         let mut frames = FastFrames::Ids;
-        let (mut category, mut compile_context, mut user_metadata) = (None, None, None);
+        let (mut category, mut compile_context, mut user_metadata, mut pool) = (None, None, None, None);
         while self.byte()? != op::SETITEMS {
             let key = self.string()?;
             match self.vm.keys.get(key) {
@@ -211,6 +317,7 @@ impl<'a> FastEntry<'_, 'a> {
                 Key::Category => category = self.opt_string()?,
                 Key::CompileContext => compile_context = self.opt_string()?,
                 Key::UserMetadata => user_metadata = self.opt_string()?,
+                Key::PoolId => pool = Some(self.pool()?),
                 _ => return None,
             }
         }
@@ -226,53 +333,56 @@ impl<'a> FastEntry<'_, 'a> {
             compile_context,
             user_metadata,
         };
-        Some((entry, frames))
+        Some((entry, frames, pool))
     }
 }
 
 impl<'a> Vm<'a> {
-
     /// Fast path for the bulk of a snapshot, a trace entry at `EMPTY_DICT`: read straight
     /// from the bytes into the `Value::Entry` the generic path would build at its
     /// SETITEMS, with the same memo puts. Anything unusual (a key or value form it does
-    /// not know, a dict or list read back later, a FRAME opcode inside) leaves everything
-    /// as it was and returns false, for the generic path to decode.
+    /// not know, a dict or list read back later, a FRAME opcode inside) leaves the VM as
+    /// it was and returns false, for the generic path to decode.
     pub(super) fn fast_entry(&mut self) -> bool {
-        let mut ids = std::mem::take(&mut self.frame_scratch);
-        ids.clear();
-        let mut p = FastEntry {
-            vm: self,
-            data: self.cur.data,
-            pos: self.cur.pos,
-            memo_len: self.memo_len,
-            puts: [(0, ""); 4],
-            nputs: 0,
-        };
-        let done = match p.entry(&mut ids) {
-            Some((mut entry, frames)) => {
-                let (pos, memo_len, puts) = (p.pos, p.memo_len, p.puts[..p.nputs].to_vec());
-                let stack = match frames {
-                    FastFrames::Stack(s) => Some(s),
-                    FastFrames::Ids => self.stacks.intern(&mut ids),
-                };
-                match stack {
-                    Some(s) => {
-                        entry.frames = s;
-                        for (slot, text) in puts {
-                            self.set_memo(slot, Memo::Str(text));
-                        }
-                        self.memo_len = memo_len;
-                        self.cur.pos = pos;
-                        self.stack.push(Value::Entry(Box::new(entry)));
-                        true
-                    }
-                    None => false,
-                }
+        let mut scratch = std::mem::take(&mut self.fast_scratch);
+        let mut ids = std::mem::take(&mut scratch.ids);
+        scratch.puts.clear();
+        scratch.new_frames.clear();
+        let mut p = FastEntry { vm: self, data: self.cur.data, pos: self.cur.pos, memo_len: self.memo_len, scratch };
+        let read = p.entry(&mut ids);
+        let (pos, memo_len, mut scratch) = (p.pos, p.memo_len, p.scratch);
+        let done = read.is_some_and(|(mut entry, frames, pool)| {
+            let stack = match frames {
+                FastFrames::Stack(s) => Some(s),
+                FastFrames::Ids if self.intern_new_frames(&scratch.new_frames, &mut ids) => self.stacks.intern(&mut ids),
+                FastFrames::Ids => None,
+            };
+            let Some(s) = stack else { return false };
+            entry.frames = s;
+            for &(slot, text) in &scratch.puts {
+                self.set_memo(slot, Memo::Str(text));
             }
-            None => false,
-        };
+            self.memo_len = memo_len;
+            self.cur.pos = pos;
+            self.stack.push(Value::Entry(Box::new((entry, pool))));
+            true
+        });
         ids.clear();
-        self.frame_scratch = ids;
+        scratch.ids = ids;
+        self.fast_scratch = scratch;
         done
+    }
+
+    /// Interns the frames an entry wrote out, into their places in `ids` and their memo
+    /// slots; false when the frame table is full (the generic path then says so).
+    fn intern_new_frames(&mut self, new: &[NewFrame<'a>], ids: &mut [FrameId]) -> bool {
+        for f in new {
+            let Ok(id) = self.intern_frame(f.name, f.filename, f.line) else { return false };
+            ids[f.at] = id;
+            if let Some(slot) = f.slot {
+                self.set_memo(slot, Memo::Frame(id));
+            }
+        }
+        true
     }
 }

@@ -2,6 +2,7 @@
 //! dicts become typed records as soon as they are complete.
 
 use super::cursor::{check_proto, Cursor, Op};
+use super::fast_entry::FastScratch;
 use super::intern::{FastMap, StackTable, NO_FRAME};
 use super::model::{Annotation, Block, Frame, FrameId, Segment, StackId, TraceEntry};
 use super::op;
@@ -20,12 +21,52 @@ pub(super) struct Seq<'a> {
     pub(super) depth: u32,
 }
 
+/// A trace entry's `pool_id`, when it has one.
+pub(super) type Pool = Option<(i64, i64)>;
+
+/// A trace's entries and where their pool changes, as `Details::pools` keeps it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct EntryList {
+    pub(super) entries: Vec<TraceEntry>,
+    /// (first entry, pool) at each change, from pool (0, 0) at the start.
+    pub(super) pools: Vec<(u32, (i64, i64))>,
+}
+
+impl EntryList {
+    fn with_capacity(n: usize) -> Self {
+        EntryList { entries: Vec::with_capacity(n), pools: Vec::new() }
+    }
+
+    /// Appends an entry (one without `pool_id` is in pool (0, 0)).
+    pub(super) fn push(&mut self, e: TraceEntry, pool: Pool) {
+        let p = pool.unwrap_or((0, 0));
+        if self.pools.last().map_or((0, 0), |r| r.1) != p {
+            self.pools.push((self.entries.len() as u32, p));
+        }
+        self.entries.push(e);
+    }
+
+    fn into_values<'a>(self) -> Vec<Value<'a>> {
+        let mut runs = self.pools.into_iter().peekable();
+        let mut pool = None;
+        let entries = self.entries.into_iter().enumerate();
+        entries
+            .map(|(i, e)| {
+                if let Some((_, p)) = runs.next_if(|r| r.0 as usize == i) {
+                    pool = Some(p);
+                }
+                Value::Entry(Box::new((e, pool)))
+            })
+            .collect()
+    }
+}
+
 /// A list, stored by element type once its elements are recognised records.
 #[derive(Clone, Debug)]
 pub(super) enum ListData<'a> {
     Values(Seq<'a>),
     Frames(Vec<FrameId>),
-    Entries(Vec<TraceEntry>),
+    Entries(EntryList),
     Blocks(Vec<Block>),
     Segments(Vec<Segment>),
     Annotations(Vec<Annotation>),
@@ -49,7 +90,9 @@ pub(super) enum Value<'a> {
     Shared(u32),
     Frame(FrameId),
     Stack(StackId),
-    Entry(Box<TraceEntry>),
+    Entry(Box<(TraceEntry, Pool)>),
+    /// A trace entry left out (an action this reader does not know), counted.
+    Skipped,
     Block(Box<Block>),
     Segment(Box<Segment>),
     Annotation(Box<Annotation>),
@@ -72,6 +115,7 @@ impl<'a> Value<'a> {
             Value::Shared(_) => "a shared container",
             Value::Frame(_) => "a frame",
             Value::Entry(_) => "a trace entry",
+            Value::Skipped => "a trace entry with an unknown action",
             Value::Block(_) => "a block",
             Value::Segment(_) => "a segment",
             Value::Annotation(_) => "an annotation",
@@ -174,7 +218,14 @@ pub(super) struct Vm<'a> {
     pub(super) stacks: StackTable,
     pub(super) scratch: Vec<Value<'a>>,
     pub(super) frame_scratch: Vec<FrameId>,
+    pub(super) fast_scratch: FastScratch<'a>,
     pub(super) keys: KeyCache,
+    /// Keys no record uses, by (record, key), and entries of unknown actions, counted.
+    pub(super) skipped_keys: FastMap<(&'static str, &'a str), u64>,
+    pub(super) skipped_actions: FastMap<&'a str, u64>,
+    /// `Details` as read: frames' FX keys, blocks' forward frames.
+    pub(super) frame_fx: Vec<(FrameId, Vec<(String, String)>)>,
+    pub(super) forward_frames: Vec<(u64, StackId)>,
     /// Offset of the opcode being run, for error messages.
     pub(super) at: usize,
 }
@@ -205,7 +256,12 @@ impl<'a> Vm<'a> {
             stacks: StackTable::default(),
             scratch: Vec::new(),
             frame_scratch: Vec::new(),
+            fast_scratch: FastScratch::default(),
             keys: KeyCache::new(),
+            skipped_keys: FastMap::default(),
+            skipped_actions: FastMap::default(),
+            frame_fx: Vec::new(),
+            forward_frames: Vec::new(),
             at: 0,
         }
     }
@@ -426,7 +482,7 @@ impl<'a> Vm<'a> {
         }
         // A device's trace so far: typed once its first batch is in, empty before.
         let trace = |v| match list(&self.arena, v)? {
-            ListData::Entries(e) => Some(e.as_slice()),
+            ListData::Entries(e) => Some(e.entries.as_slice()),
             ListData::Values(s) if s.items.is_empty() => Some(&[][..]),
             _ => None,
         };
@@ -713,12 +769,15 @@ impl<'a> Vm<'a> {
         let n = items.len();
         for item in items.drain(..) {
             let item = self.list_item(item)?;
+            if let Value::Skipped = item {
+                continue;
+            }
             if let ListData::Values(seq) = list {
                 if seq.items.is_empty() {
                     // The first element picks the typed representation.
                     match &item {
                         Value::Frame(_) => *list = ListData::Frames(Vec::with_capacity(n)),
-                        Value::Entry(_) => *list = ListData::Entries(Vec::with_capacity(n)),
+                        Value::Entry(_) => *list = ListData::Entries(EntryList::with_capacity(n)),
                         Value::Block(_) => *list = ListData::Blocks(Vec::with_capacity(n)),
                         Value::Segment(_) => *list = ListData::Segments(Vec::with_capacity(n)),
                         Value::Annotation(_) => {
@@ -730,7 +789,7 @@ impl<'a> Vm<'a> {
             }
             match (&mut *list, item) {
                 (ListData::Frames(v), Value::Frame(f)) => v.push(f),
-                (ListData::Entries(v), Value::Entry(e)) => v.push(*e),
+                (ListData::Entries(v), Value::Entry(e)) => v.push(e.0, e.1),
                 (ListData::Blocks(v), Value::Block(b)) => v.push(*b),
                 (ListData::Segments(v), Value::Segment(s)) => v.push(*s),
                 (ListData::Annotations(v), Value::Annotation(a)) => v.push(*a),
@@ -760,7 +819,7 @@ pub(super) fn untype(list: ListData<'_>) -> Vec<Value<'_>> {
     match list {
         ListData::Values(s) => s.items,
         ListData::Frames(v) => v.into_iter().map(Value::Frame).collect(),
-        ListData::Entries(v) => v.into_iter().map(|e| Value::Entry(Box::new(e))).collect(),
+        ListData::Entries(v) => v.into_values(),
         ListData::Blocks(v) => v.into_iter().map(|b| Value::Block(Box::new(b))).collect(),
         ListData::Segments(v) => v.into_iter().map(|s| Value::Segment(Box::new(s))).collect(),
         ListData::Annotations(v) => v
