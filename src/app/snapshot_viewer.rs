@@ -429,18 +429,29 @@ pub fn type_search(code: KeyCode, data: &ViewerData, ui: &mut ViewerUi) {
     }
 }
 
+/// `view --summary`: the report of `args.file`'s device on stdout.
+fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
+    let path = &args.file;
+    let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
+    let device = args.device.unwrap_or_else(|| snap.default_device());
+    check_device(path, &snap, device)?;
+    let tl = Timeline::from_snapshot(&snap, device);
+    let summary = crate::report::snapshot_summary::summarize(&snap, &tl, device, args.top);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &summary)?;
+        std::io::Write::write_all(&mut out, b"\n")?;
+    } else {
+        crate::report::snapshot_summary::write_text(&mut out, &file_name(path), &summary)?;
+    }
+    // The process ends next: freeing millions of records one by one first only costs time.
+    std::mem::forget((snap, tl));
+    Ok(())
+}
+
 pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     if args.summary {
-        let data = ViewerData::open(&args.file, args.device)?;
-        let summary = crate::report::snapshot_summary::summarize(&data.snap, &data.tl, data.device, args.top);
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            serde_json::to_writer_pretty(&mut out, &summary)?;
-            std::io::Write::write_all(&mut out, b"\n")?;
-        } else {
-            crate::report::snapshot_summary::write_text(&mut out, &data.name, &summary)?;
-        }
-        return Ok(());
+        return print_summary(&args);
     }
     let keys = KeyMap::<ViewAction>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;

@@ -5,6 +5,7 @@
 //! `Snapshot::frames`. Reader, writer, timeline and allocator model all share this form.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -157,8 +158,10 @@ pub struct TraceEntry {
     pub frames: StackId,
     /// torch.profiler-style category name when the writer recorded one.
     pub category: Option<String>,
-    pub compile_context: Option<String>,
-    pub user_metadata: Option<String>,
+    /// Text a trace repeats over and over (PyTorch writes "N/A" and "" for most
+    /// entries): one copy shared by every entry with it.
+    pub compile_context: Option<Arc<str>>,
+    pub user_metadata: Option<Arc<str>>,
 }
 
 impl TraceEntry {

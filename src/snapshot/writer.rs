@@ -474,9 +474,9 @@ impl<'s, W: Write> Pickler<'s, W> {
         self.str("time_us")?;
         self.int(e.time_us);
         for (key, v) in [
-            ("category", &e.category),
-            ("compile_context", &e.compile_context),
-            ("user_metadata", &e.user_metadata),
+            ("category", e.category.as_deref()),
+            ("compile_context", e.compile_context.as_deref()),
+            ("user_metadata", e.user_metadata.as_deref()),
         ] {
             if let Some(v) = v {
                 self.str(key)?;

@@ -8,7 +8,7 @@ use super::model::{FrameId, StackId, TraceEntry};
 use super::op;
 use super::prescan::memo_ref;
 use super::schema::{action_of, Key};
-use super::vm::{Memo, Pool, Value, Vm};
+use super::vm::{EntryList, ListData, Memo, Pool, Value, Vm};
 
 /// A trace entry's `frames` as `FastEntry` reads them: the frame ids collected, or a
 /// stack already interned (a list read back by BINGET).
@@ -76,6 +76,22 @@ impl<'a> FastEntry<'_, 'a> {
         Some(self.vm.refs.slot(idx))
     }
 
+    /// A dict key read back here (BINGET of a string memoized before the entry) that
+    /// the reader knows.
+    #[inline]
+    fn known_key(&mut self) -> Option<Key> {
+        let (idx, len) = memo_ref(&self.data[self.pos..])?;
+        if idx >= self.vm.memo_len {
+            return None;
+        }
+        let key = *self.vm.memo_keys.get(self.vm.refs.slot(idx)?)?;
+        if key == Key::Other {
+            return None;
+        }
+        self.pos += len;
+        Some(key)
+    }
+
     /// A BINGET here of a slot memoized within this entry: the memo slot.
     fn own_memo_ref(&self) -> Option<(usize, usize)> {
         let (idx, len) = memo_ref(&self.data[self.pos..])?;
@@ -120,12 +136,13 @@ impl<'a> FastEntry<'_, 'a> {
         Some(s)
     }
 
-    pub(super) fn opt_string(&mut self) -> Option<Option<String>> {
+    /// A string or None.
+    pub(super) fn opt_str(&mut self) -> Option<Option<&'a str>> {
         if self.byte()? == op::NONE {
             self.pos += 1;
             return Some(None);
         }
-        Some(Some(self.string()?.to_owned()))
+        Some(Some(self.string()?))
     }
 
     /// An integer or bool, as `Op` holds it.
@@ -291,9 +308,9 @@ impl<'a> FastEntry<'_, 'a> {
     }
 
     /// `EMPTY_DICT [MEMOIZE] MARK key value ... SETITEMS` of entry keys only, as
-    /// `Vm::entry_from` reads them (the last of a repeated key wins); `frames` is left
-    /// for the caller to intern.
-    pub(super) fn entry(&mut self, ids: &mut Vec<FrameId>) -> Option<(TraceEntry, FastFrames, Pool)> {
+    /// `Vm::entry_from` reads them (the last of a repeated key wins); `frames` and the
+    /// shared texts are left for the caller.
+    pub(super) fn entry(&mut self, ids: &mut Vec<FrameId>) -> Option<FastRead<'a>> {
         if self.byte()? != op::EMPTY_DICT {
             return None;
         }
@@ -306,17 +323,20 @@ impl<'a> FastEntry<'_, 'a> {
         let mut frames = FastFrames::Ids;
         let (mut category, mut compile_context, mut user_metadata, mut pool) = (None, None, None, None);
         while self.byte()? != op::SETITEMS {
-            let key = self.string()?;
-            match self.vm.keys.get(key) {
+            let key = match self.known_key() {
+                Some(k) => k,
+                None => self.vm.keys.get(self.string()?),
+            };
+            match key {
                 Key::Action => action = Some(action_of(self.string()?)?),
                 Key::Addr | Key::DeviceFree => addr = Some(self.unsigned()?),
                 Key::Size => size = Some(self.unsigned()?),
                 Key::Stream => stream = self.signed()?,
                 Key::TimeUs => time_us = self.signed()?,
                 Key::Frames => frames = self.frames(ids)?,
-                Key::Category => category = self.opt_string()?,
-                Key::CompileContext => compile_context = self.opt_string()?,
-                Key::UserMetadata => user_metadata = self.opt_string()?,
+                Key::Category => category = self.opt_str()?.map(str::to_owned),
+                Key::CompileContext => compile_context = self.opt_str()?,
+                Key::UserMetadata => user_metadata = self.opt_str()?,
                 Key::PoolId => pool = Some(self.pool()?),
                 _ => return None,
             }
@@ -330,11 +350,20 @@ impl<'a> FastEntry<'_, 'a> {
             time_us,
             frames: 0,
             category,
-            compile_context,
-            user_metadata,
+            compile_context: None,
+            user_metadata: None,
         };
-        Some((entry, frames, pool))
+        Some(FastRead { entry, frames, pool, compile_context, user_metadata })
     }
+}
+
+/// A trace entry `FastEntry` read, before its stack and texts are interned.
+pub(super) struct FastRead<'a> {
+    entry: TraceEntry,
+    frames: FastFrames,
+    pool: Pool,
+    compile_context: Option<&'a str>,
+    user_metadata: Option<&'a str>,
 }
 
 impl<'a> Vm<'a> {
@@ -351,7 +380,7 @@ impl<'a> Vm<'a> {
         let mut p = FastEntry { vm: self, data: self.cur.data, pos: self.cur.pos, memo_len: self.memo_len, scratch };
         let read = p.entry(&mut ids);
         let (pos, memo_len, mut scratch) = (p.pos, p.memo_len, p.scratch);
-        let done = read.is_some_and(|(mut entry, frames, pool)| {
+        let done = read.is_some_and(|FastRead { mut entry, frames, pool, compile_context, user_metadata }| {
             let stack = match frames {
                 FastFrames::Stack(s) => Some(s),
                 FastFrames::Ids if self.intern_new_frames(&scratch.new_frames, &mut ids) => self.stacks.intern(&mut ids),
@@ -359,12 +388,26 @@ impl<'a> Vm<'a> {
             };
             let Some(s) = stack else { return false };
             entry.frames = s;
+            entry.compile_context = compile_context.map(|t| self.shared_text(t));
+            entry.user_metadata = user_metadata.map(|t| self.shared_text(t));
             for &(slot, text) in &scratch.puts {
                 self.set_memo(slot, Memo::Str(text));
             }
             self.memo_len = memo_len;
             self.cur.pos = pos;
-            self.stack.push(Value::Entry(Box::new((entry, pool))));
+            // Inside a trace's `MARK ... APPENDS` batch the entry goes straight into the
+            // list: no box, no second move.
+            match self.list_below_mark(|l| matches!(l, ListData::Entries(_))) {
+                Some(list) => {
+                    if !matches!(list, ListData::Entries(_)) {
+                        *list = ListData::Entries(EntryList::with_capacity(1000));
+                    }
+                    if let ListData::Entries(entries) = list {
+                        entries.push(entry, pool);
+                    }
+                }
+                None => self.stack.push(Value::Entry(Box::new((entry, pool)))),
+            }
             true
         });
         ids.clear();

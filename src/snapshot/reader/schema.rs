@@ -8,6 +8,7 @@ use super::model::{
 };
 use super::vm::{check_depth, malformed, untype, EntryList, ListData, Pool, Value, Vm};
 use super::ReadError;
+use std::sync::Arc;
 
 /// The dict keys the reader knows. Matching a key once to this enum costs one string
 /// comparison instead of one per candidate, which matters at millions of dicts.
@@ -405,6 +406,29 @@ impl<'a> Vm<'a> {
         }
     }
 
+    /// A string or None, as text shared by every entry with the same.
+    fn opt_text(&mut self, what: &str, key: &str, v: &Value<'a>) -> Result<Option<Arc<str>>, ReadError> {
+        match v {
+            Value::None => Ok(None),
+            v => self.str_field(what, key, v).map(|s| Some(self.shared_text(s))),
+        }
+    }
+
+    /// One shared copy of each distinct text.
+    pub(super) fn shared_text(&mut self, s: &'a str) -> Arc<str> {
+        let (addr, len) = (s.as_ptr() as usize, s.len());
+        let slot = &mut self.recent_texts[(addr ^ len) % 8];
+        match slot {
+            // Same address and length in the one input: the same text.
+            Some((a, l, text)) if *a == addr && *l == len => text.clone(),
+            _ => {
+                let text = self.texts.entry(s).or_insert_with(|| Arc::from(s)).clone();
+                *slot = Some((addr, len, text.clone()));
+                text
+            }
+        }
+    }
+
     pub(super) fn i64_field(&self, what: &str, key: &str, v: &Value<'a>) -> Result<i64, ReadError> {
         match v {
             Value::Int(i) => Ok(*i),
@@ -493,8 +517,8 @@ impl<'a> Vm<'a> {
                 Key::TimeUs => time_us = self.i64_field(ENTRY, k, v)?,
                 Key::Frames => frames = Some(self.stack_field(ENTRY, v)?),
                 Key::Category => category = self.opt_string(ENTRY, k, v)?,
-                Key::CompileContext => compile_context = self.opt_string(ENTRY, k, v)?,
-                Key::UserMetadata => user_metadata = self.opt_string(ENTRY, k, v)?,
+                Key::CompileContext => compile_context = self.opt_text(ENTRY, k, v)?,
+                Key::UserMetadata => user_metadata = self.opt_text(ENTRY, k, v)?,
                 Key::PoolId => pool = Some(self.int_pair(ENTRY, k, v)?),
                 _ => self.skip_key(ENTRY, k),
             }

@@ -7,7 +7,7 @@ use super::intern::{FastMap, StackTable, NO_FRAME};
 use super::model::{Annotation, Block, Frame, FrameId, Segment, StackId, TraceEntry};
 use super::op;
 use super::prescan::{memo_get_check, memo_put, memo_ref, MemoRefs};
-use super::schema::{classify, KeyCache};
+use super::schema::{classify, key_of, Key, KeyCache};
 use super::{Hooks, ReadError, ReadPass, TICK};
 
 /// Deeper generic nesting is refused: real snapshots nest 6 levels, and dropping a
@@ -33,7 +33,7 @@ pub(super) struct EntryList {
 }
 
 impl EntryList {
-    fn with_capacity(n: usize) -> Self {
+    pub(super) fn with_capacity(n: usize) -> Self {
         EntryList { entries: Vec::with_capacity(n), pools: Vec::new() }
     }
 
@@ -209,12 +209,19 @@ pub(super) struct Vm<'a> {
     /// The frame each memo slot holds (`NO_FRAME` if none): a compact copy of `memo` for
     /// the hottest lookup, BINGETs of frames, kept by `set_memo`.
     pub(super) memo_frames: Vec<FrameId>,
+    /// The dict key each memo slot's string is (`Key::Other` if none), kept by
+    /// `set_memo`: an entry's keys are nearly all read back, and matched with one load.
+    pub(super) memo_keys: Vec<Key>,
     pub(super) memo_len: u32,
     pub(super) arena: Vec<Value<'a>>,
     /// The memo slot of each arena entry, to store converted frames/stacks there too.
     pub(super) arena_memo: Vec<usize>,
     pub(super) frames: Vec<Frame>,
     pub(super) frame_ids: FastMap<(&'a str, &'a str, i64), FrameId>,
+    /// Entries' texts (`compile_context`, `user_metadata`), one shared copy of each,
+    /// and the last few met by address (the same memoized string read back).
+    pub(super) texts: FastMap<&'a str, std::sync::Arc<str>>,
+    pub(super) recent_texts: [Option<(usize, usize, std::sync::Arc<str>)>; 8],
     pub(super) stacks: StackTable,
     pub(super) scratch: Vec<Value<'a>>,
     pub(super) frame_scratch: Vec<FrameId>,
@@ -241,6 +248,7 @@ impl<'a> Vm<'a> {
     pub(super) fn new(data: &'a [u8], refs: MemoRefs) -> Self {
         let memo = vec![Memo::None; refs.count()];
         let memo_frames = vec![NO_FRAME; refs.count()];
+        let memo_keys = vec![Key::Other; refs.count()];
         Vm {
             cur: Cursor { data, pos: 0 },
             stack: Vec::with_capacity(4096),
@@ -248,11 +256,14 @@ impl<'a> Vm<'a> {
             refs,
             memo,
             memo_frames,
+            memo_keys,
             memo_len: 0,
             arena: Vec::new(),
             arena_memo: Vec::new(),
             frames: Vec::new(),
             frame_ids: FastMap::default(),
+            texts: FastMap::default(),
+            recent_texts: Default::default(),
             stacks: StackTable::default(),
             scratch: Vec::new(),
             frame_scratch: Vec::new(),
@@ -558,6 +569,10 @@ impl<'a> Vm<'a> {
             Memo::Frame(f) => f,
             _ => NO_FRAME,
         };
+        self.memo_keys[slot] = match m {
+            Memo::Str(s) => key_of(s),
+            _ => Key::Other,
+        };
     }
 
     /// Fast path for the bulk of a snapshot, a stack written as `MARK BINGET... APPENDS`
@@ -569,7 +584,7 @@ impl<'a> Vm<'a> {
         let data = self.cur.data;
         self.cur.pos = self.frame_refs(self.cur.pos, &mut ids);
         let closes = !ids.is_empty() && data.get(self.cur.pos) == Some(&op::APPENDS);
-        match self.frame_list_below_mark().filter(|_| closes) {
+        match self.list_below_mark(|l| matches!(l, ListData::Frames(_))).filter(|_| closes) {
             Some(list) => {
                 match list {
                     ListData::Frames(v) => v.extend_from_slice(&ids),
@@ -613,9 +628,11 @@ impl<'a> Vm<'a> {
         self.arena[h as usize] = v;
     }
 
-    /// The list the innermost MARK's APPENDS would extend, if it is a frame list or
-    /// still empty (owned on the stack or shared in the arena).
-    pub(super) fn frame_list_below_mark(&mut self) -> Option<&mut ListData<'a>> {
+    /// The list the innermost MARK's APPENDS would extend, when nothing was pushed since
+    /// that MARK and the list `holds` its kind of element or is still empty (owned on the
+    /// stack or shared in the arena). Elements put there straight away end up where the
+    /// APPENDS would put them.
+    pub(super) fn list_below_mark(&mut self, holds: fn(&ListData<'a>) -> bool) -> Option<&mut ListData<'a>> {
         let mark = *self.marks.last()?;
         let floor = self.marks.len().checked_sub(2).map_or(0, |i| self.marks[i]);
         if mark <= floor || self.stack.len() != mark {
@@ -627,8 +644,8 @@ impl<'a> Vm<'a> {
         };
         match slot {
             Value::List(list) => match list {
-                ListData::Frames(_) => Some(list),
                 ListData::Values(s) if s.items.is_empty() => Some(list),
+                list if holds(list) => Some(list),
                 _ => None,
             },
             _ => None,
