@@ -9,7 +9,10 @@
 //!   frees of blocks allocated before the trace come all along it.
 //!
 //! Each shape at N and 4N entries (the growth check: 4x the entries costs at most 5x the
-//! time). The files are generated once with Python under target/bench-data/.
+//! time, on the CPU time of the summary, which a machine shared with other work
+//! disturbs less than wall time), and on the ring, each command's own work after the
+//! read: the timeline and summary, replay's conversion, diff and export. The files are
+//! generated once with Python under target/bench-data/.
 //!
 //! Run: `cargo bench --bench snapshot_read` (`-- N` for another N; default 375000).
 
@@ -19,9 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use vramscope::app::snapshot_viewer::ViewerData;
+use vramscope::record::trace::trace_items;
+use vramscope::render::export::{render_svg, ExportOptions};
 use vramscope::report::snapshot_summary::summarize;
 use vramscope::snapshot::read_snapshot_file;
+use vramscope::snapshot::timeline::Timeline;
 
 const ENTRIES: usize = 375_000;
 
@@ -83,13 +88,34 @@ fn file(shape: &str, entries: usize) -> PathBuf {
     path
 }
 
-/// What `vramscope view --summary --json` does, in this process.
-fn summary(path: &Path) -> f64 {
-    let t = Instant::now();
-    let data = ViewerData::open(path, None).expect("open");
-    let s = summarize(&data.snap, &data.tl, data.device, 10);
-    serde_json::to_writer(std::io::sink(), &s).expect("json");
-    t.elapsed().as_secs_f64()
+/// What `vramscope view --summary --json` does, in this process: (wall, CPU) seconds.
+fn summary(path: &Path) -> (f64, f64) {
+    common::timed(|| {
+        let snap = read_snapshot_file(path).expect("read");
+        let device = snap.default_device();
+        let tl = Timeline::from_snapshot(&snap, device);
+        let s = summarize(&snap, &tl, device, 10);
+        serde_json::to_writer(std::io::sink(), &s).expect("json");
+        std::mem::forget((snap, tl));
+    })
+}
+
+/// Each command's own CPU seconds on a read snapshot: the timeline and summary,
+/// replay's conversion of the trace, diff against itself, and export's SVG.
+fn commands(path: &Path) -> [(&'static str, f64); 4] {
+    let snap = read_snapshot_file(path).expect("read");
+    let device = snap.default_device();
+    let best = |f: &dyn Fn()| (0..3).map(|_| common::timed(f).1).fold(f64::INFINITY, f64::min);
+    let summary = best(&|| {
+        let tl = Timeline::from_snapshot(&snap, device);
+        std::hint::black_box(summarize(&snap, &tl, device, 10));
+    });
+    let tl = Timeline::from_snapshot(&snap, device);
+    let replay = best(&|| drop(std::hint::black_box(trace_items(&snap))));
+    let diff = best(&|| drop(std::hint::black_box(vramscope::report::diff::diff((&snap, &tl, device), (&snap, &tl, device), 10))));
+    let o = ExportOptions { device, ..ExportOptions::default() };
+    let export = best(&|| drop(std::hint::black_box(render_svg(&snap, &o).expect("svg"))));
+    [("timeline + summary", summary), ("replay conversion", replay), ("diff", diff), ("export svg", export)]
 }
 
 /// The command itself, process start included.
@@ -118,6 +144,7 @@ fn child(path: &Path) {
 struct Row {
     read: f64,
     summary: f64,
+    summary_cpu: f64,
     command: f64,
     py_gc: f64,
     py_nogc: f64,
@@ -130,9 +157,11 @@ fn measure(path: &Path) -> Row {
         assert!(snap.trace_entry_count() > 0);
         t.elapsed().as_secs_f64()
     });
+    let runs: Vec<(f64, f64)> = (0..3).map(|_| summary(path)).collect();
     Row {
         read,
-        summary: best_of(3, || summary(path)),
+        summary: runs.iter().map(|r| r.0).fold(f64::INFINITY, f64::min),
+        summary_cpu: runs.iter().map(|r| r.1).fold(f64::INFINITY, f64::min),
         command: best_of(3, || summary_command(path)),
         py_gc: best_of(2, || python_load(path, "gc")),
         py_nogc: best_of(2, || python_load(path, "nogc")),
@@ -147,8 +176,8 @@ fn main() {
     let n = args.iter().skip(1).find_map(|a| a.parse().ok()).unwrap_or(ENTRIES);
     println!("snapshot_read: MAGMA27's trace repeated; ours best of 3, Python's pickle.load best of 2, all in this run");
     println!(
-        "{:<9} {:>9} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
-        "shape", "entries", "MB", "read s", "summary s", "command s", "py gc s", "py nogc s", "vs gc", "vs nogc", "cmd vs gc"
+        "{:<9} {:>9} {:>7} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
+        "shape", "entries", "MB", "read s", "summary s", "cpu s", "command s", "py gc s", "py nogc s", "vs gc", "vs nogc", "cmd vs gc"
     );
     let mut growth = Vec::new();
     for shape in ["shared", "unshared", "ring"] {
@@ -158,9 +187,10 @@ fn main() {
             let mb = std::fs::metadata(&path).expect("data file").len() as f64 / 1e6;
             let r = measure(&path);
             println!(
-                "{shape:<9} {entries:>9} {mb:>7.1} {:>8.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.2}x {:>9.2}x {:>9.2}x",
+                "{shape:<9} {entries:>9} {mb:>7.1} {:>8.3} {:>9.3} {:>8.3} {:>9.3} {:>9.3} {:>9.3} {:>9.2}x {:>9.2}x {:>9.2}x",
                 r.read,
                 r.summary,
+                r.summary_cpu,
                 r.command,
                 r.py_gc,
                 r.py_nogc,
@@ -168,7 +198,7 @@ fn main() {
                 r.py_nogc / r.summary,
                 r.py_gc / r.command
             );
-            summaries.push(r.summary);
+            summaries.push(r.summary_cpu);
         }
         growth.push((shape, summaries[1] / summaries[0]));
     }
@@ -186,7 +216,13 @@ fn main() {
     }
     for (shape, g) in growth {
         let verdict = if g <= 5.0 { "ok" } else { "OVER" };
-        println!("growth {shape}: 4x the entries took {g:.2}x the summary time (at most 5x): {verdict}");
+        println!("growth {shape}: 4x the entries took {g:.2}x the summary's CPU time (at most 5x): {verdict}");
+    }
+    let (small, large) = (commands(&file("ring", n)), commands(&file("ring", 4 * n)));
+    println!("ring, each command's CPU time after the read ({n} and {} entries):", 4 * n);
+    for ((what, a), (_, b)) in small.iter().zip(&large) {
+        let verdict = if b / a <= 5.0 { "ok" } else { "OVER" };
+        println!("  {what:<20} {a:>8.3} s {b:>8.3} s  {:>5.2}x (at most 5x): {verdict}", b / a);
     }
 
     let biggest = file("unshared", 4 * n);

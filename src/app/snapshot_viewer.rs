@@ -16,8 +16,8 @@ use crate::app::keys::{KeyMap, ViewAction};
 use crate::render::snapshot_viewer::{plot_columns, render_loading, render_viewer};
 use crate::render::theme::Theme;
 use crate::report::snapshot_summary::{
-    annotation_marks, breakdown_at_peak, figures_conflict, has_categories, largest_ids, reserved_peak,
-    segment_stats, AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
+    annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_figures, segment_stats,
+    AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
 };
 use crate::snapshot::model::Snapshot;
 use crate::snapshot::timeline::{DetailView, StackColumn, Timeline};
@@ -81,7 +81,8 @@ pub struct ViewerData {
     segments: OnceCell<(Vec<SegmentStats>, SegmentTotals)>,
     breakdown: OnceCell<Breakdown>,
     marks: OnceCell<Vec<AnnotationMark>>,
-    reserved: OnceCell<(u64, u64)>,
+    /// (peak, final) reserved bytes.
+    reserved: (u64, u64),
     /// Warnings and notes about the file the header shows: figures that contradict each
     /// other, what the reader left out.
     notes: Vec<String>,
@@ -108,7 +109,8 @@ impl ViewerData {
         let n = tl.allocations.len();
         let detail_step = default_detail_step(n);
         let detail = tl.detail(drawn_count(detail_step, n));
-        let conflict = figures_conflict(&snap, &tl, device).map(|c| format!("warning: {}", c.describe()));
+        let reserved = reserved_figures(&snap, &tl, device);
+        let conflict = reserved.conflict.map(|c| format!("warning: {}", c.describe()));
         let notes = conflict.into_iter().chain(snap.skipped.describe().map(|s| format!("not read: {s}"))).collect();
         ViewerData {
             name,
@@ -121,7 +123,7 @@ impl ViewerData {
             segments: OnceCell::new(),
             breakdown: OnceCell::new(),
             marks: OnceCell::new(),
-            reserved: OnceCell::new(),
+            reserved: (reserved.peak, reserved.last),
             notes,
         }
     }
@@ -166,7 +168,7 @@ impl ViewerData {
 
     /// (peak, final) reserved bytes.
     pub fn reserved(&self) -> (u64, u64) {
-        *self.reserved.get_or_init(|| reserved_peak(&self.snap, self.device))
+        self.reserved
     }
 
     pub fn stack_at_cursor(&self, ui: &ViewerUi) -> StackColumn {

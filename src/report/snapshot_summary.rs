@@ -284,24 +284,6 @@ fn reserved_change(e: &TraceEntry) -> i128 {
     }
 }
 
-/// Reserved bytes before the trace's first entry: the final segments, rewound through
-/// the trace's segment events.
-fn reserved_at_start(snap: &Snapshot, device: usize) -> i128 {
-    let last: u64 = snap.device_segments(device).map(|s| s.total_size).sum();
-    snap.trace(device).iter().fold(last as i128, |r, e| r - reserved_change(e))
-}
-
-/// Reserved bytes over the trace. Returns (peak, final).
-pub fn reserved_peak(snap: &Snapshot, device: usize) -> (u64, u64) {
-    let mut now = reserved_at_start(snap, device);
-    let mut peak = now;
-    for e in snap.trace(device) {
-        now += reserved_change(e);
-        peak = peak.max(now);
-    }
-    (peak.max(0) as u64, now.max(0) as u64)
-}
-
 /// Active bytes above the bytes reserved at the same action: figures that cannot both
 /// be true (every allocation lies in a reserved segment).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -323,29 +305,54 @@ impl FiguresConflict {
     }
 }
 
-/// The action where active memory exceeds reserved memory the most, if it ever does.
-/// A device with neither segments nor segment events has no reserved figure to hold.
-pub fn figures_conflict(snap: &Snapshot, tl: &Timeline, device: usize) -> Option<FiguresConflict> {
+/// Reserved memory along a device's trace, and where it contradicts active memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReservedFigures {
+    pub peak: u64,
+    /// At the end (the final segments).
+    pub last: u64,
+    /// The action where active memory exceeds reserved memory the most, if it ever does
+    /// (a device with neither segments nor segment events has no reserved figure to hold).
+    pub conflict: Option<FiguresConflict>,
+}
+
+/// `ReservedFigures` in one pass over the trace. Reserved bytes before entry `p` are the
+/// final segments rewound through all segment events, plus those before `p`: the
+/// rewind is only known at the end, so each action keeps active bytes less the events
+/// before it, and the worst is compared once the rewind is known.
+pub fn reserved_figures(snap: &Snapshot, tl: &Timeline, device: usize) -> ReservedFigures {
+    let last: u64 = snap.device_segments(device).map(|s| s.total_size).sum();
     let trace = snap.trace(device);
-    let known = snap.device_segments(device).next().is_some() || trace.iter().any(|e| reserved_change(e) != 0);
-    if !known {
-        return None;
-    }
-    let mut reserved = reserved_at_start(snap, device);
-    let (mut next, mut worst): (usize, Option<(i128, FiguresConflict)>) = (0, None);
+    let (mut before, mut highest, mut any_event) = (0i128, 0i128, false);
+    let (mut next, mut worst): (usize, Option<(i128, usize)>) = (0, None);
     for (i, &pos) in tl.event_positions.iter().enumerate() {
         while next <= pos && next < trace.len() {
-            reserved += reserved_change(&trace[next]);
+            let d = reserved_change(&trace[next]);
+            (before, highest, any_event) = (before + d, highest.max(before + d), any_event || d != 0);
             next += 1;
         }
-        let active = tl.totals_at(i);
-        let excess = active as i128 - reserved;
-        if excess > 0 && worst.as_ref().is_none_or(|w| excess > w.0) {
-            let c = FiguresConflict { action: i, active_bytes: active, reserved_bytes: reserved.max(0) as u64 };
-            worst = Some((excess, c));
+        let over = tl.totals_at(i) as i128 - before;
+        if worst.is_none_or(|w| over > w.0) {
+            worst = Some((over, i));
         }
     }
-    worst.map(|w| w.1)
+    for e in &trace[next.min(trace.len())..] {
+        let d = reserved_change(e);
+        (before, highest, any_event) = (before + d, highest.max(before + d), any_event || d != 0);
+    }
+    let start = last as i128 - before;
+    let known = any_event || snap.device_segments(device).next().is_some();
+    let conflict = worst.filter(|&(over, _)| known && over > start).map(|(_, i)| {
+        let reserved = start + reserved_change_before(trace, tl.event_positions[i]);
+        FiguresConflict { action: i, active_bytes: tl.totals_at(i), reserved_bytes: reserved.max(0) as u64 }
+    });
+    ReservedFigures { peak: (start + highest).max(0) as u64, last, conflict }
+}
+
+/// The change in reserved bytes from the trace's segment events before entry `pos`
+/// (and at it).
+fn reserved_change_before(trace: &[TraceEntry], pos: usize) -> i128 {
+    trace.iter().take(pos.saturating_add(1)).map(reserved_change).sum()
 }
 
 /// Segments, blocks and trace entries of one device.
@@ -422,14 +429,27 @@ pub struct AnnotationMark {
     pub event: Option<usize>,
 }
 
+/// The first action at or after `time_us` (the trace's times ascend): a binary search.
+fn first_action_from(snap: &Snapshot, tl: &Timeline, device: usize, time_us: i64) -> usize {
+    let (mut lo, mut hi) = (0, tl.total_events);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if event_time(snap, tl, device, mid).unwrap_or(i64::MAX) < time_us {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// The device's annotations placed on the timeline's action axis by time.
 pub fn annotation_marks(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<AnnotationMark> {
-    let times: Vec<i64> = (0..tl.total_events).map(|i| event_time(snap, tl, device, i).unwrap_or(i64::MAX)).collect();
     snap.external_annotations
         .iter()
         .filter(|a| a.device == device as i64)
         .map(|a| {
-            let k = times.partition_point(|&t| t < a.time_us);
+            let k = first_action_from(snap, tl, device, a.time_us);
             AnnotationMark {
                 name: a.name.clone(),
                 stage: match a.stage {
@@ -482,10 +502,10 @@ pub struct SnapshotSummary {
 
 pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> SnapshotSummary {
     let (_, totals) = segment_stats(snap.device_segments(device));
-    let (peak_reserved, _) = reserved_peak(snap, device);
+    let reserved = reserved_figures(snap, tl, device);
     let per_device = device_counts(snap);
     let here = per_device.get(device).cloned();
-    let conflict = figures_conflict(snap, tl, device);
+    let conflict = reserved.conflict;
     SnapshotSummary {
         device,
         device_name: snap.device_name(device),
@@ -495,7 +515,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
         peak_active_bytes: tl.peak_bytes,
         peak_active_event: tl.peak_index,
         peak_active_time_us: event_time(snap, tl, device, tl.peak_index),
-        peak_reserved_bytes: peak_reserved,
+        peak_reserved_bytes: reserved.peak,
         reserved_bytes: totals.reserved,
         allocated_bytes: totals.allocated,
         segments: here.as_ref().map_or(0, |c| c.segments),

@@ -17,7 +17,7 @@
 //! bytes of such frees seen so far, and a total is that value plus all of them (a free
 //! at `j` then counts exactly at the actions up to `j`). Nothing recorded is rewritten.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::model::{Action, Snapshot, StackId, TraceEntry};
 
@@ -194,7 +194,7 @@ pub fn category_index(names: &mut Vec<String>, category: Option<&str>) -> u16 {
 #[derive(Clone, Debug, Default)]
 pub struct TimelineBuilder {
     tl: Timeline,
-    open: HashMap<u64, u32>,
+    open: FxHashMap<u64, u32>,
     pending_free: Option<(u64, usize)>,
     fed: usize,
     /// Blocks added by `add_alive_throughout` so far (counting them per call was quadratic).
