@@ -148,7 +148,7 @@ fn bench_timeline_ring() {
     let build = |n: usize| {
         let ops = stream(n);
         let mut r = Rng(0x9e37_79b9_7f4a_7c15);
-        let fell_out: std::collections::HashSet<u64> = ops.iter().filter(|o| o.0 && r.next() % 4 == 0).map(|o| o.1).collect();
+        let fell_out: std::collections::HashSet<u64> = ops.iter().filter(|o| o.0 && r.next().is_multiple_of(4)).map(|o| o.1).collect();
         let ring: Vec<(Action, u64, u64)> = ops
             .iter()
             .filter(|o| !(o.0 && fell_out.contains(&o.1)))
