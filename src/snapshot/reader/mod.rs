@@ -89,16 +89,16 @@ pub fn read_snapshot_file_observed(
     let file = std::fs::File::open(path).map_err(io)?;
     #[cfg(unix)]
     if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
-        return decode(map.bytes(), &mut |upto| map.release(upto), observe);
+        return decode(map.bytes(), &|range| map.release(range), observe);
     }
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
-    decode(&bytes, &mut |_| {}, observe)
+    decode(&bytes, &|_| {}, observe)
 }
 
 /// Decode a snapshot pickle.
 pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, ReadError> {
-    decode(bytes, &mut |_| {}, &mut |_| {})
+    decode(bytes, &|_| {}, &mut |_| {})
 }
 
 /// Which pass over the file a `ReadProgress` is from (in the order they run).
@@ -126,11 +126,12 @@ pub struct ReadProgress<'s> {
 /// How far the reader advances between calls to its `release` and `observe` hooks.
 const TICK: usize = 2 << 20;
 
-/// `release(n)` is told periodically that bytes before `n` may be dropped from memory;
-/// they must still read the same if touched again (a file mapping re-faults them).
+/// `release(range)` is told periodically that those bytes may be dropped from memory
+/// (from any thread); they must still read the same if touched again (a file mapping
+/// re-faults them).
 fn decode(
     bytes: &[u8],
-    release: &mut dyn FnMut(usize),
+    release: &(dyn Fn(std::ops::Range<usize>) + Sync),
     observe: &mut dyn FnMut(&ReadProgress<'_>),
 ) -> Result<Snapshot, ReadError> {
     match bytes.first() {
@@ -155,7 +156,7 @@ fn decode(
 }
 
 struct Hooks<'h> {
-    release: &'h mut dyn FnMut(usize),
+    release: &'h (dyn Fn(std::ops::Range<usize>) + Sync),
     observe: &'h mut dyn FnMut(&ReadProgress<'_>),
 }
 
@@ -169,7 +170,7 @@ impl Hooks<'_> {
         segments: Option<&[Segment]>,
         traces: Vec<&[TraceEntry]>,
     ) {
-        (self.release)(pos);
+        (self.release)(0..pos);
         (self.observe)(&ReadProgress {
             pass,
             done: pos,
@@ -192,6 +193,10 @@ mod mapped {
         len: usize,
         page: usize,
     }
+
+    // SAFETY: the mapping is read-only and lives as long as `Mapped`; reading it and
+    // advising on its pages are safe from any thread.
+    unsafe impl Sync for Mapped {}
 
     impl Mapped {
         /// `None` when the file cannot be mapped (empty, not a regular file): the caller
@@ -234,13 +239,14 @@ mod mapped {
             unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
         }
 
-        /// Drop the resident pages before `upto`. The mapping stays valid: a page read
-        /// again faults back in from the (unchanged) file.
-        pub fn release(&self, upto: usize) {
-            let end = upto.min(self.len) / self.page * self.page;
-            if end > 0 {
-                // SAFETY: a page-aligned prefix of our own private read-only mapping.
-                unsafe { libc::madvise(self.ptr, end, libc::MADV_DONTNEED) };
+        /// Drop the resident pages wholly inside `range`. The mapping stays valid: a
+        /// page read again faults back in from the (unchanged) file.
+        pub fn release(&self, range: std::ops::Range<usize>) {
+            let start = range.start.div_ceil(self.page) * self.page;
+            let end = range.end.min(self.len) / self.page * self.page;
+            if end > start {
+                // SAFETY: page-aligned pages of our own private read-only mapping.
+                unsafe { libc::madvise(self.ptr.cast::<u8>().add(start).cast(), end - start, libc::MADV_DONTNEED) };
             }
         }
     }
@@ -275,9 +281,11 @@ mod tests {
         p.extend((pad as u32).to_le_bytes());
         p.extend(std::iter::repeat_n(b'x', pad));
         p.extend([op::SETITEMS, op::STOP]);
-        let mut calls = Vec::new();
+        let calls = std::sync::Mutex::new(Vec::new());
         let mut passes = Vec::new();
-        let snap = decode(&p, &mut |n| calls.push(n), &mut |r| passes.push((r.pass, r.done))).unwrap();
+        let release = |r: std::ops::Range<usize>| calls.lock().unwrap().push(r.end);
+        let snap = decode(&p, &release, &mut |r| passes.push((r.pass, r.done))).unwrap();
+        let calls = calls.into_inner().unwrap();
         assert_eq!(snap, read_snapshot(&p).unwrap());
         assert_eq!(calls.len(), 2, "one release per pass: {calls:?}");
         assert!(calls.iter().all(|&n| n > TICK));
