@@ -208,6 +208,20 @@ fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn 
                 pos += 2;
                 continue;
             }
+            [op::BININT2, _, _, ..] => {
+                pos += 3;
+                continue;
+            }
+            [op::BININT, _, _, _, _, ..] => {
+                pos += 5;
+                continue;
+            }
+            // Addresses and times: never more than 8 bytes in a snapshot (the full
+            // decoder checks larger ones).
+            [op::LONG1, n @ 0..=8, rest @ ..] if rest.len() >= *n as usize => {
+                pos += 2 + *n as usize;
+                continue;
+            }
             [op::SHORT_BINUNICODE, n, rest @ ..] if rest.len() >= *n as usize => {
                 pos += 2 + *n as usize;
                 continue;
