@@ -139,7 +139,7 @@ fn decode(
         Some(&op::PROTO) => {}
         Some(&byte) => return Err(ReadError::NotPickle { byte }),
     }
-    let mut hooks = Hooks { release, observe };
+    let mut hooks = Hooks::new(release, observe);
     let refs = prescan(bytes, &mut hooks)?;
     let mut vm = Vm::new(bytes, refs);
     let top = vm.run(&mut hooks)?;
@@ -158,22 +158,32 @@ fn decode(
 struct Hooks<'h> {
     release: &'h (dyn Fn(std::ops::Range<usize>) + Sync),
     observe: &'h mut dyn FnMut(&ReadProgress<'_>),
+    /// Where this pass's released bytes end: each tick releases only what it adds (a
+    /// release from the start every time would walk the whole prefix again).
+    released: (ReadPass, usize),
 }
 
-impl Hooks<'_> {
-    /// Called at every `TICK` bytes of a pass.
+impl<'h> Hooks<'h> {
+    fn new(release: &'h (dyn Fn(std::ops::Range<usize>) + Sync), observe: &'h mut dyn FnMut(&ReadProgress<'_>)) -> Self {
+        Hooks { release, observe, released: (ReadPass::Check, 0) }
+    }
+
+    /// Called at every `TICK` bytes of a pass, at `pos`, with `done` bytes of it gone
+    /// through (more than `pos` when another thread checks a later stretch).
     fn tick(
         &mut self,
         pass: ReadPass,
         data: &[u8],
-        pos: usize,
+        (pos, done): (usize, usize),
         segments: Option<&[Segment]>,
         traces: Vec<&[TraceEntry]>,
     ) {
-        (self.release)(0..pos);
+        let from = if self.released.0 == pass { self.released.1 } else { 0 };
+        (self.release)(from..pos);
+        self.released = (pass, pos);
         (self.observe)(&ReadProgress {
             pass,
-            done: pos,
+            done,
             total: data.len(),
             segments,
             traces,

@@ -65,12 +65,13 @@ const PARALLEL_FROM: usize = 8 * TICK;
 /// order, which also finds the first error exactly.
 pub(super) fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<MemoRefs, ReadError> {
     let split = (data.len() >= PARALLEL_FROM).then(|| frame_start_after(data, data.len() / 2)).flatten();
-    let words = match split {
-        Some(mid) => match check_halves(data, mid, hooks)? {
-            Some(words) => words,
-            None => check::<true>(data, 0, usize::MAX, &mut |pos| hooks.tick(ReadPass::Check, data, pos, None, Vec::new()))?.words,
-        },
-        None => check::<true>(data, 0, usize::MAX, &mut |pos| hooks.tick(ReadPass::Check, data, pos, None, Vec::new()))?.words,
+    let halves = match split {
+        Some(mid) => check_halves(data, mid, hooks)?,
+        None => None,
+    };
+    let words = match halves {
+        Some(words) => words,
+        None => check::<true>(data, 0, usize::MAX, &mut |pos| hooks.tick(ReadPass::Check, data, (pos, pos), None, Vec::new()))?.words,
     };
     let mut ranks = Vec::with_capacity(words.len());
     let mut acc = 0u32;
@@ -97,8 +98,7 @@ fn check_halves(data: &[u8], mid: usize, hooks: &mut Hooks<'_>) -> Result<Option
         });
         let mut tick = |pos: usize| {
             let done = pos + second_done.load(std::sync::atomic::Ordering::Relaxed);
-            (hooks.release)(0..pos);
-            (hooks.observe)(&super::ReadProgress { pass: ReadPass::Check, done, total: data.len(), segments: None, traces: Vec::new() });
+            hooks.tick(ReadPass::Check, data, (pos, done), None, Vec::new());
         };
         let first = check::<true>(data, 0, mid, &mut tick);
         (first, second.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
@@ -282,7 +282,7 @@ mod tests {
             p.extend([op::NONE, op::MEMOIZE, op::POP]);
         }
         p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
-        let hooks = &mut Hooks { release: &|_| {}, observe: &mut |_| {} };
+        let hooks = &mut Hooks::new(&|_| {}, &mut |_| {});
         let refs = prescan(&p, hooks).unwrap();
         assert_eq!(refs.count(), 2);
         assert_eq!(
@@ -326,7 +326,7 @@ mod tests {
     }
 
     fn both(data: &[u8]) -> (Result<Vec<u64>, String>, Result<Vec<u64>, String>) {
-        let hooks = &mut Hooks { release: &|_| {}, observe: &mut |_| {} };
+        let hooks = &mut Hooks::new(&|_| {}, &mut |_| {});
         let halves = prescan(data, hooks).map(|r| r.words).map_err(|e| e.to_string());
         let in_order = check::<true>(data, 0, usize::MAX, &mut |_| {}).map(|c| c.words).map_err(|e| e.to_string());
         (halves, in_order)

@@ -306,7 +306,7 @@ impl<'a> Vm<'a> {
         loop {
             if self.cur.pos >= next_tick {
                 let (segments, traces) = self.peek();
-                hooks.tick(ReadPass::Decode, self.cur.data, self.cur.pos, segments, traces);
+                hooks.tick(ReadPass::Decode, self.cur.data, (self.cur.pos, self.cur.pos), segments, traces);
                 next_tick = self.cur.pos + TICK;
             }
             // The opcodes that make up nearly all of a snapshot, run straight from the
