@@ -282,7 +282,8 @@ mod tests {
             p.extend([op::NONE, op::MEMOIZE, op::POP]);
         }
         p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
-        let hooks = &mut Hooks::new(&|_| {}, &mut |_| {});
+        let mut observe = |_: &super::super::ReadProgress<'_>| {};
+        let hooks = &mut Hooks::new(&|_| {}, &mut observe);
         let refs = prescan(&p, hooks).unwrap();
         assert_eq!(refs.count(), 2);
         assert_eq!(
@@ -326,7 +327,8 @@ mod tests {
     }
 
     fn both(data: &[u8]) -> (Result<Vec<u64>, String>, Result<Vec<u64>, String>) {
-        let hooks = &mut Hooks::new(&|_| {}, &mut |_| {});
+        let mut observe = |_: &super::super::ReadProgress<'_>| {};
+        let hooks = &mut Hooks::new(&|_| {}, &mut observe);
         let halves = prescan(data, hooks).map(|r| r.words).map_err(|e| e.to_string());
         let in_order = check::<true>(data, 0, usize::MAX, &mut |_| {}).map(|c| c.words).map_err(|e| e.to_string());
         (halves, in_order)
