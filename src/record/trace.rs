@@ -45,7 +45,10 @@ pub fn trace_items(snap: &Snapshot) -> Vec<(u64, Incoming)> {
         }
         entries.extend(trace.iter().zip(frees).map(|(e, frees)| (e.time_us, d as u8, e, FreeRole::of(e.action, frees))));
     }
-    entries.sort_by_key(|e| e.0);
+    // One device's trace is in time order already; several are merged by time.
+    if !entries.is_sorted_by_key(|e| e.0) {
+        entries.sort_by_key(|e| e.0);
+    }
     let timed = entries.first().map(|e| e.0) != entries.last().map(|e| e.0);
     let t0 = entries.first().map(|e| e.0).unwrap_or(0);
     let t_ns = |i: usize, time_us: i64| if timed { (time_us - t0).max(0) as u64 * 1000 } else { i as u64 * 1000 };

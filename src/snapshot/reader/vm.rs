@@ -440,23 +440,13 @@ impl<'a> Vm<'a> {
                     self.set_items(&mut d, &mut pairs)?;
                     self.stack.push(d);
                 }
-                Op::Append => {
-                    let floor = self.marks.last().copied().unwrap_or(0);
-                    self.add_to_container(
-                        self.stack.len().saturating_sub(1).max(floor),
-                        Self::append_items,
-                    )?;
-                }
+                // APPEND and SETITEM add the last 1 or 2 values; APPENDS and SETITEMS
+                // all those above the MARK.
+                Op::Append => self.add_to_container(self.last_values(1), Self::append_items)?,
+                Op::SetItem => self.add_to_container(self.last_values(2), Self::set_items)?,
                 Op::Appends => {
                     let m = self.pop_mark()?;
                     self.add_to_container(m, Self::append_items)?;
-                }
-                Op::SetItem => {
-                    let floor = self.marks.last().copied().unwrap_or(0);
-                    self.add_to_container(
-                        self.stack.len().saturating_sub(2).max(floor),
-                        Self::set_items,
-                    )?;
                 }
                 Op::SetItems => {
                     let m = self.pop_mark()?;
@@ -650,6 +640,12 @@ impl<'a> Vm<'a> {
             },
             _ => None,
         }
+    }
+
+    /// Where the last `n` values on the stack begin (not below the innermost MARK).
+    fn last_values(&self, n: usize) -> usize {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        self.stack.len().saturating_sub(n).max(floor)
     }
 
     /// Move the values from stack index `from` up into the container just below them
