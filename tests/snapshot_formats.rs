@@ -450,3 +450,30 @@ print('{}')
         assert_eq!(String::from_utf8_lossy(&out.stdout).contains("warning: active memory"), warns, "{name}");
     }
 }
+
+#[test]
+fn the_inspector_shows_what_newer_pytorch_records() {
+    use vramscope::app::keys::{KeyMap, ViewAction::*};
+    use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = newer_file(dir.path());
+    let keys = KeyMap::default();
+    let theme = vramscope::render::theme::Theme::load("dark").unwrap();
+    // The largest allocations, one row down per press: 6 MiB (pool (1, 3)), 4 MiB (freed
+    // before the trace), 3 MiB (compiled, with user metadata), 2 MiB (made in backward).
+    let screen = |downs: usize| {
+        let mut data = ViewerData::open(&path, None).unwrap();
+        let mut ui = ViewerUi::new(&data);
+        for a in [NextTab].into_iter().chain(std::iter::repeat_n(SelectDown, downs)).chain([Inspect]) {
+            handle(a, &mut data, &mut ui, 1);
+        }
+        let buf = vramscope::render::draw_to_buffer(160, 40, |f| vramscope::render::snapshot_viewer::render_viewer(f, &data, &ui, &keys, &theme));
+        (0..40).map(|y| (0..160).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string()).collect::<Vec<_>>().join("\n")
+    };
+    let compiled = screen(2);
+    assert!(compiled.contains("Torch-Compiled Region: 0/1") && compiled.contains("{\"step\": 3}") && compiled.contains("fx call_function linear_4 (aten.mm)"), "{compiled}");
+    insta::assert_snapshot!(compiled);
+    assert!(screen(0).contains("pool       (1, 3)"));
+    let backward = screen(3);
+    assert!(backward.contains("made in backward for the forward op at:") && backward.contains("fn5 (mod0.py:15)"), "{backward}");
+}
