@@ -70,7 +70,7 @@ pub fn trace_items(snap: &Snapshot) -> Vec<(u64, Incoming)> {
 
     let (mut phase, mut step) = (Phase::Other, 0u32);
     let mut out = Vec::new();
-    let mut batch = Batch::default();
+    let mut batch = Batch { events: Vec::with_capacity(BATCH_EVENTS), ..Batch::default() };
     let mut sent = 0u64;
     let event = |t_ns, addr, size, stream, action, phase, step, device, category| MemEvent { t_ns, addr, size, stream, step, scope: 0, action, phase, device, category };
     for (device, addr, size, category) in initial {
@@ -94,7 +94,7 @@ pub fn trace_items(snap: &Snapshot) -> Vec<(u64, Incoming)> {
         if batch.events.len() >= BATCH_EVENTS || i + 1 == entries.len() {
             let stamp = batch.events.last().map(|e| e.t_ns).unwrap_or(0);
             sent += batch.events.len() as u64;
-            let next = Batch { first_seq: sent, ..Batch::default() };
+            let next = Batch { first_seq: sent, events: Vec::with_capacity(BATCH_EVENTS), ..Batch::default() };
             out.push((stamp, Incoming::Batch(std::mem::replace(&mut batch, next))));
         }
     }
