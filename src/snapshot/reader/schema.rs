@@ -282,8 +282,8 @@ impl<'a> Vm<'a> {
         };
         let id = self.intern_frame(name, filename, line)?;
         // FX keys follow from the file and line, so a frame seen again has the same ones.
-        if !fx.is_empty() && !self.frame_fx.iter().any(|(f, _)| *f == id) {
-            self.frame_fx.push((id, fx));
+        if !fx.is_empty() {
+            self.frame_fx.entry(id).or_insert(fx);
         }
         Ok(id)
     }
@@ -885,7 +885,7 @@ impl<'a> Vm<'a> {
     fn finish(self, mut snap: Snapshot) -> Snapshot {
         snap.frames = self.frames;
         snap.stacks = self.stacks.stacks;
-        snap.details.frame_fx = self.frame_fx;
+        snap.details.frame_fx = self.frame_fx.into_iter().collect();
         snap.details.forward_frames = self.forward_frames;
         for ((record, key), n) in self.skipped_keys {
             *snap.skipped.keys.entry(format!("{record}.{key}")).or_default() += n;

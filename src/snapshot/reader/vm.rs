@@ -231,7 +231,7 @@ pub(super) struct Vm<'a> {
     pub(super) skipped_keys: FastMap<(&'static str, &'a str), u64>,
     pub(super) skipped_actions: FastMap<&'a str, u64>,
     /// `Details` as read: frames' FX keys, blocks' forward frames.
-    pub(super) frame_fx: Vec<(FrameId, Vec<(String, String)>)>,
+    pub(super) frame_fx: FastMap<FrameId, Vec<(String, String)>>,
     pub(super) forward_frames: Vec<(u64, StackId)>,
     /// Offset of the opcode being run, for error messages.
     pub(super) at: usize,
@@ -271,7 +271,7 @@ impl<'a> Vm<'a> {
             keys: KeyCache::new(),
             skipped_keys: FastMap::default(),
             skipped_actions: FastMap::default(),
-            frame_fx: Vec::new(),
+            frame_fx: FastMap::default(),
             forward_frames: Vec::new(),
             at: 0,
         }
