@@ -106,7 +106,8 @@ pub struct Loading {
     pub detail: DetailView,
     /// Trace entries received.
     pub entries: usize,
-    detail_at: usize,
+    /// Allocations when `detail` was last chosen.
+    detail_of: usize,
 }
 
 impl Loading {
@@ -122,7 +123,7 @@ impl Loading {
             categories: Vec::new(),
             detail: DetailView::default(),
             entries: 0,
-            detail_at: 0,
+            detail_of: 0,
         }
     }
 
@@ -167,13 +168,16 @@ impl Loading {
         }
     }
 
-    /// Recomputes which allocations are drawn one by one when events came in since.
+    /// Chooses again which allocations are drawn one by one once the allocations have
+    /// grown by half since the last choice (those since are in the summarized band):
+    /// choosing costs a pass over them all, so doing it per redraw would cost the
+    /// load's length times the trace.
     pub fn refresh_detail(&mut self) {
         let Some(tl) = self.builder.as_ref().map(TimelineBuilder::timeline) else { return };
-        if self.detail_at != tl.total_events {
-            let n = tl.allocations.len();
+        let n = tl.allocations.len();
+        if n > self.detail_of + self.detail_of / 2 {
             self.detail = tl.detail(drawn_count(default_detail_step(n), n));
-            self.detail_at = tl.total_events;
+            self.detail_of = n;
         }
     }
 

@@ -635,6 +635,9 @@ impl Timeline {
             let size = view.max_end.len() / 2;
             view.collect_alive(1, 0, size, limit, index as u64, &mut ids);
         }
+        // A view chosen while the timeline was still growing holds ends as they were:
+        // a band freed since is not drawn.
+        ids.retain(|&a| self.allocations[a as usize].alive_at(index));
         let mut y = 0;
         let bands = ids
             .into_iter()
@@ -813,6 +816,22 @@ mod tests {
             layout(&t.stack_at(&v, 1)),
             vec![(2, 0, 1024), (0, 1024, 2048), (1, 2048, 2560)]
         );
+    }
+
+    #[test]
+    fn a_view_chosen_before_later_frees_draws_what_is_alive_now() {
+        let mut b = TimelineBuilder::new(vec!["unknown".into()]);
+        b.feed(Alloc, 1, 100, 0, 0);
+        b.feed(Alloc, 2, 50, 0, 0);
+        let view = b.timeline().detail(15_000);
+        b.feed(FreeCompleted, 1, 100, 0, 0);
+        b.feed(Alloc, 3, 10, 0, 0);
+        let t = b.finish();
+        // Action 2 frees the first band (it still counts during its free); at 3 the
+        // band allocated after the view was chosen is in the summarized part.
+        assert_eq!(layout(&t.stack_at(&view, 2)), vec![(0, 0, 100), (1, 100, 150)]);
+        let c = t.stack_at(&view, 3);
+        assert_eq!((layout(&c), c.summarized), (vec![(1, 0, 50)], (50, 60)));
     }
 
     #[test]
