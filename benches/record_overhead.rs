@@ -8,25 +8,25 @@ mod common;
 
 use vramscope::record::player::Script;
 use vramscope::record::writer::{RecordSummary, Recorder};
-use vramscope::source::feed::{engine_items, Incoming};
-use vramscope::train::config::Preset;
-use vramscope::train::engine::{Engine, Report};
+use vramscope::source::job::Output;
+use vramscope::source::launch::launch_engine;
+use vramscope::step_config::Preset;
+use vramscope::stream::{Incoming, Report};
 
 /// Step times after one warm-up step, consumed the way `run --headless [--record]` does.
 fn session(record: Option<&std::path::Path>, steps: u64, ctx: i64, batch: i64) -> (Vec<f64>, Option<RecordSummary>) {
     let o = common::cpu_train(Preset::Tiny, ctx, batch, steps);
     let mut recorder = record.map(|p| Recorder::create(p).expect("new recording"));
-    let mut engine = Engine::spawn(o).expect("engine");
-    let step_time = |i: Incoming| match i {
+    let source = launch_engine(&o, Output::Capture).expect("the engine starts");
+    let step_time = |(_, i): (u32, Incoming)| match i {
         Incoming::Report(Report::Step(s)) if s.step > 0 => Some(s.step_time_s),
         _ => None,
     };
-    let items = engine_items(&engine);
+    let items = std::iter::from_fn(|| source.next());
     let times = match &mut recorder {
         Some(r) => r.tee(items).filter_map(step_time).collect(),
         None => items.filter_map(step_time).collect(),
     };
-    engine.shutdown();
     (times, recorder.map(|r| r.finish().expect("recording closes")))
 }
 
@@ -36,9 +36,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn events_in(path: &std::path::Path) -> u64 {
-    let script = Script::open(path).expect("recording opens");
+    let mut script = Script::open(path).expect("recording opens");
     let mut failed = None;
-    let n = script.stream(&mut failed).map(|i| if let Incoming::Batch(b) = i { b.events.len() as u64 } else { 0 }).sum();
+    let n = script.stream(&mut failed).map(|(_, i)| if let Incoming::Batch(b) = i { b.events.len() as u64 } else { 0 }).sum();
     assert!(failed.is_none());
     n
 }
@@ -72,13 +72,13 @@ fn main() {
     let (ev, by): (u64, u64) = recorded.iter().fold((0, 0), |a, s| (a.0 + s.events, a.1 + s.bytes));
     println!("  recorded: {ev} events in {by} bytes = {:.2} bytes/event ({} steps per recording)", by as f64 / ev as f64, steps + 1);
     // The recorder's own CPU time, free of scheduler noise: re-record the first recording.
-    let script = Script::open(&recorded[0].path).expect("recording opens");
+    let mut script = Script::open(&recorded[0].path).expect("recording opens");
     let mut failed = None;
-    let items: Vec<Incoming> = script.stream(&mut failed).collect();
+    let items: Vec<(u32, Incoming)> = script.stream(&mut failed).collect();
     let mut again = Recorder::create(&dir.path().join("again.vsrec")).expect("new recording");
     let t = std::time::Instant::now();
-    for (i, item) in items.iter().enumerate() {
-        again.record(i as u64 * 10_000, item).expect("records");
+    for (i, (rank, item)) in items.iter().enumerate() {
+        again.record(i as u64 * 10_000, *rank, item).expect("records");
     }
     let s = again.finish().expect("closes");
     let per_event = t.elapsed().as_nanos() as f64 / s.events as f64;

@@ -104,7 +104,7 @@ fn main() {
         let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) = (0..runs)
             .map(|_| {
                 let (t, c) = (Instant::now(), thread_cpu_s());
-                let buf = draw_to_buffer(200, 60, |f| render_live(f, &store, &view, &keys, &theme));
+                let buf = draw_to_buffer(200, 60, |f| render_live(f, &store, &Default::default(), &view, &keys, &theme));
                 std::hint::black_box(buf);
                 (t.elapsed().as_secs_f64(), thread_cpu_s() - c)
             })

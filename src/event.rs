@@ -135,6 +135,16 @@ pub struct PhaseMark {
     pub phase: Phase,
 }
 
+/// The producer learnt what a live allocation is: its category, and its name when it has
+/// one (a parameter's, "exp_avg of" one) as an interned scope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retag {
+    pub addr: u64,
+    pub category: Category,
+    /// Interned scope naming the allocation; 0 keeps the scope it was made in.
+    pub scope: u32,
+}
+
 /// A batch of stream data. Batches may be dropped under back-pressure; everything needed
 /// for exact totals travels in `StepReport` instead.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -143,8 +153,8 @@ pub struct Batch {
     pub first_seq: u64,
     pub events: Vec<MemEvent>,
     pub marks: Vec<PhaseMark>,
-    /// Category corrections for live allocations at these addresses.
-    pub retags: Vec<(u64, Category)>,
+    /// Category corrections (and names) for live allocations.
+    pub retags: Vec<Retag>,
     /// Newly interned scope names: (id, name).
     pub scopes: Vec<(u32, String)>,
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use vramscope::train::config::{
+use vramscope::step_config::{
     validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
@@ -14,13 +14,14 @@ use vramscope::app::keys::KeyMap;
 use vramscope::app::live::{LiveOptions, Screen};
 use vramscope::record::player::Script;
 use vramscope::record::writer::Recorder;
-use vramscope::source::feed::{engine_items, Incoming};
+use vramscope::source::job::Output;
+use vramscope::source::launch::{launch_engine, EngineOptions};
+use vramscope::stream::Incoming;
 use vramscope::render::theme::Theme;
 use vramscope::render::export::{self, ExportOptions};
 use vramscope::render::format::parse_bytes;
 use vramscope::report::growth::{self, LiveByOrigin};
 use vramscope::report::{estimate, fit, sweep};
-use vramscope::train::engine::{Engine, EngineOptions};
 
 #[derive(Parser)]
 #[command(name = "vramscope", version, about = "Watch GPU memory move while a transformer trains")]
@@ -36,6 +37,12 @@ struct Cli {
 enum Command {
     /// Train and watch memory (the default): live screen, or lines with --headless.
     Run(RunArgs),
+    /// Run your own PyTorch script or command with vramscope's hook and watch it live
+    /// (`vramscope py train.py`, `vramscope py -- torchrun --nproc-per-node 2 train.py`).
+    Py(PyCommand),
+    /// Watch a job that already runs (started with `vramscope py` or
+    /// `python -m vramscope_hook`); quitting leaves it running.
+    Attach(AttachCommand),
     /// Device gauges for every GPU and its processes (host gauges without NVML).
     Watch(vramscope::app::watch::WatchArgs),
     /// Play a recording (or a memory snapshot's trace) on the screen, or --headless.
@@ -52,12 +59,31 @@ enum Command {
     Estimate(EstimateArgs),
     /// Draw a snapshot's active-memory timeline as an SVG or PNG.
     Export(ExportArgs),
+    /// Replay a snapshot's trace under other allocator settings: peaks, fragmentation,
+    /// and whether the request that ran out of memory would have fit.
+    Whatif(vramscope::report::whatif::WhatifArgs),
 }
 
 #[derive(Args, Clone)]
 struct ReplayCommand {
     #[command(flatten)]
     replay: vramscope::app::replay::ReplayArgs,
+    #[command(flatten)]
+    screen: ScreenArgs,
+}
+
+#[derive(Args, Clone)]
+struct PyCommand {
+    #[command(flatten)]
+    py: vramscope::app::py::PyArgs,
+    #[command(flatten)]
+    screen: ScreenArgs,
+}
+
+#[derive(Args, Clone)]
+struct AttachCommand {
+    #[command(flatten)]
+    attach: vramscope::app::py::AttachArgs,
     #[command(flatten)]
     screen: ScreenArgs,
 }
@@ -152,6 +178,30 @@ struct RunArgs {
     /// Record everything the screen (or --headless) is fed into this new file.
     #[arg(long)]
     record: Option<PathBuf>,
+    #[command(flatten)]
+    alloc: AllocConfArgs,
+}
+
+/// The caching-allocator settings of the GPU that CPU runs model.
+#[derive(Args, Clone)]
+struct AllocConfArgs {
+    /// PYTORCH_CUDA_ALLOC_CONF for the modelled GPU on CPU, e.g. expandable_segments:True
+    /// (default: the environment's PYTORCH_CUDA_ALLOC_CONF). On CUDA, PyTorch reads the
+    /// environment variable itself.
+    #[arg(long, value_name = "CONF")]
+    alloc_conf: Option<String>,
+}
+
+impl AllocConfArgs {
+    /// The settings in force, checked: a bad value is a one-line error naming the option.
+    fn resolve(&self) -> anyhow::Result<String> {
+        let (conf, from) = match &self.alloc_conf {
+            Some(c) => (c.clone(), "--alloc-conf"),
+            None => (std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default(), "PYTORCH_CUDA_ALLOC_CONF"),
+        };
+        vramscope::allocator::AllocatorConfig::parse_conf(&conf).map_err(|e| anyhow::anyhow!("{from}: {e}"))?;
+        Ok(conf)
+    }
 }
 
 #[derive(Args)]
@@ -201,6 +251,8 @@ struct SweepArgs {
     /// Fit peak memory against batch and ctx (linear vs quadratic, R²; memory per token).
     #[arg(long)]
     fit: bool,
+    #[command(flatten)]
+    alloc: AllocConfArgs,
 }
 
 #[derive(Args)]
@@ -326,10 +378,11 @@ impl RunArgs {
         o.snapshot_at = self.snapshot_at.clone();
         o.snapshot_dir = self.snapshot_dir.clone();
         o.leak_bytes_per_step = self.inject_leak_bytes;
+        o.alloc_conf = self.alloc.resolve()?;
         if let Some(n) = self.check_growth {
             o.steps = Some(n);
             // The check reads every event: room enough that none is dropped.
-            o.batch_capacity = 1 << 16;
+            o.queue_batches = 1 << 16;
         }
         Ok(o)
     }
@@ -339,22 +392,30 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.headless {
         let opts = args.engine_options(Some(3))?;
         let mut recorder = args.record.as_deref().map(Recorder::create).transpose()?;
-        let mut engine = Engine::spawn(opts).context("starting the training engine")?;
+        let source = launch_engine(&opts, Output::Inherit).context("starting the training engine")?;
         let mut out = std::io::stdout().lock();
         let mut live = LiveByOrigin::default();
-        let items = engine_items(&engine).inspect(|i| {
+        let items = std::iter::from_fn(|| source.next()).inspect(|(_, i)| {
             if let Incoming::Batch(b) = i {
                 live.ingest(b);
             }
         });
         let steps = match &mut recorder {
-            Some(r) => vramscope::report::headless::run(r.tee(items), args.json, &mut out)?,
-            None => vramscope::report::headless::run(items, args.json, &mut out)?,
+            Some(r) => vramscope::report::headless::run(r.tee(items), args.json, &mut out),
+            None => vramscope::report::headless::run(items, args.json, &mut out),
         };
-        engine.shutdown();
+        // On an error the engine waits, paused: stop it either way.
+        source.send(&vramscope::stream::Control::Stop);
+        if source.wait_child(std::time::Duration::from_secs(60)).is_none() {
+            source.stop_child(std::time::Duration::from_secs(5));
+        }
         if let Some(r) = recorder {
             let s = r.finish()?;
             eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
+        }
+        let steps = steps?;
+        if let Some(last) = opts.snapshot_at.iter().filter(|s| **s >= opts.steps.unwrap_or(u64::MAX)).max() {
+            anyhow::bail!("--snapshot-at {last}: the run has steps 0 to {} (steps count from 0)", opts.steps.unwrap_or(0).saturating_sub(1));
         }
         if args.check_growth.is_some() {
             anyhow::ensure!(steps.iter().all(|s| s.dropped_events == 0), "events were dropped: the growth check needs all of them");
@@ -398,6 +459,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
         steps: a.steps,
         seed: a.seed,
         snapshot_dir: a.snapshots.clone().or_else(|| a.images.clone()),
+        alloc_conf: a.alloc.resolve()?,
     };
     // Drawn only when stderr is a terminal.
     let progress = indicatif::ProgressBar::new(configs.len() as u64).with_style(
@@ -448,9 +510,9 @@ fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
 
 fn replay(args: ReplayCommand) -> anyhow::Result<()> {
     let r = args.replay;
-    let script = Script::open(&r.file)?;
+    let mut script = Script::open(&r.file)?;
     if r.headless {
-        return vramscope::app::replay::run_replay_headless(&script, r.json, &mut std::io::stdout().lock());
+        return vramscope::app::replay::run_replay_headless(&mut script, r.json, &mut std::io::stdout().lock());
     }
     anyhow::ensure!(!r.json, "--json needs --headless");
     vramscope::app::replay::run_replay(script, r.speed, args.screen.load()?)
@@ -479,9 +541,16 @@ fn diff(args: DiffArgs) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    vramscope::train::engine::install_panic_filter();
     let result = match cli.command {
         Some(Command::Run(a)) => run(a),
+        Some(Command::Py(a)) => {
+            let screen = if a.py.headless { None } else { Some(a.screen.load()) }.transpose();
+            screen.and_then(|s| vramscope::app::py::run_py(a.py, s))
+        }
+        Some(Command::Attach(a)) => {
+            let screen = if a.attach.headless { None } else { Some(a.screen.load()) }.transpose();
+            screen.and_then(|s| vramscope::app::py::run_attach(a.attach, s))
+        }
         Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Replay(a)) => replay(a).map(|()| ExitCode::SUCCESS),
         Some(Command::View(a)) => vramscope::app::snapshot_viewer::run_view(a).map(|()| ExitCode::SUCCESS),
@@ -489,10 +558,17 @@ fn main() -> ExitCode {
         Some(Command::Sweep(a)) => sweep_cmd(a),
         Some(Command::Estimate(a)) => estimate_cmd(a),
         Some(Command::Export(a)) => export_cmd(a),
+        Some(Command::Whatif(a)) => vramscope::report::whatif::run(a).map(|()| ExitCode::SUCCESS),
         None => run(cli.run),
     };
     match result {
         Ok(code) => code,
+        // The reader went away (`vramscope … | head`): that is where output ends, not an error.
+        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
+            ExitCode::SUCCESS
+        }
+        // Said already, line by line, as it happened.
+        Err(e) if e.downcast_ref::<vramscope::report::headless::Failed>().is_some() => ExitCode::from(2),
         Err(e) => {
             eprintln!("vramscope: {e:#}");
             ExitCode::from(2)

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use common::*;
 use vramscope::event::{Action, Category, Phase};
 use vramscope::store::Store;
-use vramscope::train::config::{Attention, Mode, Precision};
-use vramscope::train::engine::{Control, Engine, Report};
+use vramscope::step_config::{Attention, Mode, Precision};
+use vramscope::stream::{Control, Incoming, Report};
 
 /// Feeds a run into a store, the way the live screen does.
 fn store_of(run: &Run) -> Store {
@@ -69,8 +69,8 @@ fn forward_only_steps_make_no_gradients_or_optimizer_state() {
             );
             assert!(!matches!(e.phase, Phase::Backward | Phase::Optimizer));
         }
-        for (_, c) in &b.retags {
-            assert!(!matches!(c, Category::Gradient | Category::OptimizerState));
+        for r in &b.retags {
+            assert!(!matches!(r.category, Category::Gradient | Category::OptimizerState));
         }
     }
     for s in run.steps() {
@@ -159,75 +159,104 @@ fn doubling_ctx_grows_naive_scores_4x_and_fused_2x() {
 
 #[test]
 fn a_control_message_changes_the_next_step_not_the_current_one() {
-    let engine = Engine::spawn(options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 3)).unwrap();
+    let source = start(&options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 3));
     // Wait until step 0 is under way (its forward mark arrived), then change ctx.
-    'wait: loop {
-        let b = engine.batches.recv().expect("batches flow");
-        if b.marks.iter().any(|m| m.step == 0 && m.phase == Phase::Forward) {
-            break 'wait;
+    let mut before = Vec::new();
+    loop {
+        let (_, item) = source.next().expect("the stream flows");
+        let forward = matches!(&item, Incoming::Batch(b) if b.marks.iter().any(|m| m.step == 0 && m.phase == Phase::Forward));
+        before.push(item);
+        if forward {
+            break;
         }
     }
-    engine.control.send(Control::Ctx(64)).unwrap();
-    let run = collect(engine);
+    source.send(&Control::SetKnob { name: "ctx".into(), value: "64".into() });
+    let run = collect(&source);
     let steps = run.steps();
     assert_eq!(steps[0].ctx, 32, "the step in progress keeps its ctx");
     assert_eq!(steps[1].ctx, 64, "the next step uses the new ctx");
     let knob = run.reports.iter().find_map(|r| if let Report::Knob(k) = r { Some(k.clone()) } else { None });
     let knob = knob.expect("the change is itself an event");
     assert_eq!((knob.knob.as_str(), knob.from.as_str(), knob.to.as_str(), knob.step), ("ctx", "32", "64", 1));
-}
-
-#[test]
-fn a_slow_consumer_costs_dropped_batches_not_training_time_or_exact_totals() {
-    let mut opts = options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 2);
-    opts.batch_capacity = 1;
-    let mut engine = Engine::spawn(opts).unwrap();
-    // Read reports only; never read batches until the end.
-    let mut steps = Vec::new();
-    loop {
-        match engine.reports.recv().unwrap() {
-            Report::Step(s) => steps.push(s),
-            Report::Finished => break,
-            _ => {}
+    // A knob the model does not have is refused with a note, and nothing changes.
+    let source = start(&options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 2));
+    source.send(&Control::SetKnob { name: "lr".into(), value: "3".into() });
+    let mut notes = Vec::new();
+    while let Some((_, item)) = source.next() {
+        if let Incoming::Report(Report::Note(n)) = item {
+            notes.push(n);
         }
     }
-    engine.shutdown();
-    let last = steps.last().unwrap();
-    assert!(last.dropped_batches > 0 && last.dropped_events > 0, "{last:?}");
-    let full = run(options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 2));
-    assert_eq!(full.steps()[1].peak_allocated_bytes, last.peak_allocated_bytes, "totals stay exact");
-    assert_eq!(full.steps()[1].live_bytes, last.live_bytes);
+    assert!(notes.iter().any(|n| n.contains("no knob 'lr'")), "{notes:?}");
 }
 
 #[test]
-fn an_out_of_memory_step_pauses_and_resumes_with_a_smaller_ctx() {
+fn a_viewer_that_does_not_read_costs_dropped_batches_never_the_jobs_progress_or_exact_totals() {
+    const STEPS: u64 = 150;
+    let mut opts = options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), STEPS);
+    opts.queue_batches = 1;
+    let source = start(&opts);
+    // Read nothing for a while: more than the socket and this side's queue hold piles up
+    // (1,700 events a step), so the job's queue overflows. The job must not wait for us.
+    std::thread::sleep(std::time::Duration::from_secs(12));
+    let watched = collect(&source);
+    let steps = watched.steps();
+    assert_eq!(steps.len() as u64, STEPS, "every step's report arrived: reports are never dropped");
+    let last = steps.last().unwrap();
+    assert!(last.dropped_batches > 0 && last.dropped_events > 0, "{last:?}");
+    let full = run(options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), STEPS));
+    let full = full.steps();
+    assert_eq!(full.last().unwrap().peak_allocated_bytes, last.peak_allocated_bytes, "totals stay exact");
+    assert_eq!(full.last().unwrap().live_bytes, last.live_bytes);
+    assert_eq!(full.last().unwrap().dropped_events, 0);
+}
+
+#[test]
+fn an_out_of_memory_step_is_snapshotted_pauses_and_resumes_with_a_smaller_ctx() {
     // Naive attention scores at this shape need 2 × 4 × 65536² × 4 bytes = 128 GiB:
     // more than this machine (or any GPU) has, so the allocation itself fails.
     let mut opts = options(tiny(65536, 2, Mode::Forward, Precision::Fp32, Attention::Naive), 2);
     opts.steps = Some(2);
-    let engine = Engine::spawn(opts).unwrap();
+    let source = start(&opts);
+    let mut before = Vec::new();
     let oom = loop {
-        match engine.reports.recv().unwrap() {
-            Report::Oom(o) => break o,
-            Report::Step(s) => panic!("a step at ctx 65536 should not fit: {s:?}"),
-            Report::Error(e) => panic!("reported as a generic error: {e}"),
+        match source.next().expect("the stream flows").1 {
+            Incoming::Report(Report::Oom(o)) => break o,
+            Incoming::Report(Report::Step(s)) => panic!("a step at ctx 65536 should not fit: {s:?}"),
+            Incoming::Report(Report::Error(e)) => panic!("reported as a generic error: {e}"),
+            Incoming::Batch(b) => before.push(b),
             _ => {}
         }
     };
     assert_eq!(oom.step, 0);
     assert_eq!(oom.phase, Phase::Forward);
     assert!(oom.message.contains("allocate"), "{}", oom.message);
-    assert!(matches!(engine.reports.recv().unwrap(), Report::Paused(true)), "the loop pauses");
-    engine.control.send(Control::Ctx(32)).unwrap();
-    engine.control.send(Control::Resume).unwrap();
-    let run = collect(engine);
+    // The snapshot was written before the failure unwound: it ends in the oom entry.
+    let snap_path = oom.snapshot.clone().expect("an OOM snapshot");
+    let snap = vramscope::snapshot::read_snapshot_file(&snap_path).unwrap();
+    let last = snap.device_traces[0].last().expect("a trace");
+    assert_eq!((last.action, last.size), (Action::Oom, 2 * 4 * 65536 * 65536 * 4), "the failed request is the trace's last entry");
+    let oom_event = before.iter().flat_map(|b| &b.events).find(|e| e.action == Action::Oom);
+    assert!(oom_event.is_some() || snap.device_traces[0].iter().any(|e| e.action == Action::Oom));
+    let paused = loop {
+        match source.next().expect("the stream flows").1 {
+            Incoming::Report(Report::Paused(p)) => break p,
+            Incoming::Batch(b) => before.push(b),
+            _ => {}
+        }
+    };
+    assert!(paused, "the loop pauses");
+    source.send(&Control::SetKnob { name: "ctx".into(), value: "32".into() });
+    source.send(&Control::Resume);
+    let mut run = collect(&source);
+    before.append(&mut run.batches);
     let steps = run.steps();
     // The abandoned step keeps its number; the next one runs with the new ctx.
     assert_eq!(steps.len(), 1, "the step after resuming ran");
     assert_eq!((steps[0].step, steps[0].ctx), (1, 32));
     // Nothing of the abandoned step is still counted as live.
     let mut live: HashMap<u64, u64> = HashMap::new();
-    for e in run.batches.iter().flat_map(|b| &b.events) {
+    for e in before.iter().flat_map(|b| &b.events) {
         match e.action {
             Action::Alloc => {
                 live.insert(e.addr, e.size);
@@ -241,4 +270,27 @@ fn an_out_of_memory_step_pauses_and_resumes_with_a_smaller_ctx() {
     assert_eq!(live.values().sum::<u64>(), steps[0].live_bytes, "the stream agrees with the totals");
     let (params, live_total) = (steps[0].category_bytes["parameter"], steps[0].live_bytes);
     assert!(live_total < params + (1 << 20), "live {live_total} vs parameters {params}");
+}
+
+#[test]
+fn a_cpu_run_models_the_allocator_settings_it_is_given() {
+    let mut opts = options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 2);
+    opts.alloc_conf = "expandable_segments:True".into();
+    opts.snapshot_at = vec![1];
+    let run = run(opts);
+    let actions: Vec<Action> = run.batches.iter().flat_map(|b| &b.events).map(|e| e.action).collect();
+    assert!(actions.contains(&Action::SegmentMap), "expandable segments map pages: {actions:?}");
+    assert!(!actions.contains(&Action::SegmentAlloc), "and allocate no fixed segments: {actions:?}");
+    let Some(Report::Started(info)) = run.reports.first() else { panic!("started first") };
+    assert_eq!(info.alloc_conf, "expandable_segments:True", "the header shows the settings in force");
+    let path = run.reports.iter().find_map(|r| if let Report::SnapshotSaved { path, .. } = r { Some(path.clone()) } else { None }).expect("a snapshot");
+    let snap = vramscope::snapshot::read_snapshot_file(&path).unwrap();
+    let settings = snap.allocator_settings.expect("the snapshot records the settings");
+    assert_eq!(settings.get("expandable_segments"), Some(&vramscope::snapshot::model::SettingValue::Bool(true)), "{settings:?}");
+    assert!(snap.segments.iter().all(|s| s.is_expandable), "its segments are expandable");
+    // A value PyTorch would refuse is a one-line error naming the option.
+    let bad = common::vramscope().args(["run", "--headless", "--alloc-conf", "expandable_segments:maybe"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.lines().count() == 1 && err.contains("--alloc-conf") && err.contains("expandable_segments"), "{err}");
 }

@@ -12,16 +12,17 @@ use std::time::{Duration, Instant};
 use vramscope::record::player::Script;
 use vramscope::record::reader::{Ending, Recording};
 use vramscope::record::writer::Recorder;
-use vramscope::record::{RecordError, CHUNK_HEADER_LEN, HEADER_LEN};
-use vramscope::source::feed::Incoming;
-use vramscope::train::config::{Mode, Precision};
-use vramscope::train::engine::StepReport;
+use vramscope::record::RecordError;
+use vramscope::stream::chunk::{CHUNK_HEADER_LEN, HEADER_LEN};
+use vramscope::stream::Incoming;
+use vramscope::step_config::{Mode, Precision};
+use vramscope::stream::StepReport;
 
 fn sample(name: &str) -> PathBuf {
     common::repo_root().join("recordings").join(name)
 }
 
-fn replay_steps(script: &Script) -> Vec<StepReport> {
+fn replay_steps(mut script: Script) -> Vec<StepReport> {
     let mut failed = None;
     let steps = vramscope::report::headless::run(script.stream(&mut failed), false, &mut Vec::new()).expect("replay runs");
     assert!(failed.is_none(), "{failed:?}");
@@ -77,7 +78,7 @@ fn a_recording_cut_at_any_byte_replays_its_whole_chunks_and_says_where() {
     let bytes = std::fs::read(&path).unwrap();
     let ends = chunk_ends(&bytes);
     assert!(ends.len() >= 4, "the sample should span several chunks, has {}", ends.len());
-    let full = replay_steps(&Script::Recording(Recording::open(&path).unwrap()));
+    let full = replay_steps(Script::from_recording(Recording::open(&path).unwrap()));
     // A fixed-seed generator: random cut points, the same on every run.
     let mut x = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..40 {
@@ -95,7 +96,7 @@ fn a_recording_cut_at_any_byte_replays_its_whole_chunks_and_says_where() {
             assert!(matches!(&rec.ending, Ending::Cut { offset, .. } if *offset == last_end as u64), "cut at {cut}: {:?}", rec.ending);
             assert!(rec.ending_line().contains(&format!("stopped at byte {last_end} of {cut} after {whole} whole chunks")), "{}", rec.ending_line());
         }
-        let steps = replay_steps(&Script::Recording(rec));
+        let steps = replay_steps(Script::from_recording(rec));
         assert_eq!(steps[..], full[..steps.len()], "a cut replay shows a prefix of the steps");
     }
     // A flipped byte inside chunk 2 fails its checksum: chunk 1 still plays.
@@ -103,7 +104,7 @@ fn a_recording_cut_at_any_byte_replays_its_whole_chunks_and_says_where() {
     bad[ends[0] + CHUNK_HEADER_LEN + 5] ^= 0x40;
     let rec = Recording::from_bytes(Path::new("bad.vsrec"), bad).unwrap();
     assert_eq!(rec.chunk_count(), 1);
-    assert!(rec.ending_line().contains("chunk 2 fails its CRC-32"), "{}", rec.ending_line());
+    assert!(rec.ending_line().contains("chunk 2: it fails its CRC-32"), "{}", rec.ending_line());
 }
 
 #[test]
@@ -139,12 +140,12 @@ fn the_sample_recordings_show_the_sessions_they_are_named_after() {
     }
     let rec = Recording::open(&sample("fp32-to-bf16-then-double-ctx.vsrec")).unwrap();
     assert_eq!(rec.ending, Ending::Closed);
-    let steps = replay_steps(&Script::Recording(rec));
+    let steps = replay_steps(Script::from_recording(rec));
     let first = &steps[0];
     assert_eq!((first.precision, first.ctx), (Precision::Fp32, 32));
     let last = steps.last().unwrap();
     assert_eq!((last.precision, last.ctx), (Precision::Bf16, 64));
-    let steps = replay_steps(&Script::open(&sample("forward-only-then-full-step.vsrec")).unwrap());
+    let steps = replay_steps(Script::open(&sample("forward-only-then-full-step.vsrec")).unwrap());
     assert_eq!(steps[0].mode, Mode::Forward);
     assert_eq!(steps.last().unwrap().mode, Mode::Train);
     // Optimizer state exists only once full steps run.
@@ -155,15 +156,15 @@ fn the_sample_recordings_show_the_sessions_they_are_named_after() {
 fn a_snapshot_pickles_trace_plays_every_entry() {
     let path = common::fixture_path(common::MAGMA27);
     let snap = vramscope::snapshot::reader::read_snapshot_file(&path).unwrap();
-    let script = Script::open(&path).unwrap();
+    let mut script = Script::open(&path).unwrap();
     let mut failed = None;
     let mut store = vramscope::store::Store::new(1 << 20);
     let mut finished = false;
-    for item in script.stream(&mut failed) {
+    for (_, item) in script.stream(&mut failed) {
         match item {
             Incoming::Batch(b) => store.ingest_batch(b),
             Incoming::Report(r) => {
-                finished |= r == vramscope::train::engine::Report::Finished;
+                finished |= r == vramscope::stream::Report::Finished;
                 store.ingest_report(r)
             }
             other => panic!("unexpected {other:?}"),

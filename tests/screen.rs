@@ -7,14 +7,15 @@ use std::path::PathBuf;
 
 use vramscope::app::keys::{Action, KeyMap};
 use vramscope::app::view::View;
-use vramscope::event::{Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
+use vramscope::event::{Retag, Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
 use vramscope::render::draw_to_buffer;
 use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
 use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind, SourceStatus};
+use vramscope::store::ranks::RankSummary;
 use vramscope::store::Store;
-use vramscope::train::config::{Attention, Mode, Precision, Preset, StepConfig};
-use vramscope::train::engine::{EngineInfo, KnobChange, OomReport, Report, StepReport};
+use vramscope::step_config::{Attention, Mode, Precision, Preset, StepConfig};
+use vramscope::stream::{EngineInfo, KnobChange, OomReport, Report, StepReport};
 
 const MIB: u64 = 1 << 20;
 
@@ -26,7 +27,15 @@ fn config(ctx: i64, precision: Precision) -> StepConfig {
 /// frees, gradients, optimizer state on the first step, temporaries.
 fn session() -> Store {
     let mut store = Store::new(1 << 20);
-    let info = EngineInfo { device: "cpu".into(), cuda: false, parameters: 9_316_608, config: config(256, Precision::Fp32), note: Some("no CUDA device found: training on CPU, GPU memory modelled from CPU allocations".into()) };
+    let info = EngineInfo {
+        device: "cpu".into(),
+        parameters: 9_316_608,
+        config: Some(config(256, Precision::Fp32)),
+        note: Some("no CUDA device found: training on CPU, GPU memory modelled from CPU allocations".into()),
+        name: "tiny".into(),
+        knobs: config(256, Precision::Fp32).knobs(),
+        ..EngineInfo::default()
+    };
     store.ingest_report(Report::Started(info));
     let seq = std::cell::Cell::new(0u64);
     let mut addr = 0x7f00_0000_0000u64;
@@ -46,7 +55,7 @@ fn session() -> Store {
     let params: Vec<u64> = (0..8).map(|i| { addr += 4 * MIB; let _ = i; addr }).collect();
     for p in &params {
         ev(&mut b, Act::Alloc, *p, 4 * MIB, 0, Phase::Other, 0, Category::Unknown);
-        b.retags.push((*p, Category::Parameter));
+        b.retags.push(Retag { addr: *p, category: Category::Parameter, scope: 0 });
     }
     store.ingest_batch(b);
     for step in 0..2u32 {
@@ -73,14 +82,14 @@ fn session() -> Store {
                 grads.push(addr);
             }
         }
-        b.retags.extend(grads.iter().map(|g| (*g, Category::Gradient)));
+        b.retags.extend(grads.iter().map(|g| Retag { addr: *g, category: Category::Gradient, scope: 0 }));
         store.ingest_batch(std::mem::take(&mut b));
         mark(&mut b, step, Phase::Optimizer);
         if step == 0 {
             for _ in 0..16 {
                 addr += 4 * MIB;
                 ev(&mut b, Act::Alloc, addr, 4 * MIB, step, Phase::Optimizer, 0, Category::Temporary);
-                b.retags.push((addr, Category::OptimizerState));
+                b.retags.push(Retag { addr, category: Category::OptimizerState, scope: 0 });
             }
         }
         store.ingest_batch(std::mem::take(&mut b));
@@ -93,10 +102,10 @@ fn session() -> Store {
         let phase_peak_bytes: BTreeMap<String, u64> =
             [("forward", 60), ("backward", 90), ("optimizer", 120), ("zero_grad", 100)].iter().map(|(p, m)| (p.to_string(), m * MIB)).collect();
         store.ingest_report(Report::Step(StepReport {
-            step: step as u64, mode: Mode::Train, precision: Precision::Fp32, attention: Attention::Naive, ctx: 256, batch: 4,
+            step: step as u64, mode: Mode::Train, precision: Precision::Fp32, attention: Some(Attention::Naive), ctx: 256, batch: 4,
             peak_allocated_bytes: 120 * MIB, reserved_bytes: 160 * MIB, peak_reserved_bytes: 160 * MIB, peak_active_bytes: 118 * MIB,
             phase_peak_bytes, category_bytes: BTreeMap::new(), live_bytes: 96 * MIB, step_time_s: 1.25, tokens_per_s: 819.2, loss: 9.2,
-            dropped_batches: 0, dropped_events: 0,
+            dropped_batches: 0, dropped_events: 0, rank: None,
         }));
     }
     store.ingest_report(Report::Knob(KnobChange { step: 2, knob: "precision".into(), from: "fp32".into(), to: "bf16".into() }));
@@ -143,7 +152,7 @@ fn with_host(mut store: Store) -> Store {
 
 fn text(store: &Store, view: &View, w: u16, h: u16) -> String {
     let theme = Theme::load("dark").unwrap();
-    let buf = draw_to_buffer(w, h, |f| render_live(f, store, view, &KeyMap::default(), &theme));
+    let buf = draw_to_buffer(w, h, |f| render_live(f, store, &RankSummary::default(), view, &KeyMap::default(), &theme));
     (0..h)
         .map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
         .collect::<Vec<_>>()
@@ -187,7 +196,7 @@ fn help_overlay_is_generated_from_the_key_table() {
 #[test]
 fn out_of_memory_state() {
     let mut store = with_host(session());
-    store.ingest_report(Report::Oom(OomReport { step: 2, phase: Phase::Backward, message: "CUDA out of memory. Tried to allocate 20.00 GiB".into() }));
+    store.ingest_report(Report::Oom(OomReport { step: 2, phase: Phase::Backward, message: "CUDA out of memory. Tried to allocate 20.00 GiB".into(), snapshot: None }));
     store.ingest_report(Report::Paused(true));
     let screen = text(&store, &whole(&store), 200, 60);
     assert!(screen.contains("OUT OF MEMORY"));

@@ -5,14 +5,14 @@
 mod common;
 
 use common::vramscope;
+use common::viewer::{screen, text};
 
 use vramscope::app::keys::{KeyMap, ViewAction};
 use vramscope::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
-use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
+use vramscope::app::snapshot_viewer::ViewerData;
 use vramscope::report::snapshot_summary::segment_stats;
 use vramscope::snapshot::{read_snapshot_file_observed, ReadPass};
 use vramscope::render::draw_to_buffer;
-use vramscope::render::snapshot_viewer::render_viewer;
 use vramscope::render::theme::Theme;
 
 /// Summary figures straight from the pickle with Python's own unpickler.
@@ -152,24 +152,6 @@ fn diff_of_a_file_with_itself_is_empty_and_across_files_reports_peaks() {
     assert!(String::from_utf8_lossy(&text.stdout).contains("peak active"));
 }
 
-fn text(buf: &ratatui::buffer::Buffer) -> String {
-    (0..buf.area.height)
-        .map(|y| (0..buf.area.width).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn screen(data: &mut ViewerData, keys_pressed: &[ViewAction]) -> String {
-    let keys = KeyMap::<ViewAction>::default();
-    let theme = Theme::load("dark").unwrap();
-    let mut ui = ViewerUi::new(data);
-    ui.columns = vramscope::render::snapshot_viewer::plot_columns(160, false);
-    for a in keys_pressed {
-        handle(*a, data, &mut ui, 1);
-        ui.columns = vramscope::render::snapshot_viewer::plot_columns(160, ui.inspector);
-    }
-    text(&draw_to_buffer(160, 40, |f| render_viewer(f, data, &ui, &keys, &theme)))
-}
 
 fn magma() -> ViewerData {
     ViewerData::open(&common::fixture_path(common::MAGMA27), None).unwrap()

@@ -9,7 +9,7 @@ use assert_cmd::Command;
 use serde_json::Value;
 
 use vramscope::report::estimate::estimate;
-use vramscope::train::config::{Attention, Mode, Precision};
+use vramscope::step_config::{Attention, Mode, Precision};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(cmd.assert().success().get_output().stdout.clone()).unwrap()

@@ -112,3 +112,62 @@ fn view_behind_the_loading_screen_opens_and_a_truncated_file_fails_cleanly() {
     assert!(err.lines().count() == 1 && err.contains("cut.pickle"), "one line naming the file: {err}");
     s.assert_terminal_restored();
 }
+
+/// The pid of `name`, a child of `parent`.
+fn child_named(parent: &str, name: &str) -> String {
+    let out = Command::new("pgrep").args(["-P", parent, name]).output().unwrap();
+    let pid = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").trim().to_string();
+    assert!(!pid.is_empty(), "{name} runs under {parent}");
+    pid
+}
+
+#[test]
+fn the_screen_survives_the_engine_being_killed_says_why_and_keeps_what_it_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let d = dir.path().display();
+    let cmd = format!("{bin} --model tiny --ctx 64 --batch 2 --snapshot-dir {d} --record {d}/s.vsrec; echo $? > {d}/exit");
+    let s = Session::start("vramscope-e2e-kill", &cmd);
+    s.wait_for("a finished step", 120, |sc| shown_step(sc).is_some_and(|n| n >= 1));
+    let vramscope = child_named(&s.display("#{pane_pid}"), "vramscope");
+    let engine = child_named(&vramscope, "vramscope-engin");
+    assert!(Command::new("kill").args(["-KILL", &engine]).status().unwrap().success());
+    let screen = s.wait_for("the engine's end on screen", 30, |sc| sc.contains("was killed by signal 9 (SIGKILL)"));
+    assert!(screen.contains("the training engine"), "{screen}");
+    assert_eq!(s.display("#{alternate_on}"), "1", "the screen stays up after its engine dies");
+    s.keys("q");
+    assert_eq!(wait_file(&dir.path().join("exit"), 60).trim(), "0", "exit code");
+    s.assert_terminal_restored();
+    // What the session recorded is all there, up to the kill and the reason for it.
+    let replay = Command::new(bin).args(["replay", "--headless"]).arg(dir.path().join("s.vsrec")).output().unwrap();
+    let err = String::from_utf8_lossy(&replay.stderr);
+    assert!(err.contains("recording closed normally") && err.contains("killed by signal 9"), "{err}");
+    assert!(String::from_utf8_lossy(&replay.stdout).contains("step   0"));
+}
+
+#[test]
+fn py_draws_the_jobs_phases_s_writes_a_snapshot_pytorch_reads_and_q_stops_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let d = dir.path().display();
+    let script = common::repo_root().join("tests/py/train_transformer.py");
+    let cmd = format!(
+        "{bin} py --snapshot-dir {d} {} --steps 1000 --sleep 0.2 --out {d}/never.json; echo $? > {d}/exit",
+        script.display()
+    );
+    let s = Session::start("vramscope-e2e-py", &cmd);
+    let screen = s.wait_for("steps and the phase row", 180, |sc| {
+        shown_step(sc).is_some_and(|n| n >= 3) && sc.lines().any(|l| l.contains('F') && l.contains('B') && l.contains('O') && l.contains('·'))
+    });
+    assert!(screen.contains("train_transformer") && screen.contains("active memory"), "{screen}");
+    s.keys("s");
+    s.wait_for("the snapshot saved", 60, |sc| sc.contains("saved:"));
+    let snap = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|e| e == "pickle")).expect("a snapshot file");
+    let stats = Command::new(common::python()).args(["-m", "torch.cuda._memory_viz", "stats"]).arg(&snap).current_dir(dir.path()).output().unwrap();
+    assert!(stats.status.success(), "torch.cuda._memory_viz reads it: {}", String::from_utf8_lossy(&stats.stderr));
+    s.keys("q");
+    assert_eq!(wait_file(&dir.path().join("exit"), 60).trim(), "0", "exit code");
+    s.assert_terminal_restored();
+    let still = Command::new("pgrep").args(["-f", &format!("{d}/never.json")]).output().unwrap();
+    assert!(String::from_utf8_lossy(&still.stdout).trim().is_empty(), "q stopped the job it started");
+}

@@ -48,8 +48,11 @@ pub struct AllocatorConfig {
     pub roundup_power2_divisions: Vec<(u64, u64)>,
     /// Kept for the settings round trip; the model does not collect garbage.
     pub garbage_collection_threshold: f64,
-    /// Kept for the settings round trip; the model uses fixed segments.
+    /// One address range per stream and pool, grown page by page, instead of a
+    /// cudaMalloc per segment.
     pub expandable_segments: bool,
+    /// Kept for the settings round trip (CUDA graph capture is not modelled).
+    pub graph_capture_record_stream_reuse: bool,
     /// The configuration string as given.
     pub conf: String,
 }
@@ -62,6 +65,7 @@ impl Default for AllocatorConfig {
             roundup_power2_divisions: Vec::new(),
             garbage_collection_threshold: 0.0,
             expandable_segments: false,
+            graph_capture_record_stream_reuse: false,
             conf: String::new(),
         }
     }
@@ -107,6 +111,9 @@ impl AllocatorConfig {
         }
         if let Some(SettingValue::Bool(b)) = s.get("expandable_segments") {
             cfg.expandable_segments = *b;
+        }
+        if let Some(SettingValue::Bool(b)) = s.get("graph_capture_record_stream_reuse") {
+            cfg.graph_capture_record_stream_reuse = *b;
         }
         if let Some(SettingValue::Str(c)) = s.get("PYTORCH_CUDA_ALLOC_CONF") {
             cfg.conf = c.clone();
@@ -157,6 +164,10 @@ impl AllocatorConfig {
                     SettingValue::Bool(false),
                 ),
                 (
+                    "graph_capture_record_stream_reuse".into(),
+                    SettingValue::Bool(self.graph_capture_record_stream_reuse),
+                ),
+                (
                     "roundup_power2_divisions".into(),
                     SettingValue::Dict(divisions),
                 ),
@@ -164,8 +175,46 @@ impl AllocatorConfig {
         }
     }
 
+    /// The settings PyTorch would use in this process: `PYTORCH_CUDA_ALLOC_CONF`, else
+    /// `PYTORCH_ALLOC_CONF` (PyTorch's order), else the defaults.
+    pub fn from_env() -> Result<Self, ConfError> {
+        let conf = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok());
+        conf.map_or_else(|| Ok(Self::default()), |c| Self::parse_conf(&c))
+    }
+
+    /// These settings written as a configuration string that parses back to them.
+    pub fn render_conf(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(b) = self.max_split_size {
+            parts.push(format!("max_split_size_mb:{}", b / MIB));
+        }
+        if self.max_non_split_rounding_size != LARGE_BUFFER {
+            parts.push(format!("max_non_split_rounding_mb:{}", self.max_non_split_rounding_size / MIB));
+        }
+        if self.garbage_collection_threshold > 0.0 {
+            parts.push(format!("garbage_collection_threshold:{}", self.garbage_collection_threshold));
+        }
+        if !self.roundup_power2_divisions.is_empty() {
+            let t = self.division_table();
+            let each: Vec<String> = (0..ROUNDUP_INTERVALS).map(|i| format!("{}:{}", 1u64 << i, t[i])).collect();
+            parts.push(format!("roundup_power2_divisions:[{}]", each.join(",")));
+        }
+        if self.expandable_segments {
+            parts.push("expandable_segments:True".into());
+        }
+        if self.graph_capture_record_stream_reuse {
+            parts.push("graph_capture_record_stream_reuse:True".into());
+        }
+        parts.join(",")
+    }
+
     /// Parses `PYTORCH_CUDA_ALLOC_CONF` syntax, e.g.
-    /// `max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4]`.
+    /// `max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4]`. Options PyTorch
+    /// knows that do not change where device memory goes (pinned host memory, CUDA graph
+    /// capture, `per_process_memory_fraction`, `throw_on_cudamalloc_oom`) are checked and
+    /// accepted; unknown options and bad values are errors naming the option.
     pub fn parse_conf(s: &str) -> Result<Self, ConfError> {
         let toks = lex(s);
         let mut cfg = AllocatorConfig {
@@ -212,8 +261,26 @@ impl AllocatorConfig {
                 }
                 "roundup_power2_divisions" => cfg.parse_divisions(&mut p)?,
                 "expandable_segments" => cfg.expandable_segments = p.flag(key)?,
-                "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {
+                "graph_capture_record_stream_reuse" => {
+                    cfg.graph_capture_record_stream_reuse = p.flag(key)?
+                }
+                "release_lock_on_cudamalloc"
+                | "pinned_use_cuda_host_register"
+                | "pinned_use_background_threads"
+                | "pinned_free_catch_all"
+                | "throw_on_cudamalloc_oom" => {
                     p.flag(key)?;
+                }
+                "per_process_memory_fraction" => {
+                    let v = p.value(key)?;
+                    let f: f64 = parse_num("per_process_memory_fraction", v)?;
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(ConfError::BadValue {
+                            key: "per_process_memory_fraction",
+                            value: v.into(),
+                            why: "must be between 0.0 and 1.0",
+                        });
+                    }
                 }
                 "pinned_num_register_threads" | "pinned_reserve_segment_size_mb" => {
                     parse_num::<u64>("pinned option", p.value(key)?)?;
@@ -524,5 +591,38 @@ mod tests {
         let unset = AllocatorConfig::default().to_settings();
         assert_eq!(unset.get("max_split_size"), Some(&SettingValue::Int(-1)));
         assert_eq!(AllocatorConfig::from_settings(&unset).max_split_size, None);
+    }
+
+    #[test]
+    fn rendered_conf_parses_back_to_the_same_settings() {
+        for conf in [
+            "",
+            "expandable_segments:True",
+            "max_split_size_mb:256,garbage_collection_threshold:0.6",
+            "roundup_power2_divisions:[256:1,512:2,>:4],max_non_split_rounding_mb:64,graph_capture_record_stream_reuse:True",
+        ] {
+            let c = AllocatorConfig::parse_conf(conf).unwrap();
+            let again = AllocatorConfig::parse_conf(&c.render_conf()).unwrap();
+            assert_eq!(AllocatorConfig { conf: c.conf.clone(), ..again }, c, "{conf}");
+        }
+        assert_eq!(
+            AllocatorConfig::parse_conf("expandable_segments:True,max_split_size_mb:128").unwrap().render_conf(),
+            "max_split_size_mb:128,expandable_segments:True"
+        );
+    }
+
+    #[test]
+    fn newer_pytorch_options_are_checked_and_accepted() {
+        assert!(AllocatorConfig::parse_conf("per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:True").is_ok());
+        let e = AllocatorConfig::parse_conf("per_process_memory_fraction:1.5").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "PYTORCH_CUDA_ALLOC_CONF: bad value `1.5` for per_process_memory_fraction: must be between 0.0 and 1.0"
+        );
+        let e = AllocatorConfig::parse_conf("expandable_segments:yes").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "PYTORCH_CUDA_ALLOC_CONF: expected `True or False` after `expandable_segments`, found `yes`"
+        );
     }
 }

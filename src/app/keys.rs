@@ -61,13 +61,15 @@ actions! {
     SelectUp, "select_up", "up", "table: previous row";
     SelectDown, "select_down", "down", "table: next row";
     NextTheme, "next_theme", "t", "next theme";
+    NextRank, "next_rank", "R", "show the next rank of a multi-rank job";
     ToggleRecord, "toggle_record", "r", "start / stop recording the session";
     SpeedUp, "speed_up", ">", "replay: twice as fast";
     SpeedDown, "speed_down", "<", "replay: half as fast";
     NextStep, "next_step", "n", "replay: seek a step forward";
     PrevStep, "prev_step", "N", "replay: seek a step back";
     Help, "help", "?", "this help";
-    Quit, "quit", "q", "quit";
+    Detach, "detach", "d", "quit, leaving a job vramscope py started running";
+    Quit, "quit", "q", "quit (stops a job vramscope started; an attached one runs on)";
 }
 
 actions! {
@@ -88,6 +90,8 @@ actions! {
     Sort, "sort", "s", "largest list: next sort order";
     Search, "search", "/", "largest list: search frames or address";
     NextDevice, "next_device", "d", "next device";
+    OomReport, "oom_report", "o", "out of memory: what was asked, free and alive then";
+    WhatIf, "what_if", "w", "what if: the trace under other allocator settings";
     NextTheme, "next_theme", "t", "next theme";
     Help, "help", "?", "this help";
     Quit, "quit", "q", "quit";

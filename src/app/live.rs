@@ -1,12 +1,12 @@
-//! The screen loop shared by live and replay: one select loop over terminal input, a
-//! source's items, signals and a frame tick. The store and view live here; where the items
-//! come from, and what the source-owned keys do, is the `Controls` the caller passes.
+//! The screen loop shared by every live source and by replay: one select loop over
+//! terminal input, the source's items (tagged by rank), signals and a frame tick. The
+//! stores and the view live here; where the items come from, and what the source-owned
+//! keys do, is the `Controls` the caller passes.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use crossbeam_channel::Sender;
 use crossterm::event::{Event, EventStream, KeyEventKind};
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -15,11 +15,14 @@ use crate::event::Batch;
 use crate::record::writer::Recorder;
 use crate::render::live::render_live;
 use crate::render::theme::Theme;
-use crate::source::feed::{bridge, Incoming};
+use crate::source::feed::bridge;
 use crate::source::gauges::sampler::{spawn_gauges, GaugeConfig};
+use crate::source::job::{Fed, JobSource, Output};
+use crate::source::launch::{launch_engine, EngineOptions};
+use crate::step_config::{MAX_BATCH, MAX_CTX};
+use crate::store::ranks::Ranks;
 use crate::store::{LogKind, Store};
-use crate::train::config::{MAX_BATCH, MAX_CTX};
-use crate::train::engine::{Control, Engine, EngineOptions, Report};
+use crate::stream::{monotonic_ns, Control, Incoming, Report};
 
 use super::keys::{Action, KeyMap};
 use super::terminal::TerminalSession;
@@ -28,7 +31,9 @@ use super::view::View;
 /// Redraws at most this often (and only when something changed), to stay light over SSH.
 const FRAME: Duration = Duration::from_millis(50);
 const GAUGE_INTERVAL: Duration = Duration::from_millis(250);
-const HISTORY_CAP: usize = 4 << 20;
+pub const HISTORY_CAP: usize = 4 << 20;
+/// How long a stopped engine may take to finish (a snapshot being written completes).
+const ENGINE_STOP_WAIT: Duration = Duration::from_secs(60);
 
 /// What the screen looks like and which keys drive it, whatever feeds it.
 pub struct Screen {
@@ -43,43 +48,91 @@ pub struct LiveOptions {
     pub record: Option<PathBuf>,
 }
 
-/// The source's side of the screen: keys the view does not own (knobs and pause for the
-/// engine, pace and seek for a replay), and a look at every item before the store gets it.
+/// The source's side of the screen: keys the view does not own (knobs and pause for a job,
+/// pace and seek for a replay), and a look at every item before the store gets it.
 pub trait Controls {
-    fn key(&mut self, a: Action, store: &mut Store);
-    fn seen(&mut self, _item: &Incoming, _store: &mut Store) {}
+    /// Handles `a`; true when the screen should close.
+    fn key(&mut self, a: Action, ranks: &mut Ranks) -> bool;
+    fn seen(&mut self, _rank: u32, _item: &Incoming, _ranks: &mut Ranks) {}
     /// Called on every frame tick.
-    fn tick(&mut self, _store: &mut Store) {}
+    fn tick(&mut self, _ranks: &mut Ranks) {}
 }
 
+/// The gauge thread, stamping samples on the monotonic clock the jobs share.
+pub fn start_gauges() -> (crate::source::gauges::sampler::GaugeHandle, crossbeam_channel::Receiver<crate::source::gauges::sample::GaugeBatch>) {
+    let (tx, rx) = crossbeam_channel::bounded(64);
+    let origin = Instant::now() - Duration::from_nanos(monotonic_ns());
+    (spawn_gauges(GaugeConfig { interval: GAUGE_INTERVAL, origin }, tx), rx)
+}
+
+/// `vramscope` / `vramscope run`: starts the engine process and watches it.
 pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let recorder = opts.record.as_deref().map(Recorder::create).transpose()?;
-    let mut engine = Engine::spawn(opts.engine).context("starting the training engine")?;
-    let (gauge_tx, gauge_rx) = crossbeam_channel::bounded(64);
-    // Gauge timestamps on the capture clock, so the device line lines up with events.
-    let origin = Instant::now() - Duration::from_nanos(crate::capture::now_ns());
-    let _gauges = spawn_gauges(GaugeConfig { interval: GAUGE_INTERVAL, origin }, gauge_tx);
-    let incoming = bridge(&engine, gauge_rx);
-    let mut controls = EngineControls { control: engine.control.clone(), recorder };
+    let source = launch_engine(&opts.engine, Output::Capture).context("starting the training engine")?;
+    watch(source, JobKind::Engine, recorder, &opts.screen, Ranks::new(HISTORY_CAP))
+}
+
+/// How a job came to be watched, which decides what quitting does to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobKind {
+    /// vramscope's own engine: quitting stops it.
+    Engine,
+    /// A user's job this vramscope started: quitting stops it, detaching leaves it running.
+    Started,
+    /// A job attached to: quitting leaves it running.
+    Attached,
+}
+
+/// Watches a job on the screen until the user quits; then stops it or lets it run on, as
+/// its kind says.
+pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, screen: &Screen, ranks: Ranks) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (gauges, gauge_rx) = start_gauges();
+    let incoming = bridge(source.receiver().clone(), Some(gauge_rx));
+    let mut controls = JobControls { source: &source, kind, recorder, detached: false, said_knobs: false };
     let result = {
         let mut session = TerminalSession::enter()?;
-        rt.block_on(event_loop(&mut session, incoming, &mut controls, &opts.screen, Store::new(HISTORY_CAP)))
+        let r = rt.block_on(event_loop(&mut session, incoming, &mut controls, screen, ranks));
+        // An SSH drop is not a decision to stop the user's job: it runs on, attachable.
+        controls.detached |= session.hung_up();
+        r
     };
-    // The terminal is restored; now let the engine finish (a pending snapshot completes).
-    engine.shutdown();
+    drop(gauges);
+    // The terminal is restored: now end the job as its kind says.
+    let detached = controls.detached;
     if let Some(line) = controls.stop_recording()? {
         eprintln!("vramscope: {line}");
+    }
+    match kind {
+        JobKind::Engine => {
+            source.send(&Control::Stop);
+            if source.wait_child(ENGINE_STOP_WAIT).is_none() {
+                source.stop_child(Duration::from_secs(5));
+            }
+        }
+        JobKind::Started if detached => {
+            source.detach();
+            eprintln!("vramscope: the job runs on; attach again with: vramscope attach {}", source.name);
+        }
+        JobKind::Started => {
+            if let Some(s) = source.stop_child(Duration::from_secs(10)) {
+                eprintln!("vramscope: the job {}", crate::source::job::describe_exit(s));
+            }
+        }
+        JobKind::Attached => eprintln!("vramscope: detached; the job runs on"),
+    }
+    if let Some(out) = &source.output {
+        eprintln!("vramscope: the job's output is in {}", out.display());
     }
     result
 }
 
 pub async fn event_loop(
     session: &mut TerminalSession,
-    mut incoming: mpsc::Receiver<Incoming>,
+    mut incoming: mpsc::Receiver<Fed>,
     controls: &mut dyn Controls,
     screen: &Screen,
-    mut store: Store,
+    mut ranks: Ranks,
 ) -> anyhow::Result<()> {
     let mut view = View::default();
     let mut input = EventStream::new();
@@ -92,10 +145,9 @@ pub async fn event_loop(
             ev = input.next() => match ev {
                 Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => {
                     if let Some(a) = screen.keys.action(&k) {
-                        if a == Action::Quit {
+                        if handle(a, &mut ranks, &mut view, controls, screen.themes.len()) {
                             return Ok(());
                         }
-                        handle(a, &mut store, &mut view, controls, screen.themes.len());
                     } else if view.help {
                         view.help = false;
                     }
@@ -108,40 +160,37 @@ pub async fn event_loop(
             msg = incoming.recv(), if open => match msg {
                 // The source is done; the screen stays until quit.
                 None => open = false,
-                Some(item) => {
-                controls.seen(&item, &mut store);
-                match item {
-                    Incoming::Batch(b) => store.ingest_batch(b),
-                    Incoming::Report(r) => store.ingest_report(r),
-                    Incoming::Gauges(g) => store.ingest_gauges(g),
-                    Incoming::Restart => {
-                        let fresh = Store::new(HISTORY_CAP);
-                        let old = std::mem::replace(&mut store, fresh);
-                        store.title = old.title;
-                        store.log = old.log;
+                Some((rank, item)) => {
+                    controls.seen(rank, &item, &mut ranks);
+                    if matches!(item, Incoming::Restart) {
                         view = View { theme: view.theme, ..View::default() };
                     }
-                }
+                    ranks.ingest(rank, item);
                 }
             },
             _ = tick.tick() => {
                 if session.stop_requested() {
                     return Ok(());
                 }
-                controls.tick(&mut store);
-                if drawn.as_ref().is_none_or(|(v, w)| *v != store.version || *w != view) {
+                controls.tick(&mut ranks);
+                let version = ranks.version() + ranks.shown as u64;
+                if drawn.as_ref().is_none_or(|(v, w)| *v != version || *w != view) {
                     let theme = &screen.themes[view.theme % screen.themes.len()];
-                    session.terminal.draw(|f| render_live(f, &store, &view, &screen.keys, theme))?;
-                    drawn = Some((store.version, view.clone()));
+                    let summary = ranks.summary();
+                    session.terminal.draw(|f| render_live(f, ranks.shown(), &summary, &view, &screen.keys, theme))?;
+                    drawn = Some((version, view.clone()));
                 }
             }
         }
     }
 }
 
-/// What a key does: view changes stay here, the rest goes to the source's controls.
-pub fn handle(a: Action, store: &mut Store, view: &mut View, controls: &mut dyn Controls, theme_count: usize) {
+/// What a key does: view changes stay here, the rest goes to the source's controls. True
+/// when the screen should close.
+pub fn handle(a: Action, ranks: &mut Ranks, view: &mut View, controls: &mut dyn Controls, theme_count: usize) -> bool {
+    let store = ranks.shown();
     let (start, end) = (store.history.start(), store.history.end());
+    let live = store.live_count();
     match a {
         Action::FreezeView => view.toggle_freeze(end),
         Action::PanLeft => view.pan(true, start, end),
@@ -151,41 +200,56 @@ pub fn handle(a: Action, store: &mut Store, view: &mut View, controls: &mut dyn 
         Action::ToggleBands => view.by_category = !view.by_category,
         Action::FocusTable => view.table_focus = !view.table_focus,
         Action::SelectUp => view.table_selected = view.table_selected.saturating_sub(1),
-        Action::SelectDown => view.table_selected = (view.table_selected + 1).min(store.live_count().saturating_sub(1)),
+        Action::SelectDown => view.table_selected = (view.table_selected + 1).min(live.saturating_sub(1)),
         Action::NextTheme => view.theme = (view.theme + 1) % theme_count.max(1),
+        Action::NextRank => ranks.next_rank(),
         Action::Help => view.help = !view.help,
-        Action::Quit => {}
-        _ => controls.key(a, store),
+        _ => {
+            if controls.key(a, ranks) {
+                return true;
+            }
+        }
     }
-    store.version += 1;
+    ranks.shown_mut().version += 1;
+    false
 }
 
-/// A live engine's controls: knob changes go to the engine (applied at the next step
-/// boundary); the record key starts and stops a recording of what the screen is fed.
-pub struct EngineControls {
-    pub control: Sender<Control>,
+/// A running job's controls: knob keys change the knobs the job declared (vramscope's
+/// engine declares its step config's), applied by every rank at its next step boundary;
+/// pause, step and snapshot go to every rank; the record key records what the screen is fed.
+pub struct JobControls<'a> {
+    pub source: &'a JobSource,
+    pub kind: JobKind,
     pub recorder: Option<Recorder>,
+    /// The user asked to leave the job running.
+    pub detached: bool,
+    /// "This job declares no such knob" was said.
+    said_knobs: bool,
 }
 
-impl EngineControls {
-    fn start_recording(&mut self, store: &mut Store) {
-        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let path = PathBuf::from(format!("vramscope-{secs}.vsrec"));
+impl JobControls<'_> {
+    fn start_recording(&mut self, ranks: &mut Ranks) {
+        let path = PathBuf::from(format!("vramscope-{}.vsrec", crate::render::format::local_timestamp()));
         let started = match Recorder::create(&path) {
             Ok(mut r) => {
-                // Started mid-session: what the screen already knows comes first, so the
-                // replay shows the same model, knobs and module names.
-                let now = crate::capture::now_ns();
-                let info = store.info.clone().map(|i| Incoming::Report(Report::Started(i)));
-                let scopes = (1..store.scopes.len()).map(|i| (i as u32, store.scopes[i].clone())).collect();
-                let scopes = Incoming::Batch(Batch { first_seq: store.history.end(), scopes, ..Batch::default() });
-                info.into_iter().chain([scopes]).try_for_each(|i| r.record(now, &i)).map(|()| r)
+                // Started mid-session: what each rank's screen already knows comes first (who
+                // it is, every name, every live allocation), so the replay agrees with it.
+                let now = monotonic_ns();
+                let mut ok = Ok(());
+                for (rank, store) in ranks.iter() {
+                    for item in store.resync_items() {
+                        ok = ok.and_then(|()| r.record(now, rank, &item));
+                    }
+                }
+                ok.map(|()| r)
             }
             Err(e) => Err(e),
         };
+        let store = ranks.shown_mut();
         match started {
             Ok(r) => {
                 store.log_line(LogKind::Info, format!("recording to {} (r stops)", path.display()));
+                store.recording = Some(path);
                 self.recorder = Some(r);
             }
             Err(e) => store.log_line(LogKind::Error, format!("cannot record: {e}")),
@@ -198,55 +262,115 @@ impl EngineControls {
         let s = r.finish()?;
         Ok(Some(format!("recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes)))
     }
+
+    /// The value knob `name` goes to under key `a`, from its value now.
+    fn knob_value(a: Action, now: &str) -> Option<String> {
+        let int = || now.parse::<i64>().ok();
+        Some(match a {
+            Action::TogglePrecision => now.parse::<crate::step_config::Precision>().ok()?.toggled().to_string(),
+            Action::ToggleMode => now.parse::<crate::step_config::Mode>().ok()?.toggled().to_string(),
+            Action::ToggleAttention => now.parse::<crate::step_config::Attention>().ok()?.toggled().to_string(),
+            Action::CtxHalve => (int()? / 2).max(1).to_string(),
+            Action::CtxDouble => (int()? * 2).min(MAX_CTX).to_string(),
+            Action::BatchDown => (int()? - 1).max(1).to_string(),
+            Action::BatchUp => (int()? + 1).min(MAX_BATCH).to_string(),
+            _ => return None,
+        })
+    }
 }
 
-impl Controls for EngineControls {
-    fn key(&mut self, a: Action, store: &mut Store) {
-        let cfg = store.info.as_ref().map(|i| i.config.clone());
-        let send = |c: Control| {
-            let _ = self.control.send(c);
-        };
-        match (a, cfg) {
-            (Action::TogglePrecision, Some(c)) => send(Control::Precision(c.precision.toggled())),
-            (Action::CtxHalve, Some(c)) => send(Control::Ctx((c.ctx / 2).max(1))),
-            (Action::CtxDouble, Some(c)) => send(Control::Ctx((c.ctx * 2).min(MAX_CTX))),
-            (Action::BatchDown, Some(c)) => send(Control::Batch((c.batch - 1).max(1))),
-            (Action::BatchUp, Some(c)) => send(Control::Batch((c.batch + 1).min(MAX_BATCH))),
-            (Action::ToggleMode, Some(c)) => send(Control::Mode(c.mode.toggled())),
-            (Action::ToggleAttention, Some(c)) => send(Control::Attention(c.attention.toggled())),
-            (Action::Snapshot, _) => {
-                send(Control::Snapshot);
+/// The knob a knob key drives.
+fn knob_of(a: Action) -> Option<&'static str> {
+    Some(match a {
+        Action::TogglePrecision => "precision",
+        Action::ToggleMode => "mode",
+        Action::ToggleAttention => "attention",
+        Action::CtxHalve | Action::CtxDouble => "ctx",
+        Action::BatchDown | Action::BatchUp => "batch",
+        _ => return None,
+    })
+}
+
+impl Controls for JobControls<'_> {
+    fn key(&mut self, a: Action, ranks: &mut Ranks) -> bool {
+        let store = ranks.shown_mut();
+        if let Some(knob) = knob_of(a) {
+            let now = store.info.as_ref().and_then(|i| i.knob(knob)).map(str::to_string);
+            match now.as_deref().and_then(|v| JobControls::knob_value(a, v)) {
+                Some(value) => self.source.send(&Control::SetKnob { name: knob.into(), value }),
+                None if !self.said_knobs => {
+                    self.said_knobs = true;
+                    store.log_line(
+                        LogKind::Info,
+                        format!("this job declares no '{knob}' knob: knob keys drive vramscope's own model, or knobs a script declares with vramscope_hook.knob()"),
+                    );
+                }
+                None => {}
+            }
+            return false;
+        }
+        match a {
+            Action::Quit => return true,
+            Action::Detach if self.kind == JobKind::Started => {
+                self.detached = true;
+                return true;
+            }
+            Action::Detach => store.log_line(LogKind::Info, "d leaves a job started by `vramscope py` running; q already leaves this one running".into()),
+            Action::Snapshot => {
+                self.source.send(&Control::Snapshot);
                 store.log_line(LogKind::Info, "snapshot requested: saved at the end of this step".into());
             }
-            (Action::TogglePause, _) => send(if store.paused { Control::Resume } else { Control::Pause }),
-            (Action::StepOnce, _) => send(Control::StepOnce),
-            (Action::ToggleRecord, _) => match self.stop_recording() {
-                Ok(Some(line)) => store.log_line(LogKind::Info, line),
-                Ok(None) => self.start_recording(store),
+            Action::TogglePause => self.source.send(if store.paused { &Control::Resume } else { &Control::Pause }),
+            Action::StepOnce => self.source.send(&Control::StepOnce),
+            Action::ToggleRecord => match self.stop_recording() {
+                Ok(Some(line)) => {
+                    let store = ranks.shown_mut();
+                    store.recording = None;
+                    store.log_line(LogKind::Info, line);
+                }
+                Ok(None) => self.start_recording(ranks),
                 Err(e) => store.log_line(LogKind::Error, format!("recording failed: {e:#}")),
             },
-            (Action::SpeedUp | Action::SpeedDown | Action::NextStep | Action::PrevStep, _) => {
+            Action::SpeedUp | Action::SpeedDown | Action::NextStep | Action::PrevStep => {
                 store.log_line(LogKind::Info, "live: speed and seek keys work in replay".into())
             }
             _ => {}
         }
+        false
     }
 
-    fn seen(&mut self, item: &Incoming, store: &mut Store) {
+    fn seen(&mut self, rank: u32, item: &Incoming, ranks: &mut Ranks) {
         if let Some(r) = &mut self.recorder {
-            if let Err(e) = r.record(crate::capture::now_ns(), item) {
+            if let Err(e) = r.record(monotonic_ns(), rank, item) {
+                let store = ranks.shown_mut();
                 store.log_line(LogKind::Error, format!("recording stopped: {e}"));
+                store.recording = None;
                 self.recorder = None;
             }
         }
     }
 
-    fn tick(&mut self, store: &mut Store) {
+    fn tick(&mut self, ranks: &mut Ranks) {
         if let Some(r) = &mut self.recorder {
-            if let Err(e) = r.flush_if_due(crate::capture::now_ns()) {
+            if let Err(e) = r.flush_if_due(monotonic_ns()) {
+                let store = ranks.shown_mut();
                 store.log_line(LogKind::Error, format!("recording stopped: {e}"));
+                store.recording = None;
                 self.recorder = None;
             }
         }
+    }
+}
+
+impl Store {
+    /// What a recording started now needs first so it replays to this store's state: who
+    /// the job is, every name, every live allocation.
+    pub fn resync_items(&self) -> Vec<Incoming> {
+        let mut items: Vec<Incoming> = self.info.clone().map(|i| Incoming::Report(Report::Started(i))).into_iter().collect();
+        let scopes = (1..self.scopes.len()).map(|i| (i as u32, self.scopes[i].clone())).collect();
+        let events = self.live_events();
+        let first_seq = self.history.end();
+        items.push(Incoming::Batch(Batch { first_seq, events, scopes, ..Batch::default() }));
+        items
     }
 }

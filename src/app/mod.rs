@@ -3,6 +3,7 @@
 
 pub mod keys;
 pub mod live;
+pub mod py;
 pub mod replay;
 pub mod snapshot_loading;
 pub mod snapshot_viewer;

@@ -2,13 +2,14 @@
 //! pauses, > and < change the speed, n and N seek a step forward or back.
 
 use crossbeam_channel::Sender;
-use tokio::sync::mpsc;
 
 use crate::record::player::{spawn_player, PlayerCommand, Script};
+use crate::source::feed::bridge;
+use crate::store::ranks::Ranks;
 use crate::store::{LogKind, Store};
 
 use super::keys::Action;
-use super::live::{event_loop, Controls, Screen};
+use super::live::{event_loop, Controls, Screen, HISTORY_CAP};
 use super::terminal::TerminalSession;
 
 const SPEEDS: std::ops::RangeInclusive<f64> = (1.0 / 64.0)..=64.0;
@@ -19,8 +20,10 @@ struct ReplayControls {
 }
 
 impl Controls for ReplayControls {
-    fn key(&mut self, a: Action, store: &mut Store) {
+    fn key(&mut self, a: Action, ranks: &mut Ranks) -> bool {
+        let store = ranks.shown_mut();
         let cmd = match a {
+            Action::Quit | Action::Detach => return true,
             Action::TogglePause | Action::StepOnce => PlayerCommand::TogglePause,
             Action::SpeedUp | Action::SpeedDown => {
                 let s = if a == Action::SpeedUp { self.speed * 2.0 } else { self.speed / 2.0 };
@@ -30,10 +33,17 @@ impl Controls for ReplayControls {
             }
             Action::NextStep => PlayerCommand::NextStep,
             Action::PrevStep => PlayerCommand::PrevStep,
-            Action::ToggleRecord => return store.log_line(LogKind::Info, "replay: this is a recording already".into()),
-            _ => return store.log_line(LogKind::Info, "replay: knobs are fixed by the recording".into()),
+            Action::ToggleRecord => {
+                store.log_line(LogKind::Info, "replay: this is a recording already".into());
+                return false;
+            }
+            _ => {
+                store.log_line(LogKind::Info, "replay: knobs are fixed by the recording".into());
+                return false;
+            }
         };
         let _ = self.player.send(cmd);
+        false
     }
 }
 
@@ -41,22 +51,20 @@ impl Controls for ReplayControls {
 pub fn run_replay(script: Script, speed: f64, screen: Screen) -> anyhow::Result<()> {
     anyhow::ensure!(SPEEDS.contains(&speed), "--speed must be between 1/64 and 64, got {speed}");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let mut store = Store::new(4 << 20);
+    let mut store = Store::new(HISTORY_CAP);
     store.log_line(LogKind::Info, script.describe());
-    store.title = Some(match &script {
-        Script::Recording(r) => format!("replay of {}", r.path.display()),
-        Script::Trace { path, .. } => format!("snapshot trace of {}", path.display()),
-    });
-    let (tx, rx) = mpsc::channel(256);
+    store.title = Some(format!("replay of {}", script.name));
+    let (tx, rx) = crossbeam_channel::bounded(256);
     let player = spawn_player(script, speed, tx);
     let mut controls = ReplayControls { player, speed };
     let mut session = TerminalSession::enter()?;
-    rt.block_on(event_loop(&mut session, rx, &mut controls, &screen, store))
+    rt.block_on(event_loop(&mut session, bridge(rx, None), &mut controls, &screen, Ranks::with(store, HISTORY_CAP)))
 }
 
 #[derive(clap::Args, Clone)]
 pub struct ReplayArgs {
-    /// A recording (vramscope run --record) or a memory snapshot pickle.
+    /// A recording (vramscope run --record) or a memory snapshot pickle; `-` reads
+    /// standard input.
     pub file: std::path::PathBuf,
     /// Playback speed relative to the recorded timing (1/64 to 64).
     #[arg(long, default_value_t = 1.0)]
@@ -71,12 +79,16 @@ pub struct ReplayArgs {
 
 /// The per-step lines of a live headless run, from a recording, unpaced. The line on how
 /// the recording ends goes to stderr, so stdout matches the live run's byte for byte.
-pub fn run_replay_headless(script: &Script, json: bool, out: &mut impl std::io::Write) -> anyhow::Result<()> {
+pub fn run_replay_headless(script: &mut Script, json: bool, out: &mut impl std::io::Write) -> anyhow::Result<()> {
     let mut failed = None;
-    crate::report::headless::run(script.stream(&mut failed), json, out)?;
-    eprintln!("{}", script.describe());
-    match failed {
-        Some(e) => Err(e.into()),
-        None => Ok(()),
+    let played = crate::report::headless::run(script.stream(&mut failed), json, out);
+    match (failed, script.failure()) {
+        // The error says where the file broke; nothing else to add.
+        (Some(e), _) => Err(e.into()),
+        (None, Some(why)) => Err(anyhow::anyhow!(why)),
+        (None, None) => {
+            eprintln!("{}", script.describe());
+            played.map(|_| ())
+        }
     }
 }

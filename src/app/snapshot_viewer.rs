@@ -15,6 +15,8 @@ use crate::app::terminal::TerminalSession;
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::render::snapshot_viewer::{plot_columns, render_loading, render_viewer};
 use crate::render::theme::Theme;
+use crate::report::oom::{oom_marks, oom_reports, OomReport};
+use crate::report::whatif::{default_configs, recorded_config, whatif, Whatif};
 use crate::report::snapshot_summary::{
     annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_figures, segment_stats,
     AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
@@ -86,6 +88,9 @@ pub struct ViewerData {
     /// Warnings and notes about the file the header shows: figures that contradict each
     /// other, what the reader left out.
     notes: Vec<String>,
+    ooms: OnceCell<Vec<(usize, usize)>>,
+    oom_reports: OnceCell<Vec<OomReport>>,
+    whatif: OnceCell<Whatif>,
 }
 
 pub fn drawn_count(step: usize, allocations: usize) -> usize {
@@ -125,6 +130,9 @@ impl ViewerData {
             marks: OnceCell::new(),
             reserved: (reserved.peak, reserved.last),
             notes,
+            ooms: OnceCell::new(),
+            oom_reports: OnceCell::new(),
+            whatif: OnceCell::new(),
         }
     }
 
@@ -171,6 +179,21 @@ impl ViewerData {
         self.reserved
     }
 
+    /// (trace position, timeline action after it) of each `oom` entry on the device.
+    pub fn ooms(&self) -> &[(usize, usize)] {
+        self.ooms.get_or_init(|| oom_marks(&self.snap, &self.tl, self.device))
+    }
+
+    /// The OOM reports (a replay of the trace up to the last OOM: computed when asked).
+    pub fn oom_reports(&self) -> &[OomReport] {
+        self.oom_reports.get_or_init(|| oom_reports(&self.snap, &self.tl, self.device))
+    }
+
+    /// The default what-if rows for this device (a replay per row: computed when asked).
+    pub fn whatif(&self) -> &Whatif {
+        self.whatif.get_or_init(|| whatif(&self.snap, self.device, &default_configs(&recorded_config(&self.snap))))
+    }
+
     pub fn stack_at_cursor(&self, ui: &ViewerUi) -> StackColumn {
         self.tl.stack_at(&self.detail, ui.cursor.min(self.tl.total_events.saturating_sub(1)))
     }
@@ -213,6 +236,13 @@ impl SortBy {
     }
 }
 
+/// A report drawn over the views.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Panel {
+    Oom,
+    WhatIf,
+}
+
 /// What the keys change.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ViewerUi {
@@ -234,6 +264,7 @@ pub struct ViewerUi {
     pub row: usize,
     pub rows: Vec<u32>,
     pub help: bool,
+    pub panel: Option<Panel>,
     pub theme: usize,
     /// Width of the timeline plot in columns, as last drawn.
     pub columns: usize,
@@ -255,6 +286,7 @@ impl ViewerUi {
             row: 0,
             rows: Vec::new(),
             help: false,
+            panel: None,
             theme: 0,
             columns: 100,
         };
@@ -403,6 +435,17 @@ pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_cou
                 *ui = ViewerUi { theme: ui.theme, columns: ui.columns, ..ViewerUi::new(data) };
             }
         }
+        ViewAction::OomReport => {
+            ui.panel = (ui.panel != Some(Panel::Oom)).then_some(Panel::Oom);
+            // The cursor goes to the (first) OOM, where the timeline marks it.
+            if let (Some(_), Some(&(_, action))) = (ui.panel, data.ooms().first()) {
+                ui.cursor = action.min(total.saturating_sub(1));
+                if !(ui.from..ui.to).contains(&ui.cursor) {
+                    ui.zoom(total, ui.to - ui.from);
+                }
+            }
+        }
+        ViewAction::WhatIf => ui.panel = (ui.panel != Some(Panel::WhatIf)).then_some(Panel::WhatIf),
         ViewAction::NextTheme => ui.theme = (ui.theme + 1) % theme_count.max(1),
         ViewAction::Help => ui.help = !ui.help,
         ViewAction::Quit => {}
@@ -542,6 +585,8 @@ fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut Vi
                     handle(a, data, ui, themes.len());
                 } else if ui.help {
                     ui.help = false;
+                } else if ui.panel.is_some() && k.code == KeyCode::Esc {
+                    ui.panel = None;
                 } else {
                     continue;
                 }

@@ -5,8 +5,8 @@
 use crate::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
 use crate::snapshot::model::{AnnotationStage, Snapshot, TraceEntry};
 use crate::snapshot::timeline::Timeline;
-use crate::source::feed::Incoming;
-use crate::train::engine::Report;
+use crate::stream::Incoming;
+use crate::stream::Report;
 
 /// Events per batch: small enough that the screen moves smoothly while it plays.
 const BATCH_EVENTS: usize = 256;

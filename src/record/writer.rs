@@ -6,16 +6,15 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::source::feed::Incoming;
+use crate::stream::chunk::{header, ChunkWriter};
+use crate::stream::Incoming;
 
-use super::codec::Encoder;
-use super::{RecordError, CHUNK_HEADER_LEN, MAGIC, VERSION};
+use super::RecordError;
 
-/// A chunk is cut when it holds this many events, this many body bytes, or spans this long.
-const CHUNK_EVENTS: u64 = 16_384;
-const CHUNK_BYTES: usize = 1 << 20;
+/// A chunk is written once it spans this long (or reaches the stream's size limits).
 const CHUNK_NS: u64 = 1_000_000_000;
 /// zstd level: higher levels cost milliseconds per chunk on the consumer thread, not the
 /// training thread, and buy a few percent of size.
@@ -32,112 +31,87 @@ pub struct RecordSummary {
 
 pub struct Recorder {
     file: File,
-    enc: Encoder,
-    /// Stamp of the first record in the open chunk.
-    chunk_start: Option<u64>,
-    summary: RecordSummary,
+    chunks: ChunkWriter,
+    path: PathBuf,
+    bytes: u64,
     /// The first write error; recording stops there and `finish` reports it.
-    failed: Option<RecordError>,
+    failed: Option<String>,
 }
 
 impl Recorder {
+    /// A new file, readable by its owner only (it holds the job's paths and stacks).
     pub fn create(path: &Path) -> Result<Recorder, RecordError> {
-        let mut file = File::options().write(true).create_new(true).open(path).map_err(|e| {
+        let mut file = File::options().write(true).create_new(true).mode(0o600).open(path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
                 RecordError::Exists(path.to_path_buf())
             } else {
                 RecordError::Io { path: path.to_path_buf(), source: e }
             }
         })?;
-        let mut header = MAGIC.to_vec();
-        header.extend_from_slice(&VERSION.to_le_bytes());
-        header.extend_from_slice(&0u16.to_le_bytes());
-        file.write_all(&header).map_err(RecordError::io(path))?;
-        Ok(Recorder {
-            file,
-            enc: Encoder::default(),
-            chunk_start: None,
-            summary: RecordSummary { path: path.to_path_buf(), events: 0, chunks: 0, bytes: header.len() as u64 },
-            failed: None,
-        })
+        let h = header();
+        file.write_all(&h).map_err(RecordError::io(path))?;
+        Ok(Recorder { file, chunks: ChunkWriter::new(ZSTD_LEVEL, CHUNK_NS), path: path.to_path_buf(), bytes: h.len() as u64, failed: None })
     }
 
     pub fn path(&self) -> &Path {
-        &self.summary.path
+        &self.path
     }
 
-    /// Records one item received at `stamp_ns` (capture clock).
-    pub fn record(&mut self, stamp_ns: u64, item: &Incoming) -> Result<(), RecordError> {
+    /// Records one item of `rank` received at `stamp_ns` (monotonic clock).
+    pub fn record(&mut self, stamp_ns: u64, rank: u32, item: &Incoming) -> Result<(), RecordError> {
         if let Some(e) = &self.failed {
-            return Err(RecordError::Stopped(e.to_string()));
+            return Err(RecordError::Stopped(e.clone()));
         }
-        let r = self.enc.item(stamp_ns, item).and_then(|()| {
-            let start = *self.chunk_start.get_or_insert(stamp_ns);
-            if self.enc.events >= CHUNK_EVENTS || self.enc.body.len() >= CHUNK_BYTES || stamp_ns.saturating_sub(start) >= CHUNK_NS {
-                self.write_chunk()
-            } else {
-                Ok(())
-            }
-        });
+        let r = self.chunks.push(stamp_ns, rank, item).map_err(RecordError::from).and_then(|chunks| self.write(chunks));
         self.note(r)
     }
 
     /// Writes the open chunk if it has been open for a second (called on idle ticks, so a
     /// quiet session still reaches the disk).
     pub fn flush_if_due(&mut self, now_ns: u64) -> Result<(), RecordError> {
-        if self.failed.is_none() && self.chunk_start.is_some_and(|s| now_ns.saturating_sub(s) >= CHUNK_NS) {
-            let r = self.write_chunk();
-            return self.note(r);
+        if self.failed.is_some() {
+            return Ok(());
         }
-        Ok(())
+        let chunk = self.chunks.flush_if_due(now_ns);
+        let r = self.write(chunk.into_iter().collect());
+        self.note(r)
     }
 
     fn note(&mut self, r: Result<(), RecordError>) -> Result<(), RecordError> {
         if let Err(e) = &r {
-            self.failed = Some(RecordError::Stopped(e.to_string()));
+            self.failed = Some(e.to_string());
         }
         r
     }
 
-    fn write_chunk(&mut self) -> Result<(), RecordError> {
-        if self.enc.is_empty() {
-            return Ok(());
+    fn write(&mut self, chunks: Vec<Vec<u8>>) -> Result<(), RecordError> {
+        for c in chunks {
+            // One write per chunk, so a kill leaves whole chunks plus at most one partial one.
+            self.file.write_all(&c).map_err(RecordError::io(&self.path))?;
+            self.bytes += c.len() as u64;
         }
-        let packed = zstd::bulk::compress(&self.enc.body, ZSTD_LEVEL).map_err(RecordError::io(&self.summary.path))?;
-        let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + packed.len());
-        out.extend_from_slice(&(packed.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(self.enc.body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32fast::hash(&packed).to_le_bytes());
-        out.extend_from_slice(&packed);
-        // One write per chunk, so a kill leaves whole chunks plus at most one partial one.
-        self.file.write_all(&out).map_err(RecordError::io(&self.summary.path))?;
-        self.summary.events += self.enc.events;
-        self.summary.chunks += 1;
-        self.summary.bytes += out.len() as u64;
-        self.enc.reset();
-        self.chunk_start = None;
         Ok(())
     }
 
     /// Writes the end record and the last chunk, and fsyncs. Reports the first error met.
     pub fn finish(mut self) -> Result<RecordSummary, RecordError> {
         if let Some(e) = self.failed.take() {
-            return Err(e);
+            return Err(RecordError::Stopped(e));
         }
-        self.enc.end();
-        self.write_chunk()?;
-        self.file.sync_all().map_err(RecordError::io(&self.summary.path))?;
-        Ok(self.summary.clone())
+        let last = self.chunks.end();
+        self.write(last.into_iter().collect())?;
+        self.file.sync_all().map_err(RecordError::io(&self.path))?;
+        Ok(RecordSummary { path: self.path.clone(), events: self.chunks.events, chunks: self.chunks.chunks, bytes: self.bytes })
     }
 
     /// Records every item as it passes. Iteration ends early if a write fails; `finish`
     /// then reports why.
-    pub fn tee<'a, I: Iterator<Item = Incoming> + 'a>(&'a mut self, items: I) -> impl Iterator<Item = Incoming> + 'a {
+    pub fn tee<'a, I: Iterator<Item = (u32, Incoming)> + 'a>(&'a mut self, items: I) -> impl Iterator<Item = (u32, Incoming)> + 'a {
         let mut items = items;
         std::iter::from_fn(move || {
-            let item = items.next()?;
-            self.record(crate::capture::now_ns(), &item).ok()?;
-            Some(item)
+            let (rank, item) = items.next()?;
+            self.record(crate::stream::monotonic_ns(), rank, &item).ok()?;
+            Some((rank, item))
         })
     }
 }

@@ -112,3 +112,12 @@ mod parse_tests {
         assert!(parse_bytes("3 parsecs").unwrap_err().contains("parsecs"));
     }
 }
+
+/// Local time as `YYYYMMDD-HHMMSS`, for file names a person reads.
+pub fn local_timestamp() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as libc::time_t;
+    // SAFETY: localtime_r writes into the tm we own.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::localtime_r(&now, &mut tm) };
+    format!("{:04}{:02}{:02}-{:02}{:02}{:02}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec)
+}

@@ -11,6 +11,7 @@ use crate::event::{Category, Phase};
 use crate::source::gauges::history::Metric;
 use crate::source::gauges::sample::SourceKind;
 use crate::render::format::bytes;
+use crate::store::ranks::RankSummary;
 use crate::store::{Column, LogKind, Marker, Store};
 use crate::app::keys::{Action, Bindable, KeyMap};
 use crate::app::view::View;
@@ -32,7 +33,8 @@ const STACK_ORDER: [Category; 8] = [
     Category::Unknown,
 ];
 
-pub fn render_live(f: &mut Frame, store: &Store, view: &View, keys: &KeyMap, theme: &Theme) {
+/// The screen of `store` (the rank shown), with the other ranks summed up in `ranks`.
+pub fn render_live(f: &mut Frame, store: &Store, ranks: &RankSummary, view: &View, keys: &KeyMap, theme: &Theme) {
     let area = f.area();
     f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
@@ -49,7 +51,7 @@ pub fn render_live(f: &mut Frame, store: &Store, view: &View, keys: &KeyMap, the
     ])
     .areas(area);
     let [timeline, side] = Layout::horizontal([Constraint::Min(30), Constraint::Length(side_w)]).areas(middle);
-    render_header(f, header, store, theme);
+    render_header(f, header, store, ranks, theme);
     render_timeline(f, timeline, store, view, theme);
     render_side(f, side, store, theme);
     render_table(f, table, store, view, theme);
@@ -67,15 +69,35 @@ pub fn render_too_small(f: &mut Frame, area: Rect, theme: &Theme) {
     f.render_widget(Paragraph::new(msg).style(Style::default().fg(theme.ui.warning)).wrap(ratatui::widgets::Wrap { trim: true }), area);
 }
 
-pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
+/// What the job is and runs with: vramscope's model and its knobs, or a user's script, its
+/// rank and the knobs it declared.
+fn job_facts(info: &crate::stream::EngineInfo, wide: bool) -> (String, Vec<String>) {
+    let params = format!("{:.1}M params", info.parameters as f64 / 1e6);
+    let mut facts = Vec::new();
+    let name = match &info.config {
+        Some(c) => {
+            facts.extend([c.precision.to_string(), format!("ctx {}", c.ctx), format!("batch {}", c.batch), c.mode.to_string(), c.attention.to_string()]);
+            c.model_name.clone()
+        }
+        None => {
+            facts.extend(info.knobs.iter().map(|k| format!("{} {}", k.name, k.value)));
+            info.name.clone()
+        }
+    };
+    if !info.alloc_conf.is_empty() {
+        facts.push(info.alloc_conf.clone());
+    }
+    (if wide { format!("{name} ({params})") } else { name }, facts)
+}
+
+pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSummary, theme: &Theme) {
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let Some(info) = &store.info else {
-        let what = store.title.as_deref().unwrap_or("starting the training engine…");
+        let what = store.title.as_deref().unwrap_or("starting the job…");
         f.render_widget(Paragraph::new(format!("vramscope · {what}")).style(dim), area);
         return;
     };
-    let c = &info.config;
     let sep = || Span::styled(" · ", dim);
     // Narrow terminals get the same facts in fewer words.
     let wide = area.width >= 100;
@@ -84,27 +106,24 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
         (false, true) => format!("{} (GPU modelled)", info.device),
         (false, false) => format!("{} (modelled)", info.device),
     };
-    let model = if wide {
-        format!("{} ({:.1}M params)", c.model_name, info.parameters as f64 / 1e6)
-    } else {
-        c.model_name.clone()
-    };
-    let line1 = Line::from(vec![
+    let (model, facts) = job_facts(info, wide);
+    let mut line1 = vec![
         Span::styled(if wide { "vramscope " } else { "" }, Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
         Span::styled(model, val),
         sep(),
         Span::styled(device, val),
-        sep(),
-        Span::styled(c.precision.to_string(), val),
-        sep(),
-        Span::styled(format!("ctx {}", c.ctx), val),
-        sep(),
-        Span::styled(format!("batch {}", c.batch), val),
-        sep(),
-        Span::styled(c.mode.to_string(), val),
-        sep(),
-        Span::styled(c.attention.to_string(), val),
-    ]);
+    ];
+    for fact in facts {
+        line1.extend([sep(), Span::styled(fact, val)]);
+    }
+    if ranks.count > 1 {
+        line1.extend([sep(), Span::styled(format!("rank {} of {}", ranks.shown, ranks.count), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD))]);
+        let peaks: Vec<String> = ranks.peaks.iter().map(|p| format!("r{} {}", p.rank, bytes(p.peak))).collect();
+        line1.extend([sep(), Span::styled(format!("peaks {}", peaks.join(" ")), val)]);
+        if let Some(skew) = ranks.skew {
+            line1.extend([sep(), Span::styled(format!("skew {skew:.2}×"), if skew > 1.1 { Style::default().fg(theme.ui.warning) } else { val })]);
+        }
+    }
     let last = store.last_step();
     let mut spans = vec![
         Span::styled(format!("step {}", last.map(|s| s.step + 1).unwrap_or(0)), val),
@@ -130,6 +149,9 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
     if let Some(t) = &store.title {
         spans.extend([sep(), Span::styled(t.clone(), Style::default().fg(theme.ui.accent))]);
     }
+    if let Some(p) = &store.recording {
+        spans.extend([sep(), Span::styled(format!("● REC {}", p.display()), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
+    }
     if store.oom.is_some() {
         spans.extend([sep(), Span::styled("OUT OF MEMORY", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
     } else if store.paused {
@@ -137,7 +159,7 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
     } else if store.finished {
         spans.extend([sep(), Span::styled("finished", Style::default().fg(theme.ui.dim))]);
     }
-    f.render_widget(Paragraph::new(vec![line1, Line::from(spans)]), area);
+    f.render_widget(Paragraph::new(vec![Line::from(line1), Line::from(spans)]), area);
 }
 
 /// Y-axis scale: a round number of bytes above `max`.
@@ -490,7 +512,9 @@ pub fn key_hints<A: Bindable>(keys: &KeyMap<A>, items: &[(A, &str)], theme: &The
 pub fn render_help<A: Bindable>(f: &mut Frame, area: Rect, keys: &KeyMap<A>, theme: &Theme) {
     let rows = keys.help_rows();
     let h = (rows.len() as u16 + 4).min(area.height);
-    let w = 54.min(area.width);
+    // As wide as its longest row, so no line is cut (unless the terminal is narrower).
+    let widest = rows.iter().map(|(_, d)| d.chars().count()).max().unwrap_or(0) as u16;
+    let w = (widest + 12 + 4).max(40).min(area.width);
     let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
     f.render_widget(Clear, r);
     let lines: Vec<Line> = rows

@@ -1,18 +1,20 @@
 //! `vramscope view`: header, the four views (timeline, largest, segments, categories), the
-//! allocation inspector and the key hints. One pure function per panel.
+//! allocation inspector, the out-of-memory and what-if reports, and the key hints. One
+//! pure function per panel.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, Wrap};
+use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::app::snapshot_loading::Loading;
-use crate::app::snapshot_viewer::{Tab, ViewerData, ViewerUi, DETAIL_STEPS};
+use crate::app::snapshot_viewer::{Panel, Tab, ViewerData, ViewerUi, DETAIL_STEPS};
 use crate::render::format::{bar, bytes, fit};
 use crate::report::snapshot_summary::{allocation_info, event_time, frame_label, ShownFrame};
+use crate::report::whatif::{oom_outcome, self_check_sentence, setting_label};
 use crate::snapshot::timeline::{DetailView, Timeline};
 use crate::snapshot::ReadPass;
 
@@ -54,7 +56,12 @@ pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &Key
     if let Some(side) = side {
         render_inspector(f, side, data, ui, keys, theme);
     }
-    render_footer(f, footer, ui, keys, theme);
+    match ui.panel {
+        Some(Panel::Oom) => render_oom_panel(f, body, data, keys, theme),
+        Some(Panel::WhatIf) => render_whatif_panel(f, body, data, keys, theme),
+        None => {}
+    }
+    render_footer(f, footer, data, ui, keys, theme);
     if ui.help {
         render_help(f, area, keys, theme);
     }
@@ -65,7 +72,7 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let sep = || Span::styled(" · ", dim);
     let s = &data.snap;
-    let line1 = Line::from(vec![
+    let mut line1 = Line::from(vec![
         Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
         Span::styled(data.name.clone(), val),
         sep(),
@@ -73,6 +80,9 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         sep(),
         Span::styled(format!("{} segments, {} blocks, {} trace entries", s.segments.len(), s.block_count(), s.trace_entry_count()), dim),
     ]);
+    if let Some(&(_, action)) = data.ooms().first() {
+        line1.spans.extend([sep(), Span::styled(format!("OUT OF MEMORY at action {action}"), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
+    }
     let mut tabs: Vec<Span> = Vec::new();
     for t in Tab::ALL {
         let style = if t == ui.tab { Style::default().fg(theme.ui.background).bg(theme.ui.accent).add_modifier(Modifier::BOLD) } else { dim };
@@ -152,6 +162,13 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
             buf[(x, ribbon_y)].set_char(if m.stage == "START" { '▶' } else { '◀' }).set_fg(theme.ui.accent);
         }
     }
+    // Out-of-memory failures (!), before the action that follows them.
+    for &(_, e) in data.ooms() {
+        if (ui.from..ui.to).contains(&e) {
+            let x = plot.x + ((e - ui.from) * cols / span) as u16;
+            buf[(x, ribbon_y)].set_char('!').set_fg(theme.ui.error);
+        }
+    }
     buf[(plot.x + cursor_x as u16, ribbon_y)].set_char('▲').set_fg(theme.ui.text);
     // Status: the cursor's action, time, total, open annotations and the selected band.
     let total = tl.totals_at(ui.cursor);
@@ -169,7 +186,8 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         let a = &tl.allocations[id as usize];
         format!(" · selected {} at 0x{:x}", bytes(a.size), a.addr)
     });
-    let status = format!("action {}{when} · active {}{phase}{}", ui.cursor, bytes(total), sel.unwrap_or_default());
+    let oom = if data.ooms().iter().any(|&(_, e)| e == ui.cursor) { " · out of memory just before" } else { "" };
+    let status = format!("action {}{when} · active {}{phase}{oom}{}", ui.cursor, bytes(total), sel.unwrap_or_default());
     buf.set_string(plot.x, status_y, fit(&status, plot.width as usize), Style::default().fg(theme.ui.text));
 }
 
@@ -418,27 +436,159 @@ fn push_frames(lines: &mut Vec<Line<'_>>, frames: &[ShownFrame], dim: Style) {
     }
 }
 
-pub fn render_footer(f: &mut Frame, area: Rect, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
+pub fn render_footer(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
     if ui.typing.is_some() {
         f.render_widget(Paragraph::new("type a frame name, file or address · enter applies · esc cancels").style(Style::default().fg(theme.ui.accent)), area);
         return;
     }
-    let hints = key_hints(
-        keys,
-        &[
-            (ViewAction::Help, "help"),
-            (ViewAction::NextTab, "view"),
-            (ViewAction::DetailLess, "detail-"),
-            (ViewAction::DetailMore, "detail+"),
-            (ViewAction::ZoomIn, "zoom"),
-            (ViewAction::Inspect, "inspect"),
-            (ViewAction::Search, "search"),
-            (ViewAction::JumpToPeak, "peak"),
-            (ViewAction::Quit, "quit"),
-        ],
-        theme,
-    );
-    f.render_widget(Paragraph::new(hints), area);
+    let mut items = vec![
+        (ViewAction::Help, "help"),
+        (ViewAction::NextTab, "view"),
+        (ViewAction::DetailLess, "detail-"),
+        (ViewAction::DetailMore, "detail+"),
+        (ViewAction::ZoomIn, "zoom"),
+        (ViewAction::Inspect, "inspect"),
+        (ViewAction::Search, "search"),
+        (ViewAction::JumpToPeak, "peak"),
+    ];
+    if !data.ooms().is_empty() {
+        items.push((ViewAction::OomReport, "why OOM"));
+    }
+    items.extend([(ViewAction::WhatIf, "what-if"), (ViewAction::Quit, "quit")]);
+    f.render_widget(Paragraph::new(key_hints(keys, &items, theme)), area);
+}
+
+/// A report's box over the views, centred: `width` × `height` at most (borders
+/// included); returns the inside.
+fn panel_frame(f: &mut Frame, area: Rect, (width, height): (u16, u16), title: String, theme: &Theme) -> Rect {
+    let (w, h) = (width.min(area.width), height.min(area.height));
+    let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
+    f.render_widget(Clear, r);
+    let block = Block::default()
+        .borders(Borders::ALL)
+        .border_style(Style::default().fg(theme.ui.accent))
+        .title(Span::styled(title, Style::default().fg(theme.ui.title)))
+        .style(Style::default().bg(theme.ui.background));
+    let inner = block.inner(r);
+    f.render_widget(block, r);
+    inner
+}
+
+/// Why the device ran out of memory: the request, what was free, reserved against
+/// allocated then, the verdict, and what was alive by call site and category.
+pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewAction>, theme: &Theme) {
+    let close = keys.key_of(ViewAction::OomReport).label();
+    let title = format!(" out of memory · device {} ({close} closes) ", data.device);
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
+    let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<22}"), dim), Span::styled(v, val)]);
+    let whatif = keys.key_of(ViewAction::WhatIf).label();
+    let reports = data.oom_reports();
+    if reports.is_empty() {
+        let inner = panel_frame(f, area, (80, 5), title, theme);
+        let msg = format!("device {}'s trace has no out-of-memory entry. {whatif}: how other allocator settings would have fared.", data.device);
+        f.render_widget(Paragraph::new(msg).style(dim).wrap(Wrap { trim: true }), inner);
+        return;
+    }
+    let mut lines = Vec::new();
+    for r in reports {
+        lines.extend([
+            kv("requested", format!("{} at trace entry {}, before action {}", bytes(r.requested_bytes), r.entry, r.action)),
+            kv("free on the device", bytes(r.device_free_bytes)),
+            kv("reserved", bytes(r.reserved_bytes)),
+            kv("allocated", bytes(r.allocated_bytes)),
+            kv("reserved, unallocated", format!("{} (largest free block {})", bytes(r.cached_free_bytes), bytes(r.largest_free_block_bytes))),
+            Line::from(vec![Span::styled(format!("{:<22}", "why"), dim), Span::styled(r.verdict(), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]),
+        ]);
+        if !r.modelled_exactly {
+            lines.push(Line::from(Span::styled("  (allocated and the largest free block are the allocator model's reconstruction)", dim)));
+        }
+        for b in std::iter::once(&r.by_top_frame).chain(&r.by_category) {
+            lines.push(Line::from(Span::styled(format!("alive then, by {}:", b.by.replace('_', " ")), dim)));
+            for g in b.groups.iter().take(6) {
+                lines.push(Line::from(format!("  {:>10}  {:>5} allocs  {}", bytes(g.bytes), g.allocations, g.name)));
+            }
+        }
+    }
+    lines.push(Line::from(Span::styled(format!("{whatif}: would other allocator settings have fit the request?"), Style::default().fg(theme.ui.accent))));
+    // Room for the verdict to wrap.
+    let inner = panel_frame(f, area, (120, lines.len() as u16 + 4), title, theme);
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+}
+
+/// The trace replayed under other allocator settings: a row per setting, the recorded
+/// one first with its self-check.
+pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewAction>, theme: &Theme) {
+    let close = keys.key_of(ViewAction::WhatIf).label();
+    let title = format!(" what if · device {}: the trace under other allocator settings ({close} closes) ", data.device);
+    let dim = Style::default().fg(theme.ui.dim);
+    if data.tl.total_events == 0 {
+        let inner = panel_frame(f, area, (80, 3), title, theme);
+        f.render_widget(Paragraph::new(format!("device {} has no alloc/free actions to replay", data.device)).style(dim), inner);
+        return;
+    }
+    let w = data.whatif();
+    let inner = panel_frame(f, area, (156, w.rows.len() as u16 + 7), title, theme);
+    let [head, table, foot] = Layout::vertical([Constraint::Length(1), Constraint::Length(w.rows.len() as u16 + 1), Constraint::Min(1)]).areas(inner);
+    let about = match &w.oom {
+        Some(o) => format!(
+            "OOM at trace entry {}: {} requested, {} free on the device; each row has the {} the allocator had then",
+            o.entry,
+            bytes(o.requested_bytes),
+            bytes(o.device_free_bytes),
+            bytes(o.capacity_bytes)
+        ),
+        None => "each row replays the trace from the state it began in; the device never ran out".into(),
+    };
+    f.render_widget(Paragraph::new(about).style(dim), head);
+    let with_oom = w.oom.is_some();
+    let mut header = vec!["settings"];
+    if with_oom {
+        header.push("OOM request");
+    }
+    header.extend(["peak reserved", "peak active", "frag@peak", "largest free"]);
+    if with_oom {
+        header.push("largest free@OOM");
+    }
+    header.push("segments");
+    let rows: Vec<Row> = w
+        .rows
+        .iter()
+        .map(|r| {
+            let mut cells = vec![setting_label(r)];
+            if let Some(o) = &w.oom {
+                cells.push(oom_outcome(r, o));
+            }
+            cells.extend([
+                bytes(r.peak_reserved_bytes),
+                bytes(r.peak_active_bytes),
+                format!("{:.1}%", r.fragmentation_at_peak * 100.0),
+                bytes(r.largest_free_block_bytes),
+            ]);
+            if with_oom {
+                cells.push(r.largest_free_block_at_oom_bytes.map_or_else(|| "–".to_string(), bytes));
+            }
+            cells.push(r.segments_created.to_string());
+            let style = if r.recorded { Style::default().add_modifier(Modifier::BOLD) } else { Style::default() };
+            Row::new(cells).style(style)
+        })
+        .collect();
+    let label = w.rows.iter().map(|r| setting_label(r).chars().count()).max().unwrap_or(8) as u16;
+    let mut widths = vec![Constraint::Length(label.min(48))];
+    if with_oom {
+        widths.push(Constraint::Length(27));
+    }
+    widths.extend([Constraint::Length(13), Constraint::Length(11), Constraint::Length(9), Constraint::Length(12)]);
+    if with_oom {
+        widths.push(Constraint::Length(16));
+    }
+    widths.push(Constraint::Length(8));
+    f.render_widget(Table::new(rows, widths).header(Row::new(header).style(dim.add_modifier(Modifier::BOLD))), table);
+    if let Some(s) = self_check_sentence(w) {
+        let ok = w.rows[0].self_check.as_ref().is_some_and(|c| c.matches_recording);
+        let style = if ok { dim } else { Style::default().fg(theme.ui.error) };
+        f.render_widget(Paragraph::new(s).style(style).wrap(Wrap { trim: true }), foot);
+    }
 }
 
 /// `vramscope view` while a large file is read: progress, the segment totals once read,

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::train::config::{Attention, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use crate::step_config::{Attention, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
 
 const F32: u64 = 4;
 const BF16: u64 = 2;
@@ -329,7 +329,7 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::config::Preset;
+    use crate::step_config::Preset;
 
     fn cfg(preset: Preset, ctx: i64, batch: i64, precision: Precision, attention: Attention) -> StepConfig {
         StepConfig {

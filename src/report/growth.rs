@@ -11,7 +11,7 @@ use std::fmt;
 use crate::event::{Batch, Phase};
 use crate::render::format::bytes;
 use crate::snapshot::model::Action;
-use crate::train::engine::StepReport;
+use crate::stream::StepReport;
 
 /// Where an allocation was made.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -2,8 +2,8 @@
 
 use std::io::Write;
 
-use crate::source::feed::Incoming;
-use crate::train::engine::{Report, StepReport};
+use crate::source::job::Fed;
+use crate::stream::{Incoming, Report, StepReport};
 
 use crate::render::format::bytes;
 
@@ -15,13 +15,14 @@ pub fn step_line(r: &StepReport) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "step {:>3}  {} {} ctx {} batch {} {} | peak {} ({}) | reserved {} | {:.3} s | {:.0} tok/s{}",
+        "{}step {:>3}  {} {} ctx {} batch {}{} | peak {} ({}) | reserved {} | {:.3} s | {:.0} tok/s{}",
+        r.rank.map(|k| format!("rank {k} ")).unwrap_or_default(),
         r.step,
         r.mode,
         r.precision,
         r.ctx,
         r.batch,
-        r.attention,
+        r.attention.map(|a| format!(" {a}")).unwrap_or_default(),
         bytes(r.peak_allocated_bytes),
         phases,
         bytes(r.reserved_bytes),
@@ -31,24 +32,42 @@ pub fn step_line(r: &StepReport) -> String {
     )
 }
 
-/// Prints a session's steps as its items arrive, from any source (an engine, a recording).
-/// Returns the step reports; an error report ends the run with that error.
-pub fn run(items: impl Iterator<Item = Incoming>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
+/// Prints a session's steps as its items arrive, from any source (a job's ranks, a
+/// recording), until it ends. Returns the step reports. A rank's error is said on stderr as
+/// it comes and the other ranks go on; the run then fails with `Failed`. A run that pauses
+/// after an error or an OOM (vramscope's engine does, for someone to resume) ends there.
+pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
+    // Each rank's latest word on who it is, said before its first step (a job learns its
+    // parameter count when its model first runs).
+    let mut info: std::collections::BTreeMap<u32, crate::stream::EngineInfo> = Default::default();
+    let mut said = std::collections::BTreeSet::new();
+    // What went wrong, said as it happened.
+    let mut failed: Option<&'static str> = None;
     // Headless has no store: batches and gauges pass by unread.
-    for item in items {
+    for (rank, item) in items {
         let Incoming::Report(report) = item else { continue };
         match report {
-            Report::Started(info) => {
-                if !json {
-                    writeln!(out, "vramscope: {} on {} ({} parameters){}", info.config.model_name, info.device,
-                        info.parameters, info.note.map(|n| format!(" — {n}")).unwrap_or_default())?;
+            Report::Started(i) => {
+                // A job that knows its parameter count says who it is at once; the hook
+                // learns it when the model first runs, so its line waits for a step.
+                if !json && i.parameters > 0 && said.insert(rank) {
+                    say_who(out, &i)?;
                 }
+                info.insert(rank, i);
             }
-            Report::Step(r) => {
+            Report::Step(mut r) => {
+                let i = info.get(&rank);
                 if json {
                     writeln!(out, "{}", serde_json::to_string(&r)?)?;
                 } else {
+                    if let Some(i) = i.filter(|_| said.insert(rank)) {
+                        say_who(out, i)?;
+                    }
+                    // A single process's lines need no rank.
+                    if i.is_none_or(|i| i.world_size.is_none()) {
+                        r.rank = None;
+                    }
                     writeln!(out, "{}", step_line(&r))?;
                 }
                 out.flush()?;
@@ -60,13 +79,56 @@ pub fn run(items: impl Iterator<Item = Incoming>, json: bool, out: &mut impl Wri
                 }
             }
             Report::SnapshotFailed { step, error } => {
-                anyhow::bail!("snapshot of step {step} failed: {error}")
+                eprintln!("vramscope: snapshot of step {step} failed: {error}");
+                failed = Some("a snapshot failed");
             }
-            Report::Oom(o) => anyhow::bail!("out of memory at step {} ({}): {}", o.step, o.phase.as_str(), o.message),
-            Report::Error(e) => anyhow::bail!("{e}"),
-            Report::Knob(_) | Report::Paused(_) => {}
-            Report::Finished => break,
+            Report::Oom(o) => {
+                let line = format!(
+                    "out of memory at step {} ({}): {}{}",
+                    o.step,
+                    o.phase.as_str(),
+                    o.message,
+                    o.snapshot.as_ref().map(|p| format!(" (snapshot: {})", p.display())).unwrap_or_default()
+                );
+                // A job that handles the error itself goes on; vramscope's engine pauses,
+                // and with nobody to resume it the run ends there.
+                if json {
+                    eprintln!("vramscope: {line}");
+                } else {
+                    writeln!(out, "vramscope: {line}")?;
+                }
+                failed = Some("running out of memory");
+            }
+            Report::Paused(true) if failed.is_some() => {
+                let what = failed.unwrap_or_default();
+                anyhow::bail!("the run paused after {what}, and a headless run has nobody to resume it")
+            }
+            Report::Error(e) => {
+                eprintln!("vramscope: {e}");
+                failed = Some("an error");
+            }
+            Report::Note(n) => {
+                if !json {
+                    writeln!(out, "vramscope: {n}")?;
+                }
+            }
+            Report::Knob(_) | Report::Paused(_) | Report::Finished => {}
         }
     }
-    Ok(steps)
+    match failed {
+        Some(_) => Err(Failed.into()),
+        None => Ok(steps),
+    }
 }
+
+fn say_who(out: &mut impl Write, i: &crate::stream::EngineInfo) -> std::io::Result<()> {
+    let name = i.config.as_ref().map_or(i.name.as_str(), |c| c.model_name.as_str());
+    let of = i.world_size.map(|w| format!(" rank {} of {w}", i.rank.unwrap_or(0))).unwrap_or_default();
+    let note = i.note.as_ref().map(|n| format!(" — {n}")).unwrap_or_default();
+    writeln!(out, "vramscope: {name}{of} on {} ({} parameters){note}", i.device, i.parameters)
+}
+
+/// A headless run that went wrong, already said on stderr as it happened.
+#[derive(Debug, thiserror::Error)]
+#[error("the run failed (see above)")]
+pub struct Failed;

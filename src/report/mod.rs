@@ -1,10 +1,13 @@
 //! Headless output and analysis: per-step lines and JSON, snapshot summaries and diffs,
-//! sweeps, estimates, scaling fits, growth checks.
+//! sweeps, estimates, scaling fits, growth checks, out-of-memory reports and allocator
+//! what-ifs.
 
 pub mod diff;
 pub mod estimate;
 pub mod fit;
 pub mod growth;
 pub mod headless;
+pub mod oom;
 pub mod snapshot_summary;
 pub mod sweep;
+pub mod whatif;

@@ -7,8 +7,10 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::allocator::config::{round_size, AllocatorConfig};
+use crate::allocator::replay::{reserved_before_trace, reserved_change};
+use super::oom::{oom_reports, OomReport};
 use crate::snapshot::model::{Action, AnnotationStage, BlockState, Frame, FrameId, Segment, Skipped, Snapshot, StackId, TraceEntry};
-use crate::snapshot::timeline::Timeline;
+use crate::snapshot::timeline::{Timeline, TimelineAlloc};
 
 /// Frames that say nothing about who allocated: unsymbolized addresses, the unwinder and
 /// the caching allocator's own call path.
@@ -275,13 +277,18 @@ pub fn segment_stats<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> (Ve
     (rows, t)
 }
 
-/// What a trace entry does to reserved bytes.
-fn reserved_change(e: &TraceEntry) -> i128 {
-    match e.action {
-        Action::SegmentAlloc | Action::SegmentMap => e.size as i128,
-        Action::SegmentFree | Action::SegmentUnmap => -(e.size as i128),
-        _ => 0,
+/// Reserved bytes over the trace: the final segments, rewound through the trace's segment
+/// events. Returns (peak, final).
+pub fn reserved_peak(snap: &Snapshot, device: usize) -> (u64, u64) {
+    let last: u64 = snap.segments.iter().filter(|s| s.device == device as i64).map(|s| s.total_size).sum();
+    let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
+    let mut now = reserved_before_trace(snap, device) as i128;
+    let mut peak = now.max(last as i128);
+    for e in trace {
+        now += reserved_change(e);
+        peak = peak.max(now);
     }
+    (peak.max(0) as u64, last)
 }
 
 /// Active bytes above the bytes reserved at the same action: figures that cannot both
@@ -399,9 +406,15 @@ pub fn has_categories(tl: &Timeline) -> bool {
 
 pub fn breakdown_at_peak(snap: &Snapshot, tl: &Timeline, by_category: bool) -> Breakdown {
     let at = tl.peak_index;
+    let alive = tl.allocations.iter().filter(|a| tl.total_events == 0 || a.alive_at(at));
+    breakdown_of(snap, tl, alive, at, by_category)
+}
+
+/// Bytes of `allocations` grouped by category or by top frame; largest first.
+pub fn breakdown_of<'a>(snap: &Snapshot, tl: &Timeline, allocations: impl Iterator<Item = &'a TimelineAlloc>, at_event: usize, by_category: bool) -> Breakdown {
     let mut groups: HashMap<String, (u64, usize)> = HashMap::new();
     let mut labels: HashMap<StackId, String> = HashMap::new();
-    for a in tl.allocations.iter().filter(|a| tl.total_events == 0 || a.alive_at(at)) {
+    for a in allocations {
         let name = if by_category {
             tl.categories[a.category as usize].clone()
         } else {
@@ -416,7 +429,7 @@ pub fn breakdown_at_peak(snap: &Snapshot, tl: &Timeline, by_category: bool) -> B
     }
     let mut groups: Vec<GroupBytes> = groups.into_iter().map(|(name, (bytes, allocations))| GroupBytes { name, bytes, allocations }).collect();
     groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
-    Breakdown { by: if by_category { "category" } else { "top_frame" }, at_event: at, groups }
+    Breakdown { by: if by_category { "category" } else { "top_frame" }, at_event, groups }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -466,6 +479,8 @@ pub fn annotation_marks(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<An
 /// `vramscope view --summary`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SnapshotSummary {
+    /// Out-of-memory failures on `device`'s trace: the first thing to say about a file.
+    pub oom: Vec<OomReport>,
     pub device: usize,
     /// "device N" or "host".
     pub device_name: String,
@@ -507,6 +522,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
     let here = per_device.get(device).cloned();
     let conflict = reserved.conflict;
     SnapshotSummary {
+        oom: oom_reports(snap, tl, device),
         device,
         device_name: snap.device_name(device),
         devices: snap.device_count(),
@@ -541,6 +557,9 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
     writeln!(out, "{name} · {} of {}", s.device_name, s.devices)?;
     for w in &s.warnings {
         writeln!(out, "warning: {w}")?;
+    }
+    for r in &s.oom {
+        super::oom::write_text(out, r, 5)?;
     }
     writeln!(out, "peak active      {} at action {} of {}{at}", bytes(s.peak_active_bytes), s.peak_active_event, s.events)?;
     writeln!(out, "peak reserved    {}", bytes(s.peak_reserved_bytes))?;

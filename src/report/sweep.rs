@@ -2,13 +2,16 @@
 //! each time, everything freed at shutdown), warm-up steps, then measured steps.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::event::Phase;
 use crate::render::format::bytes;
-use crate::train::config::{Attention, DeviceChoice, Mode, Precision, StepConfig};
-use crate::train::engine::{Engine, EngineOptions, Report, StepReport};
+use crate::source::job::Output;
+use crate::source::launch::{launch_engine, EngineOptions};
+use crate::step_config::{Attention, DeviceChoice, Mode, Precision, StepConfig};
+use crate::stream::{Control, Incoming, Report, StepReport};
 
 /// What a sweep varies besides the configurations themselves.
 #[derive(Clone, Debug)]
@@ -19,6 +22,8 @@ pub struct SweepOptions {
     pub seed: i64,
     /// Write a snapshot of each configuration's last measured step here.
     pub snapshot_dir: Option<PathBuf>,
+    /// The modelled GPU's allocator settings (CPU).
+    pub alloc_conf: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -125,19 +130,22 @@ fn snapshot_name(c: &StepConfig) -> String {
     format!("{}_ctx{}_b{}_{}_{}_{}.pickle", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention)
 }
 
-/// Runs one configuration to completion on its own engine.
+/// Runs one configuration to completion on its own engine process (a fresh model and an
+/// empty allocator, everything handed back when the process ends).
 pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
     let total = o.warmup + o.steps.max(1);
     let mut opts = EngineOptions::new(config.clone());
     opts.device = o.device;
     opts.steps = Some(total);
     opts.seed = o.seed;
+    opts.alloc_conf = o.alloc_conf.clone();
     if let Some(dir) = &o.snapshot_dir {
         opts.snapshot_at = vec![total - 1];
         opts.snapshot_dir = dir.clone();
     }
     let mut row = SweepRow { config: config.clone(), outcome: Outcome::Failed { error: "no step finished".into() }, snapshot: None };
-    let mut engine = match Engine::spawn(opts) {
+    // The engine's own output (libtorch's warnings) would break the progress bar.
+    let source = match launch_engine(&opts, Output::Capture) {
         Ok(e) => e,
         Err(e) => {
             row.outcome = Outcome::Failed { error: format!("{e:#}") };
@@ -147,38 +155,31 @@ pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
     let mut all_steps = Vec::new();
     let mut saved = None;
     let mut failure = None;
-    loop {
-        crossbeam_channel::select! {
-            // Nobody needs the events; reading them keeps the engine from counting drops.
-            recv(engine.batches) -> _ => {}
-            recv(engine.reports) -> msg => match msg {
-                Ok(Report::Step(r)) => all_steps.push(r),
-                Ok(Report::SnapshotSaved { path, .. }) => saved = Some(path),
-                Ok(Report::SnapshotFailed { error, .. }) => failure = Some(Outcome::Failed { error: format!("snapshot failed: {error}") }),
-                Ok(Report::Oom(oom)) => {
-                    failure = Some(Outcome::Oom {
-                        phase: oom.phase.as_str().to_string(),
-                        requested_bytes: requested_size(&oom.message),
-                        message: oom.message,
-                    });
-                    break;
-                }
-                Ok(Report::Error(e)) => {
-                    failure = Some(Outcome::Failed { error: e });
-                    break;
-                }
-                Ok(Report::Finished) | Err(_) => break,
-                Ok(_) => {}
+    while let Some((_, item)) = source.next() {
+        let Incoming::Report(r) = item else { continue };
+        match r {
+            Report::Step(r) => all_steps.push(r),
+            Report::SnapshotSaved { path, .. } => saved = Some(path),
+            Report::SnapshotFailed { error, .. } => failure = Some(Outcome::Failed { error: format!("snapshot failed: {error}") }),
+            Report::Oom(oom) => {
+                failure = Some(Outcome::Oom {
+                    phase: oom.phase.as_str().to_string(),
+                    requested_bytes: requested_size(&oom.message),
+                    message: oom.message,
+                });
+                break;
             }
+            Report::Error(e) => {
+                failure = Some(Outcome::Failed { error: e });
+                break;
+            }
+            _ => {}
         }
     }
-    // After an OOM the engine waits paused; shutting down frees everything it held. CUDA's
-    // caching allocator keeps the freed segments: hand them back so the next configuration
-    // starts from an empty device.
-    engine.shutdown();
-    if crate::capture::cuda_compiled() && tch::Cuda::is_available() {
-        let _ = crate::capture::cuda_empty_cache();
-        let _ = crate::capture::cuda_reset_peaks(o.device.cuda_ordinal() as usize);
+    // After an OOM or an error the engine waits, paused: stop it, which hands back all it held.
+    source.send(&Control::Stop);
+    if source.wait_child(Duration::from_secs(30)).is_none() {
+        source.stop_child(Duration::from_secs(5));
     }
     row.snapshot = saved.and_then(|p| rename_snapshot(&p, &snapshot_name(config)));
     row.outcome = match failure {
@@ -361,7 +362,7 @@ mod tests {
     fn the_cross_product_varies_attention_fastest() {
         let base = StepConfig {
             model_name: "tiny".into(),
-            dims: crate::train::config::Preset::Tiny.dims(),
+            dims: crate::step_config::Preset::Tiny.dims(),
             ctx: 1,
             batch: 1,
             precision: Precision::Fp32,
@@ -381,7 +382,7 @@ mod tests {
             config: configurations(
                 &[StepConfig {
                     model_name: "xl".into(),
-                    dims: crate::train::config::Preset::Xl.dims(),
+                    dims: crate::step_config::Preset::Xl.dims(),
                     ctx: 1,
                     batch: 1,
                     precision: Precision::Fp32,

@@ -4,6 +4,7 @@
 //! later uses are BINGETs, which keeps files about as small as PyTorch's own.
 
 use std::collections::HashMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -119,7 +120,8 @@ fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
     let mut n = 0u32;
     loop {
         let tmp = dir.join(format!(".{name}.{pid}.{n}.tmp"));
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+        // Its owner's alone: a snapshot holds the job's file paths and call stacks.
+        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp) {
             Ok(f) => return Ok((tmp, f)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
             Err(e) => return Err(e),

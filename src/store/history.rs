@@ -77,6 +77,11 @@ impl History {
         }
     }
 
+    /// How many entries it keeps about.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
     pub fn push(&mut self, e: Entry) {
         if self.entries.len().is_multiple_of(BLOCK) {
             if self.entries.len() >= self.cap {

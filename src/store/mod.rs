@@ -2,16 +2,17 @@
 //! tables that screens query. Live, replay and headless consumers all feed the same store.
 
 pub mod history;
+pub mod ranks;
 
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
-use crate::event::{Action, Batch, Category, MemEvent, Phase};
+use crate::event::{Action, Batch, Category, MemEvent, Phase, Retag};
 use crate::source::gauges::history::GaugeHistory;
 use crate::source::gauges::sample::{GaugeBatch, GaugeSample, SourceKind};
-use crate::train::engine::{EngineInfo, KnobChange, OomReport, Report, StepReport};
+use crate::stream::{EngineInfo, Incoming, KnobChange, OomReport, Report, StepReport};
 
 pub use history::{Column, Entry, History};
 
@@ -86,6 +87,8 @@ pub struct Store {
     pub log: VecDeque<LogLine>,
     pub paused: bool,
     pub finished: bool,
+    /// The recording being written, shown until it stops.
+    pub recording: Option<PathBuf>,
     pub oom: Option<OomReport>,
     /// Events known lost between producer and store (sequence gaps).
     pub lost_events: u64,
@@ -115,6 +118,7 @@ impl Store {
             log: VecDeque::new(),
             paused: false,
             finished: false,
+            recording: None,
             oom: None,
             lost_events: 0,
             next_seq: None,
@@ -122,6 +126,24 @@ impl Store {
             version: 0,
             step_cap: 100_000,
         }
+    }
+
+    /// Takes any item a source sends.
+    pub fn ingest(&mut self, item: Incoming) {
+        match item {
+            Incoming::Batch(b) => self.ingest_batch(b),
+            Incoming::Report(r) => self.ingest_report(r),
+            Incoming::Gauges(g) => self.ingest_gauges(g),
+            Incoming::Restart => self.restart(self.history.capacity()),
+        }
+    }
+
+    /// Starts again from empty (a replay went back in time), keeping the title and log.
+    pub fn restart(&mut self, history_cap: usize) {
+        let old = std::mem::replace(self, Store::new(history_cap));
+        self.title = old.title;
+        self.log = old.log;
+        self.version = old.version + 1;
     }
 
     pub fn ingest_batch(&mut self, b: Batch) {
@@ -151,8 +173,8 @@ impl Store {
         for m in marks {
             self.phases.push_back(PhaseSpan { start: self.history.end(), phase: m.phase, step: m.step });
         }
-        for (addr, to) in b.retags {
-            self.retag(addr, to);
+        for r in b.retags {
+            self.retag(r);
         }
         self.forget_before(self.history.start());
     }
@@ -196,8 +218,11 @@ impl Store {
         }
     }
 
-    fn retag(&mut self, addr: u64, to: Category) {
+    fn retag(&mut self, Retag { addr, category: to, scope }: Retag) {
         let Some(l) = self.live.get_mut(&addr) else { return };
+        if scope != 0 {
+            l.scope = scope;
+        }
         if l.category == to {
             return;
         }
@@ -238,8 +263,14 @@ impl Store {
         }
     }
 
-    pub fn ingest_gauges(&mut self, b: GaugeBatch) {
+    pub fn ingest_gauges(&mut self, mut b: GaugeBatch) {
         self.version += 1;
+        // Samples come stamped on the shared monotonic clock; events on the job's.
+        if let Some(zero) = self.info.as_ref().map(|i| i.clock_zero_ns).filter(|z| *z > 0) {
+            for s in &mut b.samples {
+                s.t_ns = s.t_ns.saturating_sub(zero);
+            }
+        }
         if let Some(status) = &b.status {
             // Said once, when the source is chosen or changes, never per sample.
             let line = match (status.kind, &status.reason) {
@@ -253,8 +284,8 @@ impl Store {
         // NVML numbers devices its own way (PCI order, all of them), CUDA its own (fastest
         // first, CUDA_VISIBLE_DEVICES): the training device is where this process holds the
         // most memory.
-        if self.info.as_ref().is_some_and(|i| i.cuda) {
-            if let Some(d) = b.samples.last().and_then(training_device) {
+        if let Some(info) = self.info.as_ref().filter(|i| i.cuda) {
+            if let Some(d) = b.samples.last().and_then(|s| training_device(s, info.pid)) {
                 self.gauges.set_selected_device(d);
             }
         }
@@ -277,7 +308,13 @@ impl Store {
             Report::Knob(k) => {
                 self.log_line(LogKind::Info, format!("{} {} → {} from step {}", k.knob, k.from, k.to, k.step));
                 if let Some(info) = &mut self.info {
-                    apply_knob(&mut info.config, &k);
+                    if let Some(c) = &mut info.config {
+                        crate::step_config::apply_knob(c, &k.knob, &k.to);
+                    }
+                    match info.knobs.iter_mut().find(|x| x.name == k.knob) {
+                        Some(x) => x.value = k.to.clone(),
+                        None => info.knobs.push(crate::stream::Knob { name: k.knob.clone(), value: k.to.clone() }),
+                    }
                 }
                 self.markers.push_back((here, Marker::Knob(k)));
             }
@@ -309,6 +346,7 @@ impl Store {
                 }
             }
             Report::Error(e) => self.log_line(LogKind::Error, e),
+            Report::Note(n) => self.log_line(LogKind::Info, n),
             Report::Finished => self.finished = true,
         }
     }
@@ -318,6 +356,27 @@ impl Store {
             self.log.pop_front();
         }
         self.log.push_back(LogLine { kind, text });
+    }
+
+    /// An alloc event for every live allocation, in the order they were made.
+    pub fn live_events(&self) -> Vec<MemEvent> {
+        let mut live: Vec<&LiveAlloc> = self.live.values().collect();
+        live.sort_by_key(|l| l.span);
+        let t_ns = self.history.end().checked_sub(1).and_then(|i| self.history.get(i)).map_or(0, |e| e.t_ns);
+        live.iter()
+            .map(|l| MemEvent {
+                t_ns,
+                addr: l.addr,
+                size: l.size,
+                stream: 0,
+                step: l.step,
+                scope: l.scope,
+                action: Action::Alloc,
+                phase: l.phase,
+                device: 0,
+                category: l.category,
+            })
+            .collect()
     }
 
     pub fn live_count(&self) -> usize {
@@ -369,23 +428,15 @@ impl Store {
     }
 }
 
-fn apply_knob(c: &mut crate::train::config::StepConfig, k: &KnobChange) {
-    match k.knob.as_str() {
-        "precision" => c.precision = k.to.parse().unwrap_or(c.precision),
-        "ctx" => c.ctx = k.to.parse().unwrap_or(c.ctx),
-        "batch" => c.batch = k.to.parse().unwrap_or(c.batch),
-        "mode" => c.mode = k.to.parse().unwrap_or(c.mode),
-        "attention" => c.attention = k.to.parse().unwrap_or(c.attention),
-        _ => {}
-    }
-}
-
-/// The NVML index of the device where this process (the engine) holds the most memory.
-fn training_device(sample: &GaugeSample) -> Option<u32> {
+/// The NVML index of the device where the job's process (`pid`; before jobs said their
+/// pid, the process the sampler marked as itself) holds the most memory.
+fn training_device(sample: &GaugeSample, pid: u32) -> Option<u32> {
     sample
         .devices()
         .iter()
-        .filter_map(|d| d.processes.iter().find(|p| p.is_self).map(|p| (p.used_bytes.unwrap_or(0), d.index)))
+        .filter_map(|d| {
+            d.processes.iter().find(|p| if pid != 0 { p.pid == pid } else { p.is_self }).map(|p| (p.used_bytes.unwrap_or(0), d.index))
+        })
         .max_by_key(|&(used, index)| (used, std::cmp::Reverse(index)))
         .map(|(_, index)| index)
 }
@@ -410,7 +461,7 @@ mod tests {
                 ev(Action::Alloc, 0x2000, 500, Category::Activation, Phase::Forward),
             ],
             marks: vec![PhaseMark { seq: 0, t_ns: 0, step: 0, phase: Phase::Forward }],
-            retags: vec![(0x2000, Category::Gradient)],
+            retags: vec![Retag { addr: 0x2000, category: Category::Gradient, scope: 1 }],
             scopes: vec![(1, "layers.0.attn".into())],
         });
         let cats = s.history.category_bytes();
@@ -430,6 +481,7 @@ mod tests {
         assert_eq!(s.peak.0, 1500);
         assert_eq!(s.largest_live(5).iter().map(|l| l.size).collect::<Vec<_>>(), vec![500]);
         assert_eq!(s.scope_name(1), "layers.0.attn");
+        assert_eq!(s.largest_live(1)[0].scope, 1, "a retag's scope names the allocation");
         assert_eq!(s.lost_events, 0);
     }
 

@@ -2,14 +2,16 @@
 #![allow(dead_code)]
 
 pub mod tmux;
+pub mod viewer;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use vramscope::event::Batch;
 use vramscope::snapshot::model::Snapshot;
-use vramscope::train::config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
-use vramscope::train::engine::{Engine, EngineOptions, Report, StepReport};
+use vramscope::source::job::{JobSource, Output};
+use vramscope::source::launch::{launch_engine, EngineOptions};
+use vramscope::step_config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
+use vramscope::stream::{Incoming, Report, StepReport};
 
 /// The tiny preset at a CPU-friendly shape.
 pub fn tiny(ctx: i64, batch: i64, mode: Mode, precision: Precision, attention: Attention) -> StepConfig {
@@ -24,11 +26,14 @@ pub fn tiny(ctx: i64, batch: i64, mode: Mode, precision: Precision, attention: A
     }
 }
 
+/// A CPU run of `steps` steps whose viewer queue never drops, writing snapshots to a
+/// scratch directory.
 pub fn options(cfg: StepConfig, steps: u64) -> EngineOptions {
     let mut o = EngineOptions::new(cfg);
     o.device = DeviceChoice::Cpu;
     o.steps = Some(steps);
-    o.batch_capacity = 1 << 16;
+    o.queue_batches = 1 << 16;
+    o.snapshot_dir = std::env::temp_dir().join(format!("vramscope-tests-{}", std::process::id()));
     o
 }
 
@@ -46,33 +51,28 @@ impl Run {
     }
 }
 
-/// Runs the engine until it finishes, keeping every batch and report.
-pub fn run(opts: EngineOptions) -> Run {
-    let engine = Engine::spawn(opts).expect("engine starts");
-    collect(engine)
+/// Starts the engine process, as `vramscope run` does.
+pub fn start(opts: &EngineOptions) -> JobSource {
+    launch_engine(opts, Output::Capture).expect("the engine starts (cargo build --release --workspace builds it)")
 }
 
-pub fn collect(mut engine: Engine) -> Run {
+/// Runs the engine process until its stream ends, keeping every batch and report.
+pub fn run(opts: EngineOptions) -> Run {
+    collect(&start(&opts))
+}
+
+/// Everything a started engine sends until its stream ends. An error report fails the test.
+pub fn collect(source: &JobSource) -> Run {
     let mut out = Run { batches: Vec::new(), reports: Vec::new() };
-    loop {
-        while let Ok(b) = engine.batches.try_recv() {
-            out.batches.push(b);
+    while let Some((_, item)) = source.next() {
+        match item {
+            Incoming::Batch(b) => out.batches.push(b),
+            Incoming::Report(Report::Error(e)) => panic!("engine error: {e}"),
+            // The engine's own output lines (libtorch's warnings) are not its reports.
+            Incoming::Report(Report::Note(_)) => {}
+            Incoming::Report(r) => out.reports.push(r),
+            _ => {}
         }
-        match engine.reports.recv_timeout(Duration::from_millis(5)) {
-            Ok(Report::Finished) => break,
-            Ok(r) => {
-                if let Report::Error(e) = &r {
-                    panic!("engine error: {e}");
-                }
-                out.reports.push(r)
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            Err(e) => panic!("engine went away: {e}"),
-        }
-    }
-    engine.shutdown();
-    while let Ok(b) = engine.batches.try_recv() {
-        out.batches.push(b);
     }
     out
 }
@@ -97,6 +97,8 @@ pub fn python() -> PathBuf {
 pub const KKAITLYN: &str = "kkaitlyn111_cs336-a2-systems_memory_ctx128_forward";
 pub const MAGMA27: &str = "MAGMA27_assignment2-systems_memory_snapshot";
 pub const SNAPVIEWER: &str = "SnapViewer_assets_memory";
+/// `expandable_segments:True`, three traced devices, an `oom` on device 1.
+pub const CONSTRUCTOR_SUN: &str = "Constructor-Sun_code_location_memory_snapshot";
 pub const ALL: [&str; 3] = [KKAITLYN, MAGMA27, SNAPVIEWER];
 
 pub fn fixture_path(name: &str) -> PathBuf {

@@ -1,0 +1,161 @@
+//! FFI to the C++ capture shim (python/vramscope_hook/csrc/, linked into this binary): the
+//! recording CPU allocator, the CUDA trace tracker, step/phase/scope tags, CPU bf16
+//! autocast, and the out-of-memory callback. `Shim` is the session's view of it.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+use std::sync::OnceLock;
+
+use vramscope::event::Phase;
+use vramscope::producer::raw::{CudaStats, RawEvent};
+use vramscope::producer::session::Capture;
+
+/// Called with the requested bytes when an allocation fails, before the error unwinds.
+type OomCallback = extern "C" fn(u64);
+
+extern "C" {
+    fn vs_install_cpu_allocator() -> c_int;
+    fn vs_set_tags(step: u32, phase: u8);
+    fn vs_set_scope(scope: u32);
+    fn vs_set_capture_enabled(on: bool);
+    fn vs_now_ns() -> u64;
+    fn vs_clock_zero_ns() -> u64;
+    fn vs_drain(out: *mut RawEvent, cap: usize) -> usize;
+    fn vs_pending() -> usize;
+    fn vs_set_oom_callback(cb: Option<OomCallback>);
+    fn vs_autocast(device_type: c_int, enabled: bool) -> c_int;
+    fn vs_last_error() -> *const c_char;
+    fn vs_clear_grad(t: *const torch_sys::C_tensor);
+    fn vs_cuda_compiled() -> c_int;
+    fn vs_cuda_attach(history_entries: i64) -> c_int;
+    fn vs_cuda_stats(device: c_int, out: *mut CudaStats) -> c_int;
+    fn vs_cuda_reset_peaks(device: c_int) -> c_int;
+    fn vs_cuda_empty_cache() -> c_int;
+    fn vs_cuda_snapshot(out: *mut *mut c_char, len: *mut usize) -> c_int;
+    fn vs_free(p: *mut std::ffi::c_void);
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("capture shim: {0}")]
+pub struct ShimError(pub String);
+
+fn check(rc: c_int) -> Result<(), ShimError> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        // SAFETY: the shim returns a pointer to a thread-local NUL-terminated string.
+        let msg = unsafe { CStr::from_ptr(vs_last_error()) };
+        Err(ShimError(msg.to_string_lossy().into_owned()))
+    }
+}
+
+/// Installs the recording CPU allocator (idempotent). Call before creating any tensor.
+pub fn install_cpu_allocator() -> Result<(), ShimError> {
+    check(unsafe { vs_install_cpu_allocator() })
+}
+
+pub fn set_scope(scope: u32) {
+    unsafe { vs_set_scope(scope) }
+}
+
+/// Turns recording off and on (the allocator stays installed): for overhead benchmarks.
+pub fn set_capture_enabled(on: bool) {
+    unsafe { vs_set_capture_enabled(on) }
+}
+
+/// CLOCK_MONOTONIC nanoseconds at the shim clock's zero.
+pub fn clock_zero_ns() -> u64 {
+    unsafe { vs_clock_zero_ns() }
+}
+
+/// Drops what the shim buffered (frees of tensors that predate the session).
+pub fn discard_pending() {
+    let mut v = Vec::new();
+    Shim.drain(&mut v);
+}
+
+static OOM_HANDLER: OnceLock<Box<dyn Fn(u64) + Send + Sync>> = OnceLock::new();
+
+extern "C" fn on_oom(requested: u64) {
+    if let Some(h) = OOM_HANDLER.get() {
+        h(requested);
+    }
+}
+
+/// Runs `handler` on the allocating thread when an allocation fails, before the error
+/// reaches the training code (set once per process).
+pub fn set_oom_handler(handler: Box<dyn Fn(u64) + Send + Sync>) {
+    if OOM_HANDLER.set(handler).is_ok() {
+        unsafe { vs_set_oom_callback(Some(on_oom)) }
+    }
+}
+
+/// bf16 autocast on for `cuda` or CPU; `false` leaves the region and clears the cast cache.
+pub fn autocast(cuda: bool, enabled: bool) -> Result<(), ShimError> {
+    check(unsafe { vs_autocast(cuda as c_int, enabled) })
+}
+
+/// Sets `t.grad` to None, freeing the gradient (PyTorch's `zero_grad(set_to_none=True)`).
+pub fn clear_grad(t: &tch::Tensor) {
+    // SAFETY: tch's tensor pointer is a `torch::Tensor*`, valid while `t` lives.
+    unsafe { vs_clear_grad(t.as_ptr()) }
+}
+
+pub fn cuda_compiled() -> bool {
+    unsafe { vs_cuda_compiled() == 1 }
+}
+
+pub fn cuda_attach(history_entries: i64) -> Result<(), ShimError> {
+    check(unsafe { vs_cuda_attach(history_entries) })
+}
+
+pub fn cuda_empty_cache() -> Result<(), ShimError> {
+    check(unsafe { vs_cuda_empty_cache() })
+}
+
+/// The linked shim, as a producer session sees it.
+pub struct Shim;
+
+impl Capture for Shim {
+    fn now_ns(&self) -> u64 {
+        unsafe { vs_now_ns() }
+    }
+
+    fn drain(&self, out: &mut Vec<RawEvent>) {
+        loop {
+            let pending = unsafe { vs_pending() };
+            if pending == 0 {
+                return;
+            }
+            let start = out.len();
+            out.resize(start + pending, RawEvent::default());
+            // SAFETY: `out` has `pending` initialised slots from `start`.
+            let n = unsafe { vs_drain(out.as_mut_ptr().add(start), pending) };
+            out.truncate(start + n);
+        }
+    }
+
+    fn set_tags(&self, step: u32, phase: Phase) {
+        unsafe { vs_set_tags(step, phase as u8) }
+    }
+
+    fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {
+        let mut s = CudaStats::default();
+        check(unsafe { vs_cuda_stats(device as c_int, &mut s) }).map_err(|e| e.0)?;
+        Ok(s)
+    }
+
+    fn cuda_reset_peaks(&self, device: u8) -> Result<(), String> {
+        check(unsafe { vs_cuda_reset_peaks(device as c_int) }).map_err(|e| e.0)
+    }
+
+    fn cuda_snapshot(&self) -> Result<Vec<u8>, String> {
+        let mut p: *mut c_char = std::ptr::null_mut();
+        let mut len = 0usize;
+        check(unsafe { vs_cuda_snapshot(&mut p, &mut len) }).map_err(|e| e.0)?;
+        // SAFETY: the shim malloc'd `len` bytes at `p`; we copy them and free with its free.
+        let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec();
+        unsafe { vs_free(p.cast()) };
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,408 @@
+//! The training loop. It owns libtorch: builds the model, runs steps, and hosts the
+//! producer session that turns what the shim captures into vramscope's stream: phases at
+//! each boundary, names of parameters, gradients and AdamW state, knob changes and
+//! snapshots between steps.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+
+use vramscope::allocator::AllocatorConfig;
+use vramscope::event::{Category, Phase};
+use vramscope::producer::scopes::Scopes;
+use vramscope::producer::session::{between_steps, lock, spawn_flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
+use vramscope::producer::server::Server;
+use vramscope::producer::tracker::Backend;
+use vramscope::snapshot::model::Frame;
+use vramscope::source::launch::EngineOptions;
+use vramscope::step_config::{DeviceChoice, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use vramscope::stream::EngineInfo;
+
+use crate::capture::{self, Shim};
+use crate::model::TransformerLm;
+use crate::optim::AdamW;
+
+/// Unwinds out of a step when a stop was asked for, so quitting never waits for the step.
+struct StopRequested;
+
+thread_local! {
+    /// A step is running: its panics (tch's errors, an OOM) are caught and reported.
+    static IN_STEP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Keeps the panics a step catches (tch reports libtorch errors by panicking) off the
+/// terminal: they reach the viewer as the step's error. Any other panic is a bug, printed.
+pub fn quiet_step_panics() {
+    let inner = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !IN_STEP.with(|s| s.get()) {
+            inner(info);
+        }
+    }));
+}
+
+pub fn resolve_device(choice: DeviceChoice) -> anyhow::Result<Device> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Cuda(n) => {
+            let count = if tch::Cuda::is_available() { tch::Cuda::device_count() } else { 0 };
+            check_cuda_ordinal(n, count)?;
+            Ok(Device::Cuda(n as usize))
+        }
+        DeviceChoice::Auto => Ok(Device::cuda_if_available()),
+    }
+}
+
+/// That CUDA device `n` is one of the `count` this process sees.
+fn check_cuda_ordinal(n: u8, count: i64) -> anyhow::Result<()> {
+    match count {
+        0 => anyhow::bail!("--device cuda:{n}: no CUDA device is available here (allowed: {})", DeviceChoice::NAMES),
+        c if i64::from(n) >= c => anyhow::bail!("--device cuda:{n}: this machine has {c} CUDA device(s), cuda:0 to cuda:{}", c - 1),
+        _ => Ok(()),
+    }
+}
+
+pub struct Worker {
+    opts: EngineOptions,
+    cfg: StepConfig,
+    device: Device,
+    model: TransformerLm,
+    optim: AdamW,
+    scopes: Arc<Scopes>,
+    session: Shared,
+    /// A viewer asked to stop (or SIGTERM came): checked at every phase boundary.
+    stop: Arc<AtomicBool>,
+    /// What `leak_bytes_per_step` kept.
+    leaked: Vec<Tensor>,
+}
+
+/// What must work before training can start: the device, the allocator settings, the
+/// capture hooks. Its failures are the run's own (a bad flag), said to the viewer.
+pub struct Setup {
+    device: Device,
+    backend: Backend,
+}
+
+pub fn setup(opts: &EngineOptions) -> anyhow::Result<Setup> {
+    let device = resolve_device(opts.device)?;
+    let alloc = AllocatorConfig::parse_conf(&opts.alloc_conf).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
+    // Before any tensor exists, so every free is seen.
+    capture::install_cpu_allocator()?;
+    capture::set_capture_enabled(opts.capture);
+    capture::discard_pending();
+    let backend = match device {
+        Device::Cuda(n) => {
+            capture::cuda_attach(0)?;
+            Backend::Cuda { device: n as u8 }
+        }
+        _ => Backend::Modelled(Box::new(vramscope::allocator::CachingAllocatorModel::new(alloc))),
+    };
+    Ok(Setup { device, backend })
+}
+
+impl Worker {
+    /// Builds the model and the session on `server`.
+    pub fn new(opts: EngineOptions, setup: Setup, server: Server, stop: Arc<AtomicBool>, log: vramscope::producer::server::Log) -> Worker {
+        let Setup { device, backend } = setup;
+        let cuda = device.is_cuda();
+        let note = (!cuda).then(|| {
+            if capture::cuda_compiled() {
+                "no CUDA device found: training on CPU, GPU memory modelled from CPU allocations".to_string()
+            } else {
+                "this build has no CUDA support: training on CPU, GPU memory modelled".to_string()
+            }
+        });
+        let cfg = opts.config.clone();
+        let info = EngineInfo {
+            device: match device {
+                Device::Cuda(n) => format!("cuda:{n}"),
+                _ => "cpu".into(),
+            },
+            cuda,
+            parameters: 0,
+            config: Some(cfg.clone()),
+            note,
+            name: cfg.model_name.clone(),
+            pid: std::process::id(),
+            rank: None,
+            world_size: None,
+            host: vramscope::producer::host_name(),
+            knobs: cfg.knobs(),
+            clock_zero_ns: capture::clock_zero_ns(),
+            alloc_conf: if cuda { std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default() } else { opts.alloc_conf.clone() },
+        };
+        let scopes = Arc::new(Scopes::new(Box::new(capture::set_scope)));
+        let runner = Frame { name: "vramscope-engine step".into(), filename: "engine/src/worker.rs".into(), line: 0 };
+        let session = Session::new(
+            Box::new(Shim),
+            scopes.clone(),
+            server,
+            SessionOptions {
+                info,
+                backend,
+                snapshot_dir: opts.snapshot_dir.clone(),
+                runner_frame: runner,
+                start_paused: opts.start_paused,
+                // The vramscope that started the engine is its viewer: nothing to announce.
+                announce_viewers: std::env::var_os("VRAMSCOPE_WAIT_FOR_VIEWER").is_none(),
+            },
+            log,
+        );
+        let session = Arc::new(Mutex::new(session));
+        tch::manual_seed(opts.seed);
+        lock(&session).capture_tags(0, Phase::Other);
+        let model = TransformerLm::new(cfg.dims, device, &scopes);
+        let w = Worker { optim: AdamW::new(1e-3, 0.9, 0.999, 1e-8, 0.01), cfg, device, model, scopes, session, stop, leaked: Vec::new(), opts };
+        {
+            let mut s = lock(&w.session);
+            s.drain();
+            for (name, p) in w.model.named_parameters() {
+                s.tag(p.data_ptr() as u64, Category::Parameter, Some(&name));
+            }
+            s.start(w.model.parameter_count());
+        }
+        // A failed allocation is snapshotted before its error unwinds the step.
+        let oom_session = Arc::downgrade(&w.session);
+        capture::set_oom_handler(Box::new(move |_requested| {
+            if let Some(s) = oom_session.upgrade() {
+                let mut s = lock(&s);
+                let name = format!("{}_step{}_oom.pickle", s.info().name, s.step);
+                let path = s.snapshot_now(&name);
+                s.set_oom_snapshot(path);
+            }
+        }));
+        w
+    }
+
+    pub fn run(&mut self) {
+        spawn_flusher(&self.session);
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let session = self.session.clone();
+            let boundary = between_steps(&session, &mut |name, value| self.apply_knob(name, value));
+            if boundary == Boundary::Stop || self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let step = lock(&self.session).step;
+            if self.opts.steps.is_some_and(|n| step >= n) {
+                break;
+            }
+            self.run_step();
+            let wanted = lock(&self.session).take_snapshot_request();
+            if self.opts.snapshot_at.contains(&step) || wanted {
+                self.snapshot();
+            }
+            lock(&self.session).step += 1;
+        }
+        // A snapshot asked for before the stop is still written.
+        if lock(&self.session).take_snapshot_request() {
+            self.snapshot();
+        }
+        lock(&self.session).finish();
+    }
+
+    fn snapshot(&mut self) {
+        let c = &self.cfg;
+        let step = lock(&self.session).step;
+        let name = format!("{}_ctx{}_{}_{}_step{step}.pickle", c.model_name, c.ctx, c.precision, c.mode);
+        lock(&self.session).snapshot(&name);
+    }
+
+    /// A viewer's knob change: the value now in force, or why not.
+    fn apply_knob(&mut self, name: &str, value: &str) -> Result<String, String> {
+        let c = &mut self.cfg;
+        let bad = |e: String| format!("knob {name}: {e}");
+        match name {
+            "precision" => c.precision = value.parse().map_err(bad)?,
+            "ctx" => c.ctx = value.parse::<i64>().map_err(|e| bad(e.to_string()))?.clamp(1, MAX_CTX),
+            "batch" => c.batch = value.parse::<i64>().map_err(|e| bad(e.to_string()))?.clamp(1, MAX_BATCH),
+            "mode" => c.mode = value.parse().map_err(bad)?,
+            "attention" => c.attention = value.parse().map_err(bad)?,
+            _ => return Err(format!("vramscope's model has no knob '{name}' (it has precision, ctx, batch, mode, attention)")),
+        }
+        Ok(c.knobs().into_iter().find(|k| k.name == name).map(|k| k.value).unwrap_or_default())
+    }
+
+    /// A phase boundary inside a step: where a requested stop ends the step early.
+    fn enter_phase(&mut self, phase: Phase) {
+        if self.stop.load(Ordering::SeqCst) {
+            std::panic::resume_unwind(Box::new(StopRequested));
+        }
+        lock(&self.session).set_phase(phase);
+    }
+
+    fn run_step(&mut self) {
+        let cfg = self.cfg.clone();
+        let started = Instant::now();
+        IN_STEP.with(|s| s.set(true));
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.step_inner(&cfg)));
+        IN_STEP.with(|s| s.set(false));
+        let elapsed = started.elapsed().as_secs_f64();
+        match outcome {
+            Ok(loss) => {
+                let end = StepEnd {
+                    loss,
+                    elapsed_s: elapsed,
+                    mode: cfg.mode,
+                    precision: cfg.precision,
+                    attention: Some(cfg.attention),
+                    ctx: cfg.ctx,
+                    batch: cfg.batch,
+                };
+                lock(&self.session).end_step(&end);
+            }
+            Err(panic) if panic.is::<StopRequested>() => {
+                lock(&self.session).capture_tags(0, Phase::Other);
+                self.model.clear_grads();
+            }
+            Err(panic) => {
+                let msg = panic_message(&panic);
+                // Whatever the failed step held was dropped during unwinding.
+                if self.device.is_cuda() {
+                    let _ = capture::cuda_empty_cache();
+                }
+                self.model.clear_grads();
+                lock(&self.session).fail_step(&first_line(&msg), is_oom(&msg));
+            }
+        }
+    }
+
+    fn step_inner(&mut self, cfg: &StepConfig) -> f64 {
+        self.enter_phase(Phase::Other);
+        self.model.prepare(cfg.ctx, &self.scopes);
+        let shape = [cfg.batch, cfg.ctx];
+        let tokens = Tensor::randint(cfg.dims.vocab, shape, (Kind::Int64, self.device));
+        let targets = Tensor::randint(cfg.dims.vocab, shape, (Kind::Int64, self.device));
+        {
+            let mut s = lock(&self.session);
+            s.drain();
+            s.tag(tokens.data_ptr() as u64, Category::Input, Some("tokens"));
+            s.tag(targets.data_ptr() as u64, Category::Input, Some("targets"));
+        }
+        let cuda = self.device.is_cuda();
+        let bf16 = cfg.precision == Precision::Bf16;
+
+        self.enter_phase(Phase::Forward);
+        if self.opts.leak_bytes_per_step > 0 {
+            let _s = self.scopes.enter(self.scopes.intern("fault_injection.leak"));
+            let n = self.opts.leak_bytes_per_step.div_ceil(4) as i64;
+            self.leaked.push(Tensor::zeros([n], (Kind::Float, self.device)));
+        }
+        let forward = |model: &TransformerLm, scopes: &Scopes| {
+            if bf16 {
+                capture::autocast(cuda, true).expect("enable autocast");
+            }
+            let logits = model.forward(&tokens, cfg.attention, scopes);
+            let loss = logits.view([-1, cfg.dims.vocab]).cross_entropy_for_logits(&targets.view([-1]));
+            if bf16 {
+                capture::autocast(cuda, false).expect("disable autocast");
+            }
+            loss
+        };
+        let loss = match cfg.mode {
+            Mode::Forward => tch::no_grad(|| forward(&self.model, &self.scopes)),
+            Mode::Train => forward(&self.model, &self.scopes),
+        };
+        let loss_value = loss.double_value(&[]);
+        if cfg.mode == Mode::Train {
+            self.enter_phase(Phase::Backward);
+            loss.backward();
+            {
+                let mut s = lock(&self.session);
+                s.drain();
+                for (name, p) in self.model.named_parameters() {
+                    let g = p.grad();
+                    if g.defined() {
+                        s.tag(g.data_ptr() as u64, Category::Gradient, Some(&format!("grad of {name}")));
+                    }
+                }
+            }
+
+            self.enter_phase(Phase::Optimizer);
+            tch::no_grad(|| self.optim.step(&self.model.parameters()));
+            {
+                let mut s = lock(&self.session);
+                s.drain();
+                let names: Vec<String> = self.model.named_parameters().into_iter().map(|(n, _)| n).collect();
+                for (i, (m, v)) in self.optim.state_ptrs().into_iter().enumerate() {
+                    let name = names.get(i).map(String::as_str).unwrap_or("?");
+                    s.tag(m, Category::OptimizerState, Some(&format!("exp_avg of {name}")));
+                    s.tag(v, Category::OptimizerState, Some(&format!("exp_avg_sq of {name}")));
+                }
+            }
+
+            self.enter_phase(Phase::ZeroGrad);
+            self.model.clear_grads();
+        }
+        self.enter_phase(Phase::Other);
+        drop(loss);
+        drop(tokens);
+        drop(targets);
+        loss_value
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+/// CUDA's caching allocator says "out of memory"; libtorch's CPU allocator says it "can't
+/// allocate memory". Both mean the step asked for more than the device has.
+fn is_oom(msg: &str) -> bool {
+    let m = msg.to_ascii_lowercase();
+    m.contains("out of memory") || m.contains("outofmemory") || m.contains("can't allocate memory")
+}
+
+/// What a failed step says, in one line: libtorch's message without tch's wrapping
+/// (`called Result::unwrap() on an Err value: Torch("…")`, escaped newlines), its C++
+/// backtrace or its enforce prefix.
+fn first_line(msg: &str) -> String {
+    let msg = msg.replace("\\n", "\n");
+    let line = msg.lines().find(|l| !l.trim().is_empty()).unwrap_or(&msg).trim();
+    let line = line.strip_prefix("called `Result::unwrap()` on an `Err` value: ").unwrap_or(line);
+    let line = line.strip_prefix("Torch(\"").unwrap_or(line);
+    let line = line.strip_suffix("\")").unwrap_or(line);
+    let line = match line.strip_prefix("[enforce fail at ").and_then(|r| r.split_once("] ")) {
+        Some((_, rest)) => rest.strip_prefix("err == 0. ").unwrap_or(rest),
+        None => line,
+    };
+    line.trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oom_messages_are_recognised() {
+        assert!(is_oom("Torch(\"CUDA out of memory. Tried to allocate 20.00 GiB\")"));
+        assert!(is_oom("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes"));
+        assert!(!is_oom("shape mismatch"));
+        assert_eq!(first_line("\n  CUDA out of memory.\nmore"), "CUDA out of memory.");
+        let tch = r#"called `Result::unwrap()` on an `Err` value: Torch("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 274877906944 bytes. Error code 12 (Cannot allocate memory)\nframe #0: c10::ThrowEnforceNotMet(char const*, int)\n")"#;
+        assert_eq!(
+            first_line(tch),
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 274877906944 bytes. Error code 12 (Cannot allocate memory)"
+        );
+    }
+
+    #[test]
+    fn a_cuda_ordinal_must_be_one_this_process_sees() {
+        assert!(check_cuda_ordinal(3, 8).is_ok());
+        let e = check_cuda_ordinal(2, 2).unwrap_err().to_string();
+        assert_eq!(e, "--device cuda:2: this machine has 2 CUDA device(s), cuda:0 to cuda:1");
+        let e = check_cuda_ordinal(0, 0).unwrap_err().to_string();
+        assert!(e.contains("no CUDA device") && e.contains("cuda:N"), "{e}");
+    }
+}

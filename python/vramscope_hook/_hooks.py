@@ -1,0 +1,225 @@
+"""PyTorch's global hooks, telling vramscope's core where each phase and step begins and
+what each tensor is, with no change to the user's script:
+
+- the outermost module forward starts the forward phase; every module's forward is its
+  scope (`layers.3.attn`, the job's own qualified names);
+- `torch.autograd.backward` (which `loss.backward()` calls) is the backward phase, after
+  which gradients are named by their parameters;
+- an optimizer's step is the optimizer phase, after which its state is named
+  (`exp_avg of layers.0.attn.q_proj.weight`), and its end ends the step;
+- `zero_grad` is its own phase.
+
+Parameters are named when their model first runs forward. Categories follow the engine's
+rules: what forward makes and keeps is an activation, what dies in its phase a temporary.
+"""
+
+import math
+import threading
+import time
+import weakref
+
+OTHER, FORWARD, BACKWARD, OPTIMIZER, ZERO_GRAD = range(5)
+PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL, UNKNOWN = range(8)
+
+# Wrappers whose own name is not part of the job's module names.
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+
+
+def _storage_ptr(t):
+    """The address the allocator handed out for `t`'s memory: what the capture saw."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (AttributeError, RuntimeError):
+        return t.data_ptr()
+
+
+class Hooks:
+    def __init__(self, torch, shim, core):
+        self.torch = torch
+        self.shim = shim
+        self.core = core
+        self.local = threading.local()
+        self.names = {}  # id(module) -> qualified name
+        self.scope_ids = {}  # name -> interned id
+        self.params = {}  # id(param) -> (weakref, name)
+        self.phase = OTHER
+        self.step_started = time.perf_counter()
+        self.backward_ran = False
+        self.autocast = False
+        self.shape = (0, 0)
+        self.loss = None
+        self.knob_values = None  # set by the package: name -> current value getter
+        self._originals = []
+
+    # -- phases and scopes -------------------------------------------------------------
+
+    def set_phase(self, phase):
+        if phase != self.phase:
+            self.phase = phase
+            self.core.vsh_phase(phase)
+
+    def _stack(self):
+        s = getattr(self.local, "stack", None)
+        if s is None:
+            s = self.local.stack = []
+        return s
+
+    def _scope_id(self, name):
+        sid = self.scope_ids.get(name)
+        if sid is None:
+            sid = self.scope_ids[name] = self.core.vsh_intern(name.encode())
+        return sid
+
+    def _name_of(self, module):
+        name = self.names.get(id(module))
+        if name is None:
+            stack = self._stack()
+            if not stack:
+                self._adopt(module)
+                name = self.names.get(id(module), "")
+            else:
+                # A module its model does not list (made on the fly): under its caller.
+                parent = stack[-1][1]
+                name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+                self.names[id(module)] = name
+        return name
+
+    def _adopt(self, root):
+        """Names a model's modules and parameters as the job names them."""
+        strip = "module." if type(root).__name__ in _WRAPPERS else ""
+
+        def own(n):
+            if strip and n == "module":
+                return ""
+            return n[len(strip):] if strip and n.startswith(strip) else n
+
+        for n, m in root.named_modules():
+            self.names.setdefault(id(m), own(n))
+        for n, p in root.named_parameters():
+            self.params[id(p)] = (weakref.ref(p), own(n))
+            self.core.vsh_tag(_storage_ptr(p), PARAMETER, own(n).encode())
+        total = sum(p().numel() for p, _ in self.params.values() if p() is not None)
+        self.core.vsh_set_parameters(total)
+
+    def _pre(self, module, args):
+        stack = self._stack()
+        if not stack:
+            self._outermost(module, args)
+        name = self._name_of(module)
+        sid = self._scope_id(name)
+        stack.append((sid, name))
+        self.shim.vs_set_scope(sid)
+
+    def _post(self, module, args, out):
+        stack = self._stack()
+        if stack:
+            stack.pop()
+        self.shim.vs_set_scope(stack[-1][0] if stack else 0)
+
+    def _outermost(self, module, args):
+        torch = self.torch
+        self.set_phase(FORWARD)
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if a.dim() >= 2 and self.shape == (0, 0):
+                    self.shape = (int(a.shape[0]), int(a.shape[1]))
+                self.core.vsh_tag(_storage_ptr(a), INPUT, b"input")
+        try:
+            self.autocast = torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu")
+        except TypeError:
+            self.autocast = torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+    # -- backward, optimizer, zero_grad ----------------------------------------------------
+
+    def _name_grads(self):
+        for ref, name in self.params.values():
+            p = ref()
+            if p is not None and p.grad is not None:
+                self.core.vsh_tag(_storage_ptr(p.grad), GRADIENT, f"grad of {name}".encode())
+
+    def _backward(self, original):
+        def backward(tensors, *args, **kwargs):
+            self._stack().clear()
+            self.shim.vs_set_scope(0)
+            self.set_phase(BACKWARD)
+            self.backward_ran = True
+            if isinstance(tensors, self.torch.Tensor) and tensors.numel() == 1:
+                self.loss = tensors.detach()
+            try:
+                return original(tensors, *args, **kwargs)
+            finally:
+                self._name_grads()
+
+        return backward
+
+    def _opt_pre(self, optimizer, args, kwargs):
+        self._stack().clear()
+        self.shim.vs_set_scope(0)
+        self._name_grads()
+        self.set_phase(OPTIMIZER)
+
+    def _opt_post(self, optimizer, args, kwargs):
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                name = self.params.get(id(p), (None, None))[1] or "a parameter"
+                for key, v in optimizer.state.get(p, {}).items():
+                    if isinstance(v, self.torch.Tensor) and v.numel() > 1:
+                        self.core.vsh_tag(_storage_ptr(v), OPTIMIZER_STATE, f"{key} of {name}".encode())
+        self.end_step()
+
+    def _zero_grad(self, original):
+        def zero_grad(obj, *args, **kwargs):
+            self.set_phase(ZERO_GRAD)
+            return original(obj, *args, **kwargs)
+
+        return zero_grad
+
+    def end_step(self, loss=None):
+        """Closes a step: the core reports it and applies viewers' controls (waiting here
+        while paused)."""
+        torch = self.torch
+        now = time.perf_counter()
+        loss = loss if loss is not None else self.loss
+        value = math.nan
+        # Reading a CUDA loss would wait for the GPU: only a CPU one is read.
+        if isinstance(loss, torch.Tensor) and loss.device.type == "cpu":
+            value = float(loss)
+        elif isinstance(loss, (int, float)):
+            value = float(loss)
+        batch, ctx = self.shape
+        if self.knob_values is not None:
+            ctx = int(self.knob_values("ctx", ctx))
+            batch = int(self.knob_values("batch", batch))
+        bf16 = self.autocast or any(
+            r() is not None and r().dtype == torch.bfloat16 for r, _ in list(self.params.values())[:1]
+        )
+        self.core.vsh_step_end(value, now - self.step_started, ctx, batch, 1 if self.backward_ran else 0, 1 if bf16 else 0)
+        self.phase = OTHER
+        self.backward_ran = False
+        self.loss = None
+        self.shape = (0, 0)
+        self.step_started = time.perf_counter()
+
+    # -- installing ---------------------------------------------------------------------
+
+    def install(self):
+        torch = self.torch
+        mm = torch.nn.modules.module
+        mm.register_module_forward_pre_hook(self._pre)
+        try:
+            # Called even when forward raises (an OOM), so scopes stay balanced.
+            mm.register_module_forward_hook(self._post, always_call=True)
+        except TypeError:
+            mm.register_module_forward_hook(self._post)
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(self._opt_pre)
+        register_optimizer_step_post_hook(self._opt_post)
+        self._patch(torch.autograd, "backward", self._backward)
+        self._patch(torch.optim.Optimizer, "zero_grad", self._zero_grad)
+        self._patch(torch.nn.Module, "zero_grad", self._zero_grad)
+
+    def _patch(self, owner, attr, wrap):
+        original = getattr(owner, attr)
+        setattr(owner, attr, wrap(original))
+        self._originals.append((owner, attr, original))

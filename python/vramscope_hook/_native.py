@@ -1,0 +1,128 @@
+"""The native parts: the capture shim, compiled against the running torch at first use and
+cached per torch version, and vramscope's Rust core, which hosts the producer session."""
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_SOURCES = ("capture_cpu.cpp", "capture_cuda.cpp")
+
+
+class HookError(RuntimeError):
+    """Why vramscope cannot capture this job (said in one line)."""
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("VRAMSCOPE_HOOK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vramscope", "hook"
+    )
+    return Path(base)
+
+
+def _cuda_include(torch_dir: Path):
+    """CUDA headers: the pip wheels' beside torch (nvidia-cuda-runtime and nvidia-cuda-crt),
+    else CUDA_HOME's, else /usr/local/cuda's."""
+    site = torch_dir.parent
+    candidates = [site / "nvidia/cu13/include", site / "nvidia/cuda_runtime/include", site / "nvidia/cu12/include"]
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(Path(os.environ["CUDA_HOME"]) / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for d in candidates:
+        if (d / "cuda_runtime_api.h").exists() and (d / "crt/host_config.h").exists():
+            return d
+    return None
+
+
+def build_shim(torch) -> Path:
+    """The shim library for this torch, building it if needed (once per torch version and
+    shim source; ranks of one job wait for each other's build instead of repeating it)."""
+    torch_dir = Path(torch.__file__).resolve().parent
+    lib = torch_dir / "lib"
+    src = _HERE / "csrc"
+    has_torch_cuda = (lib / "libtorch_cuda.so").exists()
+    cuda_inc = _cuda_include(torch_dir) if has_torch_cuda else None
+    with_cuda = cuda_inc is not None
+    if has_torch_cuda and not with_cuda and torch.cuda.is_available():
+        raise HookError(
+            "cannot build the CUDA capture: CUDA headers not found "
+            "(pip install nvidia-cuda-runtime nvidia-cuda-crt, or set CUDA_HOME)"
+        )
+    digest = hashlib.sha256()
+    for name in ("capture.h",) + _SOURCES:
+        digest.update((src / name).read_bytes())
+    digest.update(f"{torch.__version__} {with_cuda} {sys.version_info[:2]}".encode())
+    out_dir = _cache_dir() / f"torch-{torch.__version__}-{digest.hexdigest()[:16]}"
+    out = out_dir / "libvscapture.so"
+    if out.exists():
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.exists():
+            return out
+        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+        if not cxx:
+            raise HookError("cannot build the capture shim: no C++ compiler (install g++)")
+        include = torch_dir / "include"
+        abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+        cmd = [
+            cxx, "-O2", "-fPIC", "-shared", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            "-Wno-unused-parameter", "-Wno-deprecated-declarations",
+            f"-I{include}", f"-I{include / 'torch/csrc/api/include'}",
+            f"-I{sysconfig.get_paths()['include']}",
+        ]
+        libs = ["-lc10", "-ltorch_cpu"]
+        if with_cuda:
+            cmd += ["-DVS_WITH_CUDA", f"-I{cuda_inc}"]
+            libs += ["-lc10_cuda", "-ltorch_cuda"]
+        tmp = out_dir / f"libvscapture.{os.getpid()}.so"
+        cmd += [str(src / s) for s in _SOURCES] + [f"-L{lib}"] + libs + [f"-Wl,-rpath,{lib}", "-o", str(tmp)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            first = next((l for l in r.stderr.splitlines() if "error" in l), r.stderr.strip()[:300])
+            raise HookError(f"cannot build the capture shim against torch {torch.__version__}: {first}")
+        os.replace(tmp, out)
+    return out
+
+
+def core_path() -> Path:
+    """vramscope's Rust core: VRAMSCOPE_HOOK_CORE (set by `vramscope py`), else the one this
+    package was installed with, else a build in the repository this package lives in."""
+    candidates = []
+    if os.environ.get("VRAMSCOPE_HOOK_CORE"):
+        candidates.append(Path(os.environ["VRAMSCOPE_HOOK_CORE"]))
+    candidates += [_HERE / "libvramscope_hook.so", _HERE.parent.parent / "target/release/libvramscope_hook.so"]
+    for c in candidates:
+        if c.exists():
+            return c
+    raise HookError(
+        "vramscope's native core (libvramscope_hook.so) is not installed: "
+        "pip install <vramscope repo>/python, or run the job with `vramscope py`"
+    )
+
+
+def load(torch):
+    """(shim, core) as ctypes libraries, the shim loaded so the core finds its symbols."""
+    shim_path = build_shim(torch)
+    shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
+    core = ctypes.CDLL(str(core_path()))
+    core.vsh_start.argtypes = [ctypes.c_char_p]
+    core.vsh_last_error.restype = ctypes.c_char_p
+    core.vsh_intern.argtypes = [ctypes.c_char_p]
+    core.vsh_intern.restype = ctypes.c_uint32
+    core.vsh_phase.argtypes = [ctypes.c_uint8]
+    core.vsh_tag.argtypes = [ctypes.c_uint64, ctypes.c_uint8, ctypes.c_char_p]
+    core.vsh_set_parameters.argtypes = [ctypes.c_int64]
+    core.vsh_declare_knob.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
+    core.vsh_knob.argtypes = [ctypes.c_char_p]
+    core.vsh_knob.restype = ctypes.c_char_p
+    core.vsh_step_end.argtypes = [ctypes.c_double, ctypes.c_double, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint8, ctypes.c_uint8]
+    shim.vs_set_scope.argtypes = [ctypes.c_uint32]
+    return shim_path, shim, core

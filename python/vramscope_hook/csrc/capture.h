@@ -1,0 +1,48 @@
+// Shared event buffer of the capture shim. Producers: the CPU allocator wrapper
+// (capture_cpu.cpp) and the CUDA caching allocator's trace tracker (capture_cuda.cpp).
+#pragma once
+#include <cstdint>
+#include <cstddef>
+
+extern "C" {
+// Same layout as `capture::RawEvent` in Rust.
+struct VsRawEvent {
+  uint64_t t_ns;
+  uint64_t addr;
+  uint64_t size;
+  int64_t stream;
+  uint32_t step;
+  uint32_t scope;
+  uint8_t action;  // c10 TraceEntry::Action numbering; the CPU wrapper uses 0 alloc, 2 free, 8 oom
+  uint8_t phase;
+  uint8_t device;  // 0xff = CPU
+  uint8_t pad0;
+  uint32_t pad1;
+};
+}
+
+#include <exception>
+
+namespace vs {
+// Appends one event tagged with the current step/phase/scope. Cheap; called from
+// allocator paths (any thread), so it only takes a short mutex.
+void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_t device);
+bool capture_enabled();
+void set_error(const char* msg);
+// Tells the host an allocation of `size` bytes failed, before the error unwinds: it saves
+// a snapshot while the memory that did not fit is still held.
+void report_oom(uint64_t size);
+
+// Runs `f`, turning a C++ exception into -1 and a message for `vs_last_error`: exceptions
+// must not cross into Rust.
+template <class F>
+int guard(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(e.what());
+    return -1;
+  }
+}
+}  // namespace vs

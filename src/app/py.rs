@@ -1,0 +1,257 @@
+//! `vramscope py` (run a user's PyTorch script or command with the hook and watch it) and
+//! `vramscope attach` (watch a job that already runs). Both read the same stream as `run`;
+//! only the producer differs.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+
+use crate::channel::{token, Endpoint};
+use crate::record::writer::Recorder;
+use crate::source::job::{list_jobs, JobSource, Output};
+use crate::source::launch::job_name;
+use crate::store::ranks::Ranks;
+use crate::stream::Incoming;
+
+use super::live::{watch, JobKind, Screen, HISTORY_CAP};
+
+#[derive(clap::Args, Clone)]
+#[command(after_help = "Examples:\n  vramscope py train.py --lr 3e-4\n  vramscope py -- torchrun --nproc-per-node 2 train.py\n  vramscope py --headless --json train.py")]
+pub struct PyArgs {
+    /// Python for a script (default: the active virtualenv's, else vramscope's project
+    /// .venv, else python3).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// Print per-step lines (the job's own output passes through) instead of the screen.
+    #[arg(long)]
+    pub headless: bool,
+    /// With --headless: one JSON object per step, with its rank.
+    #[arg(long, requires = "headless")]
+    pub json: bool,
+    /// With --headless: fail if memory live at step end keeps growing, or a step spikes.
+    #[arg(long, requires = "headless")]
+    pub check_growth: bool,
+    /// Where the job's snapshots go (its `s` key, OOMs).
+    #[arg(long, default_value = "snapshots")]
+    pub snapshot_dir: PathBuf,
+    /// Record everything the screen (or --headless) is fed into this new file.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// Which device the hook watches: cpu, or cuda:N (default: the rank's GPU if CUDA is
+    /// available, else the CPU).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// PYTORCH_CUDA_ALLOC_CONF for the job (on CPU, the modelled GPU's settings).
+    #[arg(long, value_name = "CONF")]
+    pub alloc_conf: Option<String>,
+    /// A script and its arguments (SCRIPT.py ARGS...), or after `--` any command
+    /// (`-- torchrun --nproc-per-node 2 train.py`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "SCRIPT|COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct AttachArgs {
+    /// A job's name (or a unique prefix), a socket path, or HOST:PORT for a job listening on
+    /// TCP. Without it: the only job running, or the list of them.
+    pub addr: Option<String>,
+    /// The token a TCP job printed.
+    #[arg(long, conflicts_with = "token_file")]
+    pub token: Option<String>,
+    /// A file holding the token (readable by its owner only).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Print per-step lines instead of the screen.
+    #[arg(long)]
+    pub headless: bool,
+    /// With --headless: one JSON object per step.
+    #[arg(long, requires = "headless")]
+    pub json: bool,
+    /// Record everything the screen (or --headless) is fed into this new file.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+}
+
+/// The Python to run a script with.
+fn python(given: Option<&Path>) -> PathBuf {
+    if let Some(p) = given {
+        return p.to_path_buf();
+    }
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+        return PathBuf::from(v).join("bin/python");
+    }
+    let project = exe_dir().join("../../.venv/bin/python");
+    if project.exists() {
+        return project;
+    }
+    PathBuf::from("python3")
+}
+
+fn exe_dir() -> PathBuf {
+    std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)).unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The hook's Python package directory, where `python` can import it from: this
+/// repository's `python/` (beside the binary's build), or wherever `python` has it.
+fn hook_package(python: &Path, repo_python: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", "import vramscope_hook, os; print(os.path.dirname(vramscope_hook.__file__))"]);
+    if let Some(d) = repo_python {
+        cmd.env("PYTHONPATH", d);
+    }
+    let out = cmd.output().with_context(|| format!("running {}", python.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} cannot import vramscope_hook: pip install <vramscope repo>/python into it, or pass --python",
+        python.display()
+    );
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// The environment that makes every Python process of the job load the hook when it
+/// imports torch (torchrun's workers included).
+fn hook_env(cmd: &mut Command, python: &Path, a: &PyArgs) -> anyhow::Result<()> {
+    let repo_python = std::env::var_os("VRAMSCOPE_PYTHON_DIR").map(PathBuf::from).or_else(|| {
+        let d = exe_dir().join("../../python");
+        d.join("vramscope_hook").is_dir().then_some(d)
+    });
+    let package = hook_package(python, repo_python.as_deref())?;
+    let mut path = vec![package.join("_inject")];
+    path.extend(repo_python);
+    path.extend(std::env::var_os("PYTHONPATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
+    cmd.env("PYTHONPATH", std::env::join_paths(path)?);
+    cmd.env("VRAMSCOPE_HOOK", "1");
+    let core = exe_dir().join("libvramscope_hook.so");
+    if core.exists() {
+        cmd.env("VRAMSCOPE_HOOK_CORE", core);
+    }
+    // Commands the job's Python installed (torchrun) come first on its PATH.
+    if let Some(bin) = python.parent().filter(|b| !b.as_os_str().is_empty()) {
+        let mut path = vec![bin.to_path_buf()];
+        path.extend(std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
+        cmd.env("PATH", std::env::join_paths(path)?);
+    }
+    let dir = std::path::absolute(&a.snapshot_dir)?;
+    cmd.env("VRAMSCOPE_SNAPSHOT_DIR", dir);
+    if let Some(d) = &a.device {
+        cmd.env("VRAMSCOPE_DEVICE", d);
+    }
+    if let Some(c) = &a.alloc_conf {
+        crate::allocator::AllocatorConfig::parse_conf(c).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
+        cmd.env("PYTORCH_CUDA_ALLOC_CONF", c);
+    }
+    Ok(())
+}
+
+/// `vramscope py`.
+pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process::ExitCode> {
+    let first = a.command[0].to_string_lossy().into_owned();
+    let python = python(a.python.as_deref());
+    let script = first.ends_with(".py");
+    let mut cmd = if script {
+        anyhow::ensure!(Path::new(&first).is_file(), "{first}: no such script");
+        let mut c = Command::new(&python);
+        c.args(&a.command);
+        c
+    } else {
+        let mut c = Command::new(&a.command[0]);
+        c.args(&a.command[1..]);
+        c
+    };
+    hook_env(&mut cmd, &python, &a)?;
+    let what = Path::new(&first).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or(first.clone());
+    let job = job_name(&what);
+    let recorder = a.record.as_deref().map(Recorder::create).transpose()?;
+    if a.headless {
+        let source = JobSource::launch(cmd, &job, "the job", Output::Inherit)?;
+        return headless(&source, recorder, a.json, a.check_growth);
+    }
+    // Its own process group: `q` stops the whole job (torchrun and its workers), and a
+    // viewer's death or hangup leaves it running.
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    let log = crate::channel::dir::socket_dir()?.join(format!("{job}.log"));
+    let source = JobSource::launch(cmd, &job, "the job", Output::File(log))?;
+    let screen = screen.expect("a screen when not headless");
+    watch(source, JobKind::Started, recorder, &screen, Ranks::new(HISTORY_CAP))?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Per-step lines until every rank's stream ends; the exit code says whether all went well.
+fn headless(source: &JobSource, mut recorder: Option<Recorder>, json: bool, check_growth: bool) -> anyhow::Result<std::process::ExitCode> {
+    let mut out = std::io::stdout().lock();
+    let mut live = crate::report::growth::LiveByOrigin::default();
+    let items = std::iter::from_fn(|| source.next()).inspect(|(_, i)| {
+        if let Incoming::Batch(b) = i {
+            live.ingest(b);
+        }
+    });
+    let steps = match &mut recorder {
+        Some(r) => crate::report::headless::run(r.tee(items), json, &mut out),
+        None => crate::report::headless::run(items, json, &mut out),
+    };
+    let exit = source.wait_child(std::time::Duration::from_secs(30));
+    if let Some(r) = recorder {
+        let s = r.finish()?;
+        eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
+    }
+    let steps = steps?;
+    if let Some(s) = exit.filter(|s| !s.success()) {
+        anyhow::bail!("the job {}", crate::source::job::describe_exit(s));
+    }
+    if check_growth {
+        let report = crate::report::growth::check(&live.finish(), &steps);
+        std::io::Write::write_fmt(&mut out, format_args!("{report}"))?;
+        if !report.healthy() {
+            return Ok(std::process::ExitCode::from(1));
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The job `addr` names, as (rank, endpoint) pairs and a name.
+fn resolve(addr: Option<&str>) -> anyhow::Result<(String, Vec<(u32, Endpoint)>)> {
+    if let Some(a) = addr {
+        if let Ok(sock) = a.parse::<std::net::SocketAddr>() {
+            return Ok((a.to_string(), vec![(0, Endpoint::Tcp(sock))]));
+        }
+        let p = Path::new(a);
+        if p.extension().is_some_and(|e| e == "sock") {
+            let rank = p.file_name().and_then(|n| n.to_str()).and_then(crate::channel::dir::parse_socket_name).map_or(0, |(_, r)| r);
+            return Ok((a.to_string(), vec![(rank, Endpoint::Unix(p.to_path_buf()))]));
+        }
+    }
+    let jobs = list_jobs()?;
+    let dir = crate::channel::dir::socket_dir()?;
+    let matching: Vec<_> = jobs.into_iter().filter(|(name, _)| addr.is_none_or(|a| name.starts_with(a))).collect();
+    match matching.len() {
+        1 => Ok(matching.into_iter().next().expect("one")),
+        0 => match addr {
+            Some(a) => anyhow::bail!("no running job named {a} in {}", dir.display()),
+            None => anyhow::bail!("no running job to attach to in {} (start one with `vramscope py` or `python -m vramscope_hook`)", dir.display()),
+        },
+        _ => {
+            let list: Vec<String> = matching.iter().map(|(n, r)| format!("{n} ({} rank{})", r.len(), if r.len() == 1 { "" } else { "s" })).collect();
+            anyhow::bail!("several jobs are running; name one: {}", list.join(", "))
+        }
+    }
+}
+
+/// `vramscope attach`.
+pub fn run_attach(a: AttachArgs, screen: Option<Screen>) -> anyhow::Result<std::process::ExitCode> {
+    let (name, endpoints) = resolve(a.addr.as_deref())?;
+    let token = match (&a.token, &a.token_file) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(f)) => Some(token::read_token_file(f)?),
+        (None, None) => None,
+    };
+    let source = JobSource::attach(name, &endpoints, token.as_deref())?;
+    let recorder = a.record.as_deref().map(Recorder::create).transpose()?;
+    if a.headless {
+        return headless(&source, recorder, a.json, false);
+    }
+    watch(source, JobKind::Attached, recorder, &screen.expect("a screen when not headless"), Ranks::new(HISTORY_CAP))?;
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -1,0 +1,540 @@
+//! A producing job's session, whatever runs the training: vramscope's own engine (Rust,
+//! tch) or the hook inside a user's Python job. The host tells it where steps and phases
+//! begin and what allocations are; it drains the capture shim, keeps the exact accounting
+//! (tracker), serves viewers (server), applies their controls between steps, and cuts
+//! snapshots. Both hosts drive this one type, so the engine and the hook send one stream.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::event::{Batch, Category, Phase};
+use crate::snapshot::model::Frame;
+use crate::snapshot::writer::{save_snapshot_atomic, unique_path};
+use crate::step_config::{Attention, Mode, Precision};
+use crate::stream::{Control, EngineInfo, Incoming, Knob, KnobChange, OomReport, Report, StepReport};
+
+use super::cut::{FrameTables, SnapshotCut};
+use super::raw::{CudaStats, RawEvent, CPU_DEVICE};
+use super::scopes::Scopes;
+use super::server::{Log, Server};
+use super::tracker::{Backend, Tracker};
+
+/// What the session needs of the capture shim, linked (engine) or loaded (hook).
+pub trait Capture: Send {
+    fn now_ns(&self) -> u64;
+    /// Appends every buffered event, oldest first.
+    fn drain(&self, out: &mut Vec<RawEvent>);
+    fn set_tags(&self, step: u32, phase: Phase);
+    fn cuda_stats(&self, device: u8) -> Result<CudaStats, String>;
+    fn cuda_reset_peaks(&self, device: u8) -> Result<(), String>;
+    /// PyTorch's own `_memory_snapshot_pickled()` (CUDA).
+    fn cuda_snapshot(&self) -> Result<Vec<u8>, String>;
+}
+
+/// Steps' reports kept for a viewer that attaches later.
+const RECENT_STEPS: usize = 200;
+/// How often the flusher thread ships what the shim recorded, between phase boundaries.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// What the host says about a finished step.
+#[derive(Clone, Debug)]
+pub struct StepEnd {
+    pub loss: f64,
+    pub elapsed_s: f64,
+    pub mode: Mode,
+    pub precision: Precision,
+    pub attention: Option<Attention>,
+    pub ctx: i64,
+    pub batch: i64,
+}
+
+pub struct Session {
+    capture: Box<dyn Capture>,
+    pub tracker: Tracker,
+    frames: FrameTables,
+    pub scopes: Arc<Scopes>,
+    server: Server,
+    info: EngineInfo,
+    pub step: u64,
+    pub phase: Phase,
+    /// Phases entered during the step (its report lists their peaks).
+    phases_seen: BTreeSet<Phase>,
+    paused: bool,
+    recent_steps: VecDeque<StepReport>,
+    epoch_us_at_zero: i64,
+    writers: Vec<JoinHandle<()>>,
+    /// Outcomes of snapshots being written, reported as they finish.
+    pending_writes: Vec<std::sync::mpsc::Receiver<Report>>,
+    snapshot_dir: PathBuf,
+    raw: Vec<RawEvent>,
+    log: Log,
+    announce_viewers: bool,
+    /// The snapshot written when an allocation failed, for the OOM report that follows.
+    oom_snapshot: Option<PathBuf>,
+}
+
+pub type Shared = Arc<Mutex<Session>>;
+
+pub fn lock(s: &Shared) -> MutexGuard<'_, Session> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How a session starts.
+pub struct SessionOptions {
+    pub info: EngineInfo,
+    pub backend: Backend,
+    pub snapshot_dir: PathBuf,
+    /// The innermost frame of every snapshot stack: where the job's loop runs.
+    pub runner_frame: Frame,
+    pub start_paused: bool,
+    /// Say on the job's stderr when a viewer attaches (not when the job's launcher does).
+    pub announce_viewers: bool,
+}
+
+/// Between steps, the loop either runs the next one or stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Boundary {
+    Run,
+    Stop,
+}
+
+impl Session {
+    pub fn new(capture: Box<dyn Capture>, scopes: Arc<Scopes>, server: Server, opts: SessionOptions, log: Log) -> Session {
+        let epoch_us_at_zero = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
+            - (capture.now_ns() / 1000) as i64;
+        let tracker = Tracker::new(opts.backend, super::tracker::RING_ENTRIES);
+        Session {
+            capture,
+            tracker,
+            frames: FrameTables::new(opts.runner_frame),
+            scopes,
+            server,
+            info: opts.info,
+            step: 0,
+            phase: Phase::Other,
+            phases_seen: BTreeSet::new(),
+            paused: opts.start_paused,
+            recent_steps: VecDeque::new(),
+            epoch_us_at_zero,
+            writers: Vec::new(),
+            pending_writes: Vec::new(),
+            snapshot_dir: opts.snapshot_dir,
+            raw: Vec::with_capacity(1 << 14),
+            log,
+            announce_viewers: opts.announce_viewers,
+            oom_snapshot: None,
+        }
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.capture.now_ns()
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    pub fn paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Says the session started (the host knows its parameter count by now).
+    pub fn start(&mut self, parameters: i64) {
+        self.info.parameters = parameters;
+        self.refresh_stacks();
+        self.drain();
+        self.report(Report::Started(self.info.clone()));
+        if self.paused {
+            self.report(Report::Paused(true));
+        }
+        self.flush();
+    }
+
+    /// Gives every (scope, phase) pair its snapshot stack, for scopes interned so far.
+    fn refresh_stacks(&mut self) {
+        for id in 0..self.scopes.count() as u32 {
+            for phase in Phase::ALL {
+                if !self.tracker.stack_of.contains_key(&(id, phase)) {
+                    let s = self.frames.stack_for(&self.scopes.name(id), phase);
+                    self.tracker.stack_of.insert((id, phase), s);
+                }
+            }
+        }
+    }
+
+    /// Moves what the shim recorded into the tracker.
+    pub fn drain(&mut self) {
+        self.raw.clear();
+        self.capture.drain(&mut self.raw);
+        if let Backend::Cuda { device } = self.tracker.backend() {
+            // CPU-side tensors (scalars, RNG state) are not device memory, and other GPUs'
+            // allocators are not the one training.
+            let ours = *device;
+            self.raw.retain(|e| e.device != CPU_DEVICE && e.device == ours);
+        }
+        let raw = std::mem::take(&mut self.raw);
+        self.tracker.ingest(&raw);
+        self.raw = raw;
+    }
+
+    /// Lets in viewers that attached, then sends what is pending, never waiting for one.
+    pub fn flush(&mut self) {
+        self.admit_viewers();
+        let scopes = self.scopes.take_unsent();
+        let batch = self.tracker.take_batch(scopes);
+        if batch.events.is_empty() && batch.marks.is_empty() && batch.retags.is_empty() && batch.scopes.is_empty() {
+            return;
+        }
+        self.server.broadcast(self.capture.now_ns(), &Incoming::Batch(batch));
+    }
+
+    /// A viewer that attaches mid-run first hears who this is, the steps so far, every
+    /// name, and every live allocation, so its totals agree with the job's from then on.
+    fn admit_viewers(&mut self) {
+        let joining = self.server.take_joining();
+        if joining.is_empty() {
+            return;
+        }
+        // What is pending belongs to viewers already attached; a new one gets the state
+        // after it.
+        self.refresh_stacks();
+        let scopes = self.scopes.take_unsent();
+        let pending = self.tracker.take_batch(scopes);
+        if !pending.events.is_empty() || !pending.scopes.is_empty() || !pending.retags.is_empty() || !pending.marks.is_empty() {
+            self.server.broadcast(self.capture.now_ns(), &Incoming::Batch(pending));
+        }
+        let now = self.capture.now_ns();
+        let live = self.tracker.live_events();
+        let first_seq = self.tracker.next_seq() - live.len() as u64;
+        let mut items = vec![(now, Incoming::Report(Report::Started(self.info.clone())))];
+        items.extend(self.recent_steps.iter().map(|s| (now, Incoming::Report(Report::Step(s.clone())))));
+        items.push((now, Incoming::Batch(Batch { first_seq, events: live, scopes: self.scopes.all(), ..Batch::default() })));
+        if self.paused {
+            items.push((now, Incoming::Report(Report::Paused(true))));
+        }
+        for c in joining {
+            if self.announce_viewers {
+                (self.log)(&format!("vramscope: viewer attached ({})", c.peer));
+            }
+            self.server.admit(c, items.clone());
+        }
+    }
+
+    pub fn report(&mut self, r: Report) {
+        self.server.broadcast(self.capture.now_ns(), &Incoming::Report(r));
+    }
+
+    /// A phase boundary: what was recorded belongs to the phase that ends.
+    pub fn set_phase(&mut self, phase: Phase) {
+        self.drain();
+        if let Backend::Cuda { device } = *self.tracker.backend() {
+            self.read_cuda_counters(device, self.phase);
+        }
+        self.capture.set_tags(self.step as u32, phase);
+        self.phase = phase;
+        if phase != Phase::Other {
+            self.phases_seen.insert(phase);
+        }
+        self.tracker.mark(self.capture.now_ns(), self.step as u32, phase);
+        self.refresh_stacks();
+        self.flush();
+    }
+
+    /// CUDA: the allocator's peak since the last boundary belongs to the phase that just
+    /// ended; then a fresh peak window starts.
+    fn read_cuda_counters(&mut self, device: u8, ended: Phase) {
+        if let Ok(s) = self.capture.cuda_stats(device) {
+            self.tracker.note_phase_peak(ended, s.allocated_peak, s.reserved_peak);
+            self.tracker.set_device_counters(s.allocated, s.reserved, ended);
+            let _ = self.capture.cuda_reset_peaks(device);
+        }
+    }
+
+    /// The host names what the allocation at raw address `key` holds (drain first, so the
+    /// allocation is known), and optionally what it is called.
+    pub fn tag(&mut self, key: u64, category: Category, name: Option<&str>) {
+        let scope = name.map_or(0, |n| self.scopes.intern(n));
+        self.tracker.tag(key, category, scope);
+    }
+
+    /// Closes a step: its exact figures go out as a report.
+    pub fn end_step(&mut self, end: &StepEnd) -> StepReport {
+        self.set_phase(Phase::Other);
+        let stats = self.tracker.take_step_stats();
+        let phase_peak_bytes = self
+            .phases_seen
+            .iter()
+            .map(|p| (p.as_str().to_string(), stats.phase_peak_allocated[*p as usize]))
+            .collect();
+        self.phases_seen.clear();
+        let category_bytes = Category::ALL
+            .iter()
+            .map(|c| (c.as_str().to_string(), self.tracker.category_bytes[*c as usize]))
+            .filter(|(_, b)| *b > 0)
+            .collect();
+        let r = StepReport {
+            step: self.step,
+            mode: end.mode,
+            precision: end.precision,
+            attention: end.attention,
+            ctx: end.ctx,
+            batch: end.batch,
+            peak_allocated_bytes: stats.peak_allocated,
+            reserved_bytes: self.tracker.reserved_bytes,
+            peak_reserved_bytes: stats.peak_reserved,
+            peak_active_bytes: stats.peak_active,
+            phase_peak_bytes,
+            category_bytes,
+            live_bytes: self.tracker.active_bytes,
+            step_time_s: end.elapsed_s,
+            tokens_per_s: (end.ctx * end.batch) as f64 / end.elapsed_s.max(1e-9),
+            loss: end.loss,
+            dropped_batches: 0,
+            dropped_events: 0,
+            rank: self.info.rank,
+        };
+        if self.recent_steps.len() == RECENT_STEPS {
+            self.recent_steps.pop_front();
+        }
+        self.recent_steps.push_back(r.clone());
+        self.report(Report::Step(r.clone()));
+        self.flush();
+        r
+    }
+
+    /// Stamps what the shim records from now on with `step` and `phase`, without marking a
+    /// phase boundary (a step that was abandoned).
+    pub fn capture_tags(&mut self, step: u64, phase: Phase) {
+        self.capture.set_tags(step as u32, phase);
+    }
+
+    /// The snapshot an out-of-memory handler wrote, for the report of the failed step.
+    pub fn set_oom_snapshot(&mut self, path: Option<PathBuf>) {
+        self.oom_snapshot = path;
+    }
+
+    /// A step failed: pause, and say why (an OOM, with the snapshot written for it).
+    pub fn fail_step(&mut self, message: &str, oom: bool) {
+        let snapshot = self.oom_snapshot.take();
+        let phase = self.phase;
+        self.set_phase(Phase::Other);
+        self.phases_seen.clear();
+        let _ = self.tracker.take_step_stats();
+        let r = if oom {
+            Report::Oom(OomReport { step: self.step, phase, message: message.to_string(), snapshot })
+        } else {
+            Report::Error(format!("step {} failed: {message}", self.step))
+        };
+        self.report(r);
+        self.set_paused(true);
+        self.flush();
+    }
+
+    pub fn set_paused(&mut self, p: bool) {
+        if self.paused != p {
+            self.paused = p;
+            self.report(Report::Paused(p));
+        }
+    }
+
+    /// Takes a snapshot request a viewer made (during the step that just ended).
+    pub fn take_snapshot_request(&mut self) -> bool {
+        self.server.take_snapshot_request()
+    }
+
+    /// An allocation failed in a job that handles it itself (the hook's): say so, with the
+    /// snapshot written for it, and go on.
+    pub fn oom(&mut self, requested: u64, snapshot: Option<PathBuf>) {
+        self.drain();
+        let message = format!("out of memory: tried to allocate {requested} bytes");
+        self.report(Report::Oom(OomReport { step: self.step, phase: self.phase, message, snapshot }));
+        self.flush();
+    }
+
+    /// Cuts a snapshot now (and PyTorch's own on CUDA) and writes it as `name` in the
+    /// snapshot directory on another thread, so the loop never waits on the disk.
+    pub fn snapshot(&mut self, name: &str) {
+        let step = self.step;
+        match self.cut() {
+            Ok(cut) => {
+                let (dir, name) = (self.snapshot_dir.clone(), name.to_string());
+                let (tx, rx) = std::sync::mpsc::channel();
+                let spawned = std::thread::Builder::new().name("vramscope-snapshot".into()).spawn(move || {
+                    let _ = tx.send(write_cut(cut, &dir, &name, step));
+                });
+                match spawned {
+                    Ok(h) => {
+                        self.writers.push(h);
+                        self.pending_writes.push(rx);
+                    }
+                    Err(e) => self.report(Report::SnapshotFailed { step, error: e.to_string() }),
+                }
+            }
+            Err(error) => self.report(Report::SnapshotFailed { step, error }),
+        }
+        self.writers.retain(|h| !h.is_finished());
+        self.collect_writes(false);
+    }
+
+    /// Cuts and writes a snapshot on this thread: an OOM's, which must be on disk before the
+    /// error reaches the job's code.
+    pub fn snapshot_now(&mut self, name: &str) -> Option<PathBuf> {
+        let step = self.step;
+        let r = match self.cut() {
+            Ok(cut) => write_cut(cut, &self.snapshot_dir, name, step),
+            Err(error) => Report::SnapshotFailed { step, error },
+        };
+        let path = match &r {
+            Report::SnapshotSaved { path, .. } => Some(path.clone()),
+            _ => None,
+        };
+        self.report(r);
+        path
+    }
+
+    fn cut(&mut self) -> Result<SnapshotCut, String> {
+        self.drain();
+        let base = match self.tracker.backend() {
+            Backend::Cuda { .. } => Some(self.capture.cuda_snapshot().map_err(|e| format!("PyTorch's snapshot: {e}"))?),
+            Backend::Modelled(_) => None,
+        };
+        Ok(SnapshotCut::take(&self.tracker, &self.frames, base, self.epoch_us_at_zero))
+    }
+
+    /// Reports the snapshots written since the last call (waiting for all with `wait`).
+    fn collect_writes(&mut self, wait: bool) {
+        let mut still = Vec::new();
+        for rx in std::mem::take(&mut self.pending_writes) {
+            let r = if wait { rx.recv().ok() } else { rx.try_recv().ok() };
+            match r {
+                Some(r) => self.report(r),
+                None if !wait => still.push(rx),
+                None => {}
+            }
+        }
+        self.pending_writes = still;
+    }
+
+    /// Applies a knob value the host accepted: reports the change (from the next step).
+    pub fn knob_changed(&mut self, name: &str, to: &str) {
+        let step = self.step;
+        let Some(k) = self.info.knobs.iter_mut().find(|k| k.name == name) else { return };
+        if k.value == to {
+            return;
+        }
+        let from = std::mem::replace(&mut k.value, to.to_string());
+        if let Some(c) = &mut self.info.config {
+            // vramscope's own model keeps its config in step with its knobs.
+            crate::step_config::apply_knob(c, name, to);
+        }
+        self.report(Report::Knob(KnobChange { step, knob: name.to_string(), from, to: to.to_string() }));
+    }
+
+    /// The job's parameter count, learnt once its model is known (the hook's case).
+    pub fn set_parameters(&mut self, n: i64) {
+        if self.info.parameters != n {
+            self.info.parameters = n;
+            self.report(Report::Started(self.info.clone()));
+        }
+    }
+
+    /// Declares a knob (the Python hook's `knob()`); its value is the declared default.
+    pub fn declare_knob(&mut self, name: &str, value: &str) {
+        if self.info.knobs.iter().all(|k| k.name != name) {
+            self.info.knobs.push(Knob { name: name.to_string(), value: value.to_string() });
+            // Viewers learn the new knob with a fresh Started (they keep their store).
+            self.report(Report::Started(self.info.clone()));
+        }
+    }
+
+    /// Ends the stream: snapshots being written finish, every viewer gets the end.
+    pub fn finish(&mut self) {
+        self.drain();
+        self.flush();
+        for w in self.writers.drain(..) {
+            let _ = w.join();
+        }
+        self.collect_writes(true);
+        self.report(Report::Finished);
+        self.flush();
+        self.server.finish();
+    }
+
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+}
+
+fn write_cut(cut: SnapshotCut, dir: &std::path::Path, name: &str, step: u64) -> Report {
+    let path = unique_path(dir, name);
+    match cut.into_snapshot().map_err(|e| format!("PyTorch's snapshot: {e}")) {
+        Ok(snap) => match save_snapshot_atomic(&snap, &path) {
+            Ok(p) => Report::SnapshotSaved { step, path: p },
+            Err(e) => Report::SnapshotFailed { step, error: e.to_string() },
+        },
+        Err(error) => Report::SnapshotFailed { step, error },
+    }
+}
+
+/// Between steps: applies what viewers asked for, and waits while paused (shipping what
+/// the shim records and letting viewers in all the while). `apply` sets a knob on the host
+/// and returns the value now in force, or why it cannot. The lock is never held while
+/// waiting, so the flusher and the host's other threads go on.
+pub fn between_steps(shared: &Shared, apply: &mut dyn FnMut(&str, &str) -> Result<String, String>) -> Boundary {
+    let controls = lock(shared).server.controls.clone();
+    let mut run_once = false;
+    loop {
+        let paused = lock(shared).paused;
+        let msg = if paused && !run_once {
+            match controls.recv_timeout(FLUSH_EVERY) {
+                Ok(m) => m,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let mut s = lock(shared);
+                    s.drain();
+                    s.flush();
+                    s.collect_writes(false);
+                    continue;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Boundary::Stop,
+            }
+        } else {
+            match controls.try_recv() {
+                Ok(m) => m,
+                Err(_) => return Boundary::Run,
+            }
+        };
+        let mut s = lock(shared);
+        match msg {
+            Control::Stop => return Boundary::Stop,
+            Control::StepOnce => run_once = true,
+            Control::Pause => s.set_paused(true),
+            Control::Resume => s.set_paused(false),
+            // Taken by the server as it arrives (see `take_snapshot_request`).
+            Control::Snapshot => {}
+            Control::SetKnob { name, value } => match apply(&name, &value) {
+                Ok(to) => s.knob_changed(&name, &to),
+                Err(why) => s.report(Report::Note(why)),
+            },
+        }
+    }
+}
+
+/// Ships what the shim records every `FLUSH_EVERY`, so a long phase still moves the screen,
+/// until the session is dropped.
+pub fn spawn_flusher(shared: &Shared) -> JoinHandle<()> {
+    let weak = Arc::downgrade(shared);
+    std::thread::Builder::new()
+        .name("vramscope-flush".into())
+        .spawn(move || loop {
+            std::thread::sleep(FLUSH_EVERY);
+            let Some(s) = weak.upgrade() else { return };
+            let mut s = lock(&s);
+            s.drain();
+            s.flush();
+            s.collect_writes(false);
+        })
+        .expect("spawn the flusher thread")
+}

@@ -1,0 +1,309 @@
+//! What a training step runs: model size, sequence/batch shape, precision, mode, attention,
+//! device. Parsed from flags and changed by keys between steps.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+pub const VOCAB_SIZE: i64 = 10_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelDims {
+    pub d_model: i64,
+    pub d_ff: i64,
+    pub layers: i64,
+    pub heads: i64,
+    pub vocab: i64,
+}
+
+/// CS336 BasicsTransformerLM sizes, plus `tiny` for CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Preset {
+    Tiny,
+    Small,
+    Medium,
+    Large,
+    Xl,
+    B2_7,
+    B10,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 7] = [
+        Preset::Tiny,
+        Preset::Small,
+        Preset::Medium,
+        Preset::Large,
+        Preset::Xl,
+        Preset::B2_7,
+        Preset::B10,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Tiny => "tiny",
+            Preset::Small => "small",
+            Preset::Medium => "medium",
+            Preset::Large => "large",
+            Preset::Xl => "xl",
+            Preset::B2_7 => "2.7B",
+            Preset::B10 => "10B",
+        }
+    }
+
+    pub fn dims(self) -> ModelDims {
+        let (d_model, d_ff, layers, heads) = match self {
+            // Small enough that a CPU step takes about a second at ctx 256.
+            Preset::Tiny => (256, 1024, 4, 4),
+            Preset::Small => (768, 3072, 12, 12),
+            Preset::Medium => (1024, 4096, 24, 16),
+            Preset::Large => (1280, 5120, 36, 20),
+            Preset::Xl => (1600, 6400, 48, 25),
+            Preset::B2_7 => (2560, 10240, 32, 32),
+            Preset::B10 => (4608, 12288, 50, 36),
+        };
+        ModelDims { d_model, d_ff, layers, heads, vocab: VOCAB_SIZE }
+    }
+}
+
+impl FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let l = s.to_ascii_lowercase();
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name().to_ascii_lowercase() == l || (l == "2.7b" && *p == Preset::B2_7))
+            .ok_or_else(|| format!("unknown model preset '{s}' (allowed: {})", Preset::names()))
+    }
+}
+
+impl Preset {
+    pub fn names() -> String {
+        Preset::ALL.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+    }
+}
+
+macro_rules! choice_enum {
+    ($name:ident, $what:literal, { $($var:ident => $s:literal),+ $(,)? }) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        pub enum $name { $($var),+ }
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$var),+];
+            pub fn as_str(self) -> &'static str { match self { $($name::$var => $s),+ } }
+            pub fn names() -> String { [$($s),+].join(", ") }
+        }
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s.to_ascii_lowercase().as_str() {
+                    $($s => Ok($name::$var),)+
+                    _ => Err(format!("unknown {} '{}' (allowed: {})", $what, s, $name::names())),
+                }
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.as_str()) }
+        }
+    };
+}
+
+choice_enum!(Precision, "precision", { Fp32 => "fp32", Bf16 => "bf16" });
+choice_enum!(Mode, "mode", { Forward => "forward", Train => "train" });
+choice_enum!(Attention, "attention", { Naive => "naive", Fused => "fused" });
+
+/// Where the engine trains: `auto` (the first CUDA device if there is one, else the CPU),
+/// `cpu`, or a CUDA device by its ordinal (`cuda` is `cuda:0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceChoice {
+    Auto,
+    Cpu,
+    Cuda(u8),
+}
+
+impl DeviceChoice {
+    pub const NAMES: &'static str = "auto, cpu, cuda, cuda:N";
+
+    /// The CUDA ordinal a CUDA run uses.
+    pub fn cuda_ordinal(self) -> u8 {
+        match self {
+            DeviceChoice::Cuda(n) => n,
+            DeviceChoice::Auto | DeviceChoice::Cpu => 0,
+        }
+    }
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let l = s.to_ascii_lowercase();
+        match l.as_str() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            _ => l
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| format!("unknown device '{s}' (allowed: {})", DeviceChoice::NAMES)),
+        }
+    }
+}
+
+// As its flag spells it ("cuda:1"), so an engine's options read as written.
+impl Serialize for DeviceChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Auto => f.write_str("auto"),
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl Precision {
+    pub fn toggled(self) -> Self {
+        match self {
+            Precision::Fp32 => Precision::Bf16,
+            Precision::Bf16 => Precision::Fp32,
+        }
+    }
+}
+impl Mode {
+    pub fn toggled(self) -> Self {
+        match self {
+            Mode::Forward => Mode::Train,
+            Mode::Train => Mode::Forward,
+        }
+    }
+}
+impl Attention {
+    pub fn toggled(self) -> Self {
+        match self {
+            Attention::Naive => Attention::Fused,
+            Attention::Fused => Attention::Naive,
+        }
+    }
+}
+
+/// The knobs of one step. Model dims are fixed for a session; the rest can change
+/// between steps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepConfig {
+    pub model_name: String,
+    pub dims: ModelDims,
+    pub ctx: i64,
+    pub batch: i64,
+    pub precision: Precision,
+    pub mode: Mode,
+    pub attention: Attention,
+}
+
+impl StepConfig {
+    pub fn tokens(&self) -> i64 {
+        self.ctx * self.batch
+    }
+}
+
+/// Sets the knob `name` of `c` to `value` (a value that does not parse leaves it); the
+/// engine's knobs are its step config's fields.
+pub fn apply_knob(c: &mut StepConfig, name: &str, value: &str) {
+    match name {
+        "precision" => c.precision = value.parse().unwrap_or(c.precision),
+        "ctx" => c.ctx = value.parse().unwrap_or(c.ctx),
+        "batch" => c.batch = value.parse().unwrap_or(c.batch),
+        "mode" => c.mode = value.parse().unwrap_or(c.mode),
+        "attention" => c.attention = value.parse().unwrap_or(c.attention),
+        _ => {}
+    }
+}
+
+impl StepConfig {
+    /// The step config's fields as knobs a viewer can change.
+    pub fn knobs(&self) -> Vec<crate::stream::Knob> {
+        [
+            ("precision", self.precision.to_string()),
+            ("ctx", self.ctx.to_string()),
+            ("batch", self.batch.to_string()),
+            ("mode", self.mode.to_string()),
+            ("attention", self.attention.to_string()),
+        ]
+        .into_iter()
+        .map(|(name, value)| crate::stream::Knob { name: name.into(), value })
+        .collect()
+    }
+}
+
+/// Largest context length a key may double to: keeps a stray keypress from asking for
+/// petabytes of attention scores.
+pub const MAX_CTX: i64 = 1 << 17;
+pub const MAX_BATCH: i64 = 4096;
+
+pub fn validate_ctx(ctx: i64) -> Result<i64, String> {
+    if (1..=MAX_CTX).contains(&ctx) {
+        Ok(ctx)
+    } else {
+        Err(format!("--ctx must be between 1 and {MAX_CTX}, got {ctx}"))
+    }
+}
+
+pub fn validate_batch(batch: i64) -> Result<i64, String> {
+    if (1..=MAX_BATCH).contains(&batch) {
+        Ok(batch)
+    } else {
+        Err(format!("--batch must be between 1 and {MAX_BATCH}, got {batch}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_parse_by_name_and_reject_unknown_with_the_list() {
+        assert_eq!("2.7B".parse::<Preset>().unwrap(), Preset::B2_7);
+        assert_eq!("2.7b".parse::<Preset>().unwrap(), Preset::B2_7);
+        assert_eq!("XL".parse::<Preset>().unwrap(), Preset::Xl);
+        let e = "huge".parse::<Preset>().unwrap_err();
+        assert!(e.contains("huge") && e.contains("tiny, small"), "{e}");
+    }
+
+    #[test]
+    fn cs336_table_dimensions() {
+        let d = Preset::B2_7.dims();
+        assert_eq!((d.d_model, d.d_ff, d.layers, d.heads), (2560, 10240, 32, 32));
+        let d = Preset::B10.dims();
+        assert_eq!((d.d_model, d.d_ff, d.layers, d.heads), (4608, 12288, 50, 36));
+    }
+
+    #[test]
+    fn devices_parse_by_name_and_cuda_ordinal() {
+        let parsed: Vec<DeviceChoice> = ["auto", "CPU", "cuda", "cuda:3"].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(parsed, [DeviceChoice::Auto, DeviceChoice::Cpu, DeviceChoice::Cuda(0), DeviceChoice::Cuda(3)]);
+        assert_eq!(DeviceChoice::Cuda(3).to_string(), "cuda:3");
+        assert_eq!((DeviceChoice::Cuda(3).cuda_ordinal(), DeviceChoice::Auto.cuda_ordinal()), (3, 0));
+    }
+
+    #[test]
+    fn knob_values_reject_with_allowed_list() {
+        assert!("fp16".parse::<Precision>().unwrap_err().contains("fp32, bf16"));
+        assert!("tpu".parse::<DeviceChoice>().unwrap_err().contains("auto, cpu, cuda, cuda:N"));
+        assert!("cuda:x".parse::<DeviceChoice>().unwrap_err().contains("'cuda:x'"));
+        assert!("cuda:256".parse::<DeviceChoice>().is_err());
+        assert!(validate_ctx(0).unwrap_err().contains("--ctx"));
+        assert!(validate_batch(0).unwrap_err().contains("--batch"));
+    }
+}

@@ -1,0 +1,165 @@
+//! The one event stream. Every producer (the training engine process, the Python hook inside
+//! a user's job, a recording, a snapshot's trace) sends these items and every consumer (the
+//! store behind the screens, the headless printer, the recorder, the metrics endpoint) takes
+//! them. Their byte form, chunks of records (`chunk`, `codec`), is the same in a recording
+//! file and on a job's socket, and so are its bounds.
+
+pub mod chunk;
+pub mod codec;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Batch, Phase};
+use crate::source::gauges::sample::GaugeBatch;
+use crate::step_config::{Attention, Mode, Precision, StepConfig};
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock every process of a session shares (the
+/// capture shim's steady_clock is the same clock).
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Incoming {
+    Batch(Batch),
+    Report(Report),
+    Gauges(GaugeBatch),
+    /// A replay went back in time: consumers start again from an empty store.
+    Restart,
+}
+
+/// A knob a producer declares: the screen's knob keys change it between steps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Knob {
+    pub name: String,
+    pub value: String,
+}
+
+/// Who is producing: said once when the stream starts (and again to a viewer that attaches).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineInfo {
+    pub device: String,
+    pub cuda: bool,
+    pub parameters: i64,
+    /// vramscope's own model; None for a user's job.
+    pub config: Option<StepConfig>,
+    /// Said once on screen, e.g. why the CPU is used.
+    pub note: Option<String>,
+    /// What the header calls the job: the model preset, or the user's script.
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub pid: u32,
+    /// torchrun's RANK and WORLD_SIZE, when set.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    #[serde(default)]
+    pub world_size: Option<u32>,
+    #[serde(default)]
+    pub host: String,
+    /// Declared knobs and their values now.
+    #[serde(default)]
+    pub knobs: Vec<Knob>,
+    /// CLOCK_MONOTONIC nanoseconds at the job's clock zero (its events' `t_ns` count from
+    /// there), so a viewer lines its own gauge readings up with the job's events.
+    #[serde(default)]
+    pub clock_zero_ns: u64,
+    /// The caching-allocator settings in force (PYTORCH_CUDA_ALLOC_CONF's form; empty for
+    /// the defaults). On CPU, the settings of the modelled GPU.
+    #[serde(default)]
+    pub alloc_conf: String,
+}
+
+impl EngineInfo {
+    pub fn knob(&self, name: &str) -> Option<&str> {
+        self.knobs.iter().find(|k| k.name == name).map(|k| k.value.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    pub step: u64,
+    pub mode: Mode,
+    pub precision: Precision,
+    /// vramscope's own model's attention; None for a user's job.
+    pub attention: Option<Attention>,
+    pub ctx: i64,
+    pub batch: i64,
+    /// Peak of the allocator's allocated bytes (block sizes) during the step.
+    pub peak_allocated_bytes: u64,
+    /// Reserved (segment) bytes at the end of the step.
+    pub reserved_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// Peak of requested live bytes (what memory_viz's active timeline stacks).
+    pub peak_active_bytes: u64,
+    pub phase_peak_bytes: BTreeMap<String, u64>,
+    /// Live requested bytes per category at the end of the step.
+    pub category_bytes: BTreeMap<String, u64>,
+    pub live_bytes: u64,
+    pub step_time_s: f64,
+    pub tokens_per_s: f64,
+    pub loss: f64,
+    /// Batches and events this viewer did not get (its queue was full), since it attached.
+    pub dropped_batches: u64,
+    pub dropped_events: u64,
+    /// torchrun's RANK of the job that ran the step, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KnobChange {
+    /// First step that runs with the new value.
+    pub step: u64,
+    pub knob: String,
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomReport {
+    pub step: u64,
+    pub phase: Phase,
+    pub message: String,
+    /// The snapshot written before the error reached the job, when one was.
+    #[serde(default)]
+    pub snapshot: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Report {
+    Started(EngineInfo),
+    Knob(KnobChange),
+    Step(StepReport),
+    SnapshotSaved { step: u64, path: PathBuf },
+    SnapshotFailed { step: u64, error: String },
+    Oom(OomReport),
+    Paused(bool),
+    /// A step failed for a reason other than OOM; the loop pauses.
+    Error(String),
+    /// Something the producer wants said once (a control it refused, a knob it lacks).
+    Note(String),
+    Finished,
+}
+
+/// What a viewer asks of a producer. Knob changes, pauses and snapshots apply at the next
+/// step boundary. Nothing here names a path: a job writes only where its owner said when
+/// starting it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Control {
+    SetKnob { name: String, value: String },
+    Pause,
+    Resume,
+    /// Run one step while paused.
+    StepOnce,
+    /// Write a snapshot at the next step boundary.
+    Snapshot,
+    /// End the run (vramscope's own engine; a user's job is stopped by signal).
+    Stop,
+}

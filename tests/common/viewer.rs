@@ -1,0 +1,27 @@
+//! `vramscope view` screens drawn to a buffer, as text.
+
+use vramscope::app::keys::{KeyMap, ViewAction};
+use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
+use vramscope::render::draw_to_buffer;
+use vramscope::render::snapshot_viewer::{plot_columns, render_viewer};
+use vramscope::render::theme::Theme;
+
+pub fn text(buf: &ratatui::buffer::Buffer) -> String {
+    (0..buf.area.height)
+        .map(|y| (0..buf.area.width).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The viewer at 160×40 after `keys_pressed`.
+pub fn screen(data: &mut ViewerData, keys_pressed: &[ViewAction]) -> String {
+    let keys = KeyMap::<ViewAction>::default();
+    let theme = Theme::load("dark").unwrap();
+    let mut ui = ViewerUi::new(data);
+    ui.columns = plot_columns(160, false);
+    for a in keys_pressed {
+        handle(*a, data, &mut ui, 1);
+        ui.columns = plot_columns(160, ui.inspector);
+    }
+    text(&draw_to_buffer(160, 40, |f| render_viewer(f, data, &ui, &keys, &theme)))
+}

@@ -1,0 +1,374 @@
+//! Watching a user's own PyTorch job (issue "Watch any PyTorch job live"): plain scripts
+//! under tests/py, written as users write them, run with `vramscope py` (or
+//! `python -m vramscope_hook` and attached to), on CPU. What vramscope shows is held to
+//! what the scripts themselves report.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{python, repo_root, vramscope};
+use vramscope::channel::Endpoint;
+use vramscope::event::{Action, Batch, Phase};
+use vramscope::record::player::Script;
+use vramscope::source::job::JobSource;
+use vramscope::stream::{Control, Incoming, Report, StepReport};
+
+fn script(name: &str) -> PathBuf {
+    repo_root().join("tests/py").join(name)
+}
+
+/// A private socket directory for one test, so tests never see each other's jobs.
+fn sockets(t: &tempfile::TempDir) -> PathBuf {
+    let d = t.path().join("sockets");
+    vramscope::channel::dir::ensure_private_dir(&d).unwrap();
+    d
+}
+
+/// Items per rank from a recording of a session.
+fn recorded(path: &Path) -> HashMap<u32, Vec<Incoming>> {
+    let mut script = Script::open(path).unwrap();
+    let mut failed = None;
+    let mut by_rank: HashMap<u32, Vec<Incoming>> = HashMap::new();
+    for (rank, item) in script.stream(&mut failed) {
+        by_rank.entry(rank).or_default().push(item);
+    }
+    assert!(failed.is_none(), "{failed:?}");
+    by_rank
+}
+
+fn batches(items: &[Incoming]) -> impl Iterator<Item = &Batch> {
+    items.iter().filter_map(|i| if let Incoming::Batch(b) = i { Some(b) } else { None })
+}
+
+fn steps(items: &[Incoming]) -> Vec<&StepReport> {
+    items.iter().filter_map(|i| if let Incoming::Report(Report::Step(s)) = i { Some(s) } else { None }).collect()
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+/// Names the stream gave allocations (scopes interned) and modules.
+fn names(items: &[Incoming]) -> BTreeSet<String> {
+    batches(items).flat_map(|b| b.scopes.iter().map(|(_, n)| n.clone())).collect()
+}
+
+#[test]
+fn a_users_transformer_streams_exact_totals_its_own_names_and_phases_in_order() {
+    let t = tempfile::tempdir().unwrap();
+    let (rec, fig) = (t.path().join("s.vsrec"), t.path().join("fig.json"));
+    let out = vramscope()
+        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+        .args(["py", "--headless", "--json", "--snapshot-dir"])
+        .arg(t.path())
+        .arg("--record")
+        .arg(&rec)
+        .arg(script("train_transformer.py"))
+        .args(["--steps", "3", "--out"])
+        .arg(&fig)
+        .assert()
+        .success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    let lines: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(lines.iter().all(|l| l["rank"] == 0 && l["mode"] == "train"), "{stdout}");
+    assert!(stdout.contains("trained 3 steps"), "the script's own output passes through: {stdout}");
+    let figures = json(&fig);
+    let items = recorded(&rec).remove(&0).expect("rank 0 streamed");
+
+    // Every alloc is freed or still live, and what is live at each step's end is the job's
+    // total then.
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut checked = 0;
+    for item in &items {
+        match item {
+            Incoming::Batch(b) => {
+                for e in &b.events {
+                    match e.action {
+                        Action::Alloc => assert!(live.insert(e.addr, e.size).is_none(), "{:#x} allocated twice", e.addr),
+                        Action::FreeRequested => assert!(live.remove(&e.addr).is_some_and(|s| s == e.size), "a free of {:#x} matches its alloc", e.addr),
+                        _ => {}
+                    }
+                }
+            }
+            Incoming::Report(Report::Step(s)) => {
+                assert_eq!(live.values().sum::<u64>(), s.live_bytes, "step {}: the stream's live bytes are the job's", s.step);
+                assert_eq!(s.category_bytes.values().sum::<u64>(), s.live_bytes);
+                checked += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(checked, 3);
+    let steps = steps(&items);
+    let last = steps.last().unwrap();
+
+    // Parameters are the script's own bytes, and AdamW's two moments are twice that.
+    let params = figures["parameter_bytes"].as_u64().unwrap();
+    assert_eq!(last.category_bytes["parameter"], params, "parameter bytes = sum of p.nbytes");
+    assert_eq!(last.category_bytes["optimizer_state"], 2 * params);
+    assert_eq!(figures["optimizer_state_bytes"].as_u64().unwrap(), 2 * params);
+
+    // Phases run in order within each step after the first: zero_grad, forward, backward,
+    // optimizer (the script zeroes before its forward).
+    for step in 1..3u32 {
+        let order: Vec<Phase> = batches(&items)
+            .flat_map(|b| &b.marks)
+            .filter(|m| m.step == step && m.phase != Phase::Other)
+            .map(|m| m.phase)
+            .fold(Vec::new(), |mut v, p| {
+                if v.last() != Some(&p) {
+                    v.push(p)
+                }
+                v
+            });
+        assert_eq!(order, [Phase::ZeroGrad, Phase::Forward, Phase::Backward, Phase::Optimizer], "step {step}");
+    }
+
+    // Modules, parameters, gradients and AdamW state carry the job's own names.
+    let names = names(&items);
+    for m in ["layers.0.attn", "layers.1.ffn", "lm_head", "token_embeddings"] {
+        assert!(names.contains(m), "module {m} in {names:?}");
+    }
+    for p in figures["parameters"].as_object().unwrap().keys() {
+        assert!(names.contains(p), "parameter {p} named");
+    }
+    assert!(names.contains("exp_avg of layers.0.attn.q_proj.weight"), "{names:?}");
+    assert!(names.contains("grad of lm_head.weight"), "{names:?}");
+}
+
+#[test]
+fn both_ranks_of_a_ddp_job_under_torchrun_stream_with_their_own_names() {
+    let t = tempfile::tempdir().unwrap();
+    let rec = t.path().join("ddp.vsrec");
+    let fig = t.path().join("rank{rank}.json");
+    let out = vramscope()
+        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+        .args(["py", "--headless", "--json", "--record"])
+        .arg(&rec)
+        .args(["--", "torchrun", "--nproc-per-node", "2", "--standalone"])
+        .arg(script("train_ddp.py"))
+        .args(["--steps", "3", "--out"])
+        .arg(&fig)
+        .timeout(Duration::from_secs(240))
+        .assert()
+        .success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    let lines: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let by_rank = recorded(&rec);
+    for rank in [0u64, 1] {
+        let mine: Vec<_> = lines.iter().filter(|l| l["rank"] == rank).collect();
+        assert_eq!(mine.len(), 3, "rank {rank} streamed its 3 steps: {stdout}");
+        let f = json(&t.path().join(format!("rank{rank}.json")));
+        assert_eq!(mine[2]["category_bytes"]["parameter"], f["parameter_bytes"], "rank {rank}'s parameters");
+        let names = names(&by_rank[&(rank as u32)]);
+        for p in f["parameters"].as_array().unwrap() {
+            assert!(names.contains(p.as_str().unwrap()), "rank {rank} names {p} as the job does (no DDP prefix): {names:?}");
+        }
+    }
+}
+
+#[test]
+fn an_oom_in_the_job_is_snapshotted_before_the_script_sees_the_error() {
+    let t = tempfile::tempdir().unwrap();
+    let fig = t.path().join("fig.json");
+    let out = vramscope()
+        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+        .args(["py", "--headless", "--snapshot-dir"])
+        .arg(t.path())
+        .arg(script("train_transformer.py"))
+        .args(["--steps", "3", "--oom-at", "1", "--out"])
+        .arg(&fig)
+        .assert()
+        .success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    assert!(stdout.contains("out of memory at step 1 (forward)"), "{stdout}");
+    let oom = &json(&fig)["oom"];
+    let caught: Vec<&str> = oom["snapshots_when_caught"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(caught, ["train_transformer_rank0_step1_oom.pickle"], "on disk before the error reached the script");
+    let snap = vramscope::snapshot::read_snapshot_file(&t.path().join(caught[0])).unwrap();
+    let last = snap.device_traces[0].last().unwrap();
+    assert_eq!((last.action, last.size), (Action::Oom, 1 << 50), "the snapshot ends with the failed request");
+    assert!(stdout.contains("trained 3 steps"), "the job went on after handling its OOM");
+}
+
+/// Waits until `pred` holds for the lines a child printed so far.
+fn wait_lines(r: &mut impl std::io::BufRead, secs: u64, pred: impl Fn(&str) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut lines = Vec::new();
+    while Instant::now() < deadline {
+        let mut l = String::new();
+        if r.read_line(&mut l).unwrap_or(0) == 0 {
+            break;
+        }
+        let done = pred(&l);
+        lines.push(l);
+        if done {
+            return lines;
+        }
+    }
+    panic!("not seen in {secs} s: {lines:?}");
+}
+
+#[test]
+fn killing_the_viewer_leaves_the_job_running_and_killing_the_job_tells_the_viewer() {
+    let t = tempfile::tempdir().unwrap();
+    let bin = assert_cmd::cargo::cargo_bin("vramscope");
+    let start = |fig: &Path| {
+        Command::new(&bin)
+            .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+            .args(["py", "--headless"])
+            .arg(script("train_transformer.py"))
+            .args(["--steps", "8", "--sleep", "0.5", "--out"])
+            .arg(fig)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // The viewer dies: the job finishes its 8 steps and writes its figures.
+    let fig = t.path().join("survived.json");
+    let mut viewer = start(&fig);
+    let mut out = std::io::BufReader::new(viewer.stdout.take().unwrap());
+    wait_lines(&mut out, 120, |l| l.starts_with("step   0"));
+    viewer.kill().unwrap();
+    viewer.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !fig.exists() {
+        assert!(Instant::now() < deadline, "the job did not finish after its viewer was killed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(json(&fig)["ctx_used"].as_array().unwrap().len(), 8, "all steps ran");
+
+    // The job dies: the viewer says so and fails.
+    let mut viewer = start(&t.path().join("never.json"));
+    let mut out = std::io::BufReader::new(viewer.stdout.take().unwrap());
+    wait_lines(&mut out, 120, |l| l.starts_with("step   0"));
+    let job = std::fs::read_to_string(format!("/proc/{}/task/{}/children", viewer.id(), viewer.id())).unwrap();
+    let job: i32 = job.split_whitespace().next().expect("the job is the viewer's child").parse().unwrap();
+    unsafe { libc::kill(job, libc::SIGKILL) };
+    let status = viewer.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut viewer.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(err.contains("was killed by signal 9 (SIGKILL)"), "{err}");
+}
+
+/// A job started as `python -m vramscope_hook`, listening in `dir`.
+fn start_standalone(dir: &Path, snapshots: &Path, args: &[&str]) -> std::process::Child {
+    Command::new(python())
+        .args(["-m", "vramscope_hook", "--snapshot-dir"])
+        .arg(snapshots)
+        .arg(script("train_transformer.py"))
+        .args(args)
+        .env("PYTHONPATH", repo_root().join("python"))
+        .env("VRAMSCOPE_HOOK_CORE", repo_root().join("target/release/libvramscope_hook.so"))
+        .env("VRAMSCOPE_SOCKET_DIR", dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The socket the only job in `dir` listens on, once it does.
+fn job_socket(dir: &Path) -> Endpoint {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let socks: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "sock")).collect();
+        if let [s] = &socks[..] {
+            if std::os::unix::net::UnixStream::connect(s).is_ok() {
+                return Endpoint::Unix(s.clone());
+            }
+        }
+        assert!(Instant::now() < deadline, "no job socket in {}", dir.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn next_report(source: &JobSource, secs: u64, mut want: impl FnMut(&Report) -> bool) -> Report {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        match source.receiver().recv_timeout(Duration::from_millis(200)) {
+            Ok((_, Incoming::Report(r))) if want(&r) => return r,
+            Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(e) => panic!("the stream ended: {e}"),
+        }
+    }
+    panic!("no such report in {secs} s");
+}
+
+#[test]
+fn a_job_started_on_its_own_takes_knobs_pause_and_snapshots_and_survives_detach_and_reattach() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = sockets(&t);
+    let mut job = start_standalone(&dir, t.path(), &["--steps", "30", "--sleep", "0.3", "--ctx", "16"]);
+    let ep = job_socket(&dir);
+    let source = JobSource::attach("job".into(), &[(0, ep.clone())], None).unwrap();
+    let info = next_report(&source, 60, |r| matches!(r, Report::Started(i) if i.knob("ctx").is_some()));
+    let Report::Started(info) = info else { unreachable!() };
+    assert_eq!(info.knob("ctx"), Some("16"), "the script's declared knob and its value");
+
+    // A knob key doubles ctx: a later step runs with 32.
+    source.send(&Control::SetKnob { name: "ctx".into(), value: "32".into() });
+    next_report(&source, 60, |r| matches!(r, Report::Knob(k) if k.knob == "ctx" && k.to == "32"));
+    next_report(&source, 60, |r| matches!(r, Report::Step(s) if s.ctx == 32));
+
+    // `s`: a snapshot of the job, written where its owner said, that PyTorch's tool reads.
+    source.send(&Control::Snapshot);
+    let Report::SnapshotSaved { path, .. } = next_report(&source, 60, |r| matches!(r, Report::SnapshotSaved { .. })) else { unreachable!() };
+    assert_eq!(path.parent(), Some(t.path()), "{}", path.display());
+    let stats = Command::new(python()).args(["-m", "torch.cuda._memory_viz", "stats"]).arg(&path).current_dir(t.path()).output().unwrap();
+    assert!(stats.status.success(), "memory_viz reads it: {}", String::from_utf8_lossy(&stats.stderr));
+
+    // Pause holds the job at a step boundary; resume lets it go on.
+    source.send(&Control::Pause);
+    next_report(&source, 60, |r| *r == Report::Paused(true));
+    // Unpaused, a step ends every 0.3 s: none may end in 2 s of pause.
+    let held = Instant::now() + Duration::from_secs(2);
+    while let Some(left) = held.checked_duration_since(Instant::now()) {
+        if let Ok((_, Incoming::Report(Report::Step(s)))) = source.receiver().recv_timeout(left) {
+            panic!("step {} ran while paused", s.step);
+        }
+    }
+    source.send(&Control::Resume);
+    next_report(&source, 60, |r| *r == Report::Paused(false));
+    next_report(&source, 60, |r| matches!(r, Report::Step(_)));
+
+    // Detach (the job runs on), then attach again: the new viewer's totals agree with the
+    // job's from its first step report.
+    drop(source);
+    std::thread::sleep(Duration::from_millis(800));
+    let again = JobSource::attach("job".into(), &[(0, ep)], None).unwrap();
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    // A viewer that attaches first hears the steps so far, then the live allocations; the
+    // first step after those is one it saw happen.
+    let mut history: Option<u64> = None;
+    let mut state_seen = false;
+    let report = loop {
+        match again.receiver().recv_timeout(Duration::from_secs(60)).expect("the job streams to the new viewer").1 {
+            Incoming::Report(Report::Step(s)) if !state_seen => history = history.max(Some(s.step)),
+            Incoming::Batch(b) => {
+                state_seen = true;
+                for e in &b.events {
+                    match e.action {
+                        Action::Alloc => {
+                            live.insert(e.addr, e.size);
+                        }
+                        Action::FreeRequested => {
+                            live.remove(&e.addr);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Incoming::Report(Report::Step(s)) if history.is_none_or(|h| s.step > h) => break s,
+            _ => {}
+        }
+    };
+    assert_eq!(live.values().sum::<u64>(), report.live_bytes, "a viewer that attaches mid-run agrees with the job");
+    assert!(job.wait().unwrap().success(), "the job finished");
+}
