@@ -475,7 +475,7 @@ fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
 
 fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
     let snap = vramscope::snapshot::read_snapshot_file(&a.snapshot).with_context(|| a.snapshot.display().to_string())?;
-    let device = a.device.unwrap_or_else(|| snap.first_traced_device());
+    let device = a.device.unwrap_or_else(|| snap.default_device());
     let o = ExportOptions { width: a.width, height: a.height, device, title: a.title };
     let path = export::export(&snap, &a.output, &o)?;
     println!("wrote {}", path.display());

@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 #[path = "../../src/snapshot/model.rs"]
 mod model;
 #[allow(dead_code)]
-#[path = "../../src/snapshot/reader.rs"]
+#[path = "../../src/snapshot/reader/mod.rs"]
 mod reader;
 #[allow(dead_code)]
 #[path = "../../src/snapshot/writer.rs"]
