@@ -339,7 +339,7 @@ fn malformed_files_are_named_by_the_key_or_shape_that_is_wrong() {
 /// `export` draws, and `diff --json` against itself.
 fn peaks_everywhere(path: &Path, dir: &Path) -> [(&'static str, u64); 5] {
     use vramscope::record::player::Script;
-    use vramscope::source::feed::Incoming;
+    use vramscope::stream::Incoming;
     let json = |args: &[&str]| -> serde_json::Value {
         let out = vramscope().args(args).output().unwrap();
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -350,8 +350,8 @@ fn peaks_everywhere(path: &Path, dir: &Path) -> [(&'static str, u64); 5] {
     let summary = json(&["view", "--summary", "--json", file])["peak_active_bytes"].as_u64().unwrap();
     let mut store = vramscope::store::Store::new(1 << 20);
     let mut failed = None;
-    let script = Script::open(path).unwrap();
-    for item in script.stream(&mut failed) {
+    let mut script = Script::open(path).unwrap();
+    for (_, item) in script.stream(&mut failed) {
         if let Incoming::Batch(b) = item {
             store.ingest_batch(b);
         }

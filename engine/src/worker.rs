@@ -13,7 +13,7 @@ use tch::{Device, Kind, Tensor};
 use vramscope::allocator::AllocatorConfig;
 use vramscope::event::{Category, Phase};
 use vramscope::producer::scopes::Scopes;
-use vramscope::producer::session::{between_steps, lock, spawn_flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
+use vramscope::producer::session::{between_steps, lock, Flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
 use vramscope::producer::server::Server;
 use vramscope::producer::tracker::Backend;
 use vramscope::snapshot::model::Frame;
@@ -178,7 +178,7 @@ impl Worker {
     }
 
     pub fn run(&mut self) {
-        spawn_flusher(&self.session);
+        let flusher = Flusher::spawn(&self.session);
         loop {
             if self.stop.load(Ordering::SeqCst) {
                 break;
@@ -203,6 +203,7 @@ impl Worker {
         if lock(&self.session).take_snapshot_request() {
             self.snapshot();
         }
+        drop(flusher);
         lock(&self.session).finish();
     }
 
