@@ -166,3 +166,33 @@ fn hostile_producers_are_dropped_with_a_line_naming_them_while_a_good_one_stream
     }
     assert_eq!(stdout.lines().count(), expected_steps, "the good producer's every step: {stdout}");
 }
+
+#[test]
+fn a_snapshot_streamed_on_stdin_or_a_pipe_reads_as_the_file_does_and_dev_zero_fails_at_once() {
+    let fixture = common::fixture("kkaitlyn111_cs336-a2-systems_memory_ctx128_forward.pickle");
+    let summary = |out: std::process::Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let bin = assert_cmd::cargo::cargo_bin("vramscope");
+    let from_file = summary(Command::new(&bin).args(["view", "--summary", "--json"]).arg(&fixture).output().unwrap());
+    let from_stdin = summary(
+        Command::new(&bin).args(["view", "--summary", "--json", "-"]).stdin(std::fs::File::open(&fixture).unwrap()).output().unwrap(),
+    );
+    let from_pipe = summary(
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("exec '{}' view --summary --json <(cat '{}')", bin.display(), fixture.display()))
+            .output()
+            .unwrap(),
+    );
+    assert!(from_file["peak_active_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(from_stdin, from_file, "standard input");
+    assert_eq!(from_pipe, from_file, "a pipe");
+    // Endless zeros: refused on the first byte, not read until memory runs out.
+    let (code, err, took, rss_kib) = run_measured(&["view".as_ref(), "--summary".as_ref(), "/dev/zero".as_ref()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("/dev/zero") && err.contains("not a pickle: first byte 0x00"), "{err}");
+    assert!(took < Duration::from_secs(5) && rss_kib < 100 << 10, "{took:?}, {rss_kib} KiB");
+}

@@ -11,7 +11,6 @@
 //! container, and keeping them all would double the memory use.
 //!
 //! Object-building opcodes (GLOBAL, REDUCE, BUILD, ...) are rejected: a snapshot is data.
-//! The reader depends only on `super::model` (and libc), so the fuzz crate can include it by path.
 //!
 //! Layout: `op` and `cursor` decode opcodes from bytes; `prescan` is the first pass (memo
 //! slots read back); `vm` is the pickle machine (value stack, marks, memo); `fast_entry`
@@ -71,7 +70,9 @@ pub enum ReadError {
 
 /// Read and decode a snapshot file. Regular files are memory-mapped and the pages
 /// already decoded are released as the reader advances, so peak memory is mostly the
-/// decoded snapshot, not the file; other files are read into memory.
+/// decoded snapshot, not the file. Anything else (`-` for standard input, a pipe such as
+/// `<(ssh host cat snap.pickle)`, a device) is judged by its first two bytes before more
+/// is read, so `/dev/zero` fails at once, then read into memory.
 pub fn read_snapshot_file(path: &Path) -> Result<Snapshot, ReadError> {
     read_snapshot_file_observed(path, &mut |_| {})
 }
@@ -86,13 +87,21 @@ pub fn read_snapshot_file_observed(
         path: path.to_path_buf(),
         err,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    #[cfg(unix)]
-    if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
-        return decode(map.bytes(), &|range| map.release(range), observe);
-    }
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
+    let opened = crate::input::open(path, 2).map_err(io)?;
+    let (head, rest) = match opened.input {
+        crate::input::Input::File(file, _) => {
+            if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
+                return decode(map.bytes(), &|range| map.release(range), observe);
+            }
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
+            return decode(&bytes, &|_| {}, observe);
+        }
+        crate::input::Input::Stream { head, rest } => (head, rest),
+    };
+    // The protocol header, checked before the rest of a stream is waited for.
+    check_header(&head)?;
+    let bytes = crate::input::Opened::read_stream(head, rest, &opened.name).map_err(io)?;
     decode(&bytes, &|_| {}, observe)
 }
 
@@ -123,6 +132,16 @@ pub struct ReadProgress<'s> {
     pub traces: Vec<&'s [TraceEntry]>,
 }
 
+/// The PROTO opcode a pickle of protocol 2 to 5 starts with, as far as `head` goes.
+fn check_header(head: &[u8]) -> Result<(), ReadError> {
+    match head {
+        [] => Err(ReadError::Empty),
+        [b, ..] if *b != op::PROTO => Err(ReadError::NotPickle { byte: *b }),
+        [_, v, ..] => cursor::check_proto(*v, 1),
+        [_] => Ok(()),
+    }
+}
+
 /// How far the reader advances between calls to its `release` and `observe` hooks.
 const TICK: usize = 2 << 20;
 
@@ -134,11 +153,7 @@ fn decode(
     release: &(dyn Fn(std::ops::Range<usize>) + Sync),
     observe: &mut dyn FnMut(&ReadProgress<'_>),
 ) -> Result<Snapshot, ReadError> {
-    match bytes.first() {
-        None => return Err(ReadError::Empty),
-        Some(&op::PROTO) => {}
-        Some(&byte) => return Err(ReadError::NotPickle { byte }),
-    }
+    check_header(bytes)?;
     let mut hooks = Hooks::new(release, observe);
     let refs = prescan(bytes, &mut hooks)?;
     let mut vm = Vm::new(bytes, refs);
@@ -191,7 +206,6 @@ impl<'h> Hooks<'h> {
     }
 }
 
-#[cfg(unix)]
 mod mapped {
     use std::fs::File;
     use std::io;
