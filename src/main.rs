@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use vramscope::step_config::{
-    validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Precision, Preset,
+    validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::app::keys::KeyMap;
@@ -136,9 +136,14 @@ struct ShapeArgs {
     /// forward (no grad) or train (forward, backward, optimizer step, zero_grad).
     #[arg(long, default_value = "train", value_parser = parse_mode)]
     mode: Mode,
-    /// naive (materialised scores, as CS336) or fused (scaled_dot_product_attention).
+    /// naive (the CS336 reference's: materialised scores, where-mask, three-step softmax)
+    /// or fused (scaled_dot_product_attention).
     #[arg(long, default_value = "naive", value_parser = parse_attention)]
     attention: Attention,
+    /// reference (the CS336 reference's AdamW: new moment tensors every step) or torch
+    /// (torch.optim.AdamW: moments updated in place).
+    #[arg(long, default_value = "reference", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
 }
 
 #[derive(Args, Clone)]
@@ -227,6 +232,9 @@ struct SweepArgs {
     /// Attention kinds (comma-separated): naive, fused.
     #[arg(long, default_value = "naive", value_delimiter = ',', value_parser = parse_attention)]
     attention: Vec<Attention>,
+    /// AdamW's allocation pattern for every configuration: reference or torch.
+    #[arg(long, default_value = "reference", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
     /// Unmeasured steps before measuring each configuration.
     #[arg(long, default_value_t = 1)]
     warmup: u64,
@@ -299,6 +307,9 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
 fn parse_attention(s: &str) -> Result<Attention, String> {
     s.parse()
 }
+fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
+    s.parse()
+}
 fn parse_device(s: &str) -> Result<DeviceChoice, String> {
     s.parse()
 }
@@ -365,6 +376,7 @@ impl ShapeArgs {
             precision: self.precision,
             mode: self.mode,
             attention: self.attention,
+            optimizer: self.optimizer,
         })
     }
 }
@@ -449,6 +461,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
                 precision: a.precision[0],
                 mode: a.mode[0],
                 attention: a.attention[0],
+                optimizer: a.optimizer,
             })
         })
         .collect::<anyhow::Result<Vec<StepConfig>>>()?;

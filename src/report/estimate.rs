@@ -340,6 +340,7 @@ mod tests {
             precision,
             mode: Mode::Train,
             attention,
+            optimizer: Default::default(),
         }
     }
 
