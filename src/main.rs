@@ -274,6 +274,10 @@ struct EstimateArgs {
     /// The estimate as JSON.
     #[arg(long)]
     json: bool,
+    /// The peaks a CPU run of the engine measures (vramscope's modelled GPU): bf16 matmuls
+    /// and the loss's backward there make workspace copies a GPU does not.
+    #[arg(long)]
+    cpu: bool,
 }
 
 #[derive(Args)]
@@ -502,7 +506,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
 
 fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.shape.step_config()?;
-    let e = estimate::estimate(&cfg);
+    let e = estimate::estimate_on(&cfg, a.cpu);
     let fit = a.gpu_mem.map(|b| estimate::fit_in(&cfg, b));
     if a.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "estimate": e, "fit": fit }))?);

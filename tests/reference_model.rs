@@ -11,7 +11,7 @@ use std::path::Path;
 
 use vramscope::event::{Action, Batch, Phase};
 use vramscope::record::player::Script;
-use vramscope::report::estimate::estimate;
+use vramscope::report::estimate::estimate_on;
 use vramscope::step_config::{Attention, Mode, ModelDims, Precision, StepConfig};
 use vramscope::stream::{Incoming, Report, StepReport};
 
@@ -64,7 +64,7 @@ impl Captured {
                         live.remove(&e.addr);
                     }
                 } else {
-                    out.push((signed, names.get(&e.scope).cloned().unwrap_or_default()));
+                    out.push((signed, format!("{:?} {}", e.phase, names.get(&e.scope).map_or("", String::as_str))));
                 }
             }
         }
@@ -160,12 +160,6 @@ fn read_recording(path: &Path) -> Captured {
 fn assert_same_peaks(what: &str, py: &Captured, engine: &Captured) {
     let ((sa, a), (sb, b)) = (py.requests(), engine.requests());
     assert_eq!(sa, sb, "{what}: sizes live when the first forward pass begins");
-    if let Ok(dir) = std::env::var("REF_DUMP") {
-        for (n, r) in [("py", &a), ("engine", &b)] {
-            let text: String = r.iter().map(|(x, s)| format!("{x:+} {s}\n")).collect();
-            std::fs::write(format!("{dir}/{}-{n}.txt", what.replace(' ', "_")), text).unwrap();
-        }
-    }
     let diff = first_difference(&a, &b).unwrap_or_else(|| "none".into());
     let (pa, pb) = (peak(&sa, &a), peak(&sb, &b));
     assert_eq!(pa.0, pb.0, "{what}: peak of live requested bytes, python vs engine; first difference: {diff}");
@@ -182,8 +176,6 @@ fn configurations() -> Vec<StepConfig> {
             }
         }
     }
-    let only = std::env::var("REF_ONLY").unwrap_or_default();
-    out.retain(|c| only.is_empty() || label(c) == only);
     out
 }
 
@@ -218,11 +210,15 @@ fn the_real_reference_package_allocates_as_the_engine_does() {
     }
 }
 
+/// The estimate as a CPU run measures it, against the engine's peak of requested bytes in
+/// its steady-state step (the peak memory_viz's active timeline shows; the modelled
+/// allocator's blocks add 1-2% on top, reused cached blocks being up to 1 MiB larger than
+/// the request they serve).
 #[test]
 fn the_estimate_is_within_one_percent_of_the_engines_peak() {
     for cfg in configurations() {
-        let measured = engine_run(&cfg).modelled_peak();
-        let e = estimate(&cfg).peak_bytes();
+        let measured = engine_run(&cfg).steps.last().expect("a step ran").peak_active_bytes;
+        let e = estimate_on(&cfg, true).peak_bytes();
         let err = (e as f64 - measured as f64).abs() / measured as f64;
         assert!(err <= 0.01, "{}: estimate {e}, engine {measured} ({:.2}% off)", label(&cfg), err * 100.0);
     }
