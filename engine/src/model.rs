@@ -134,11 +134,17 @@ fn rope_table(ctx: i64, d_head: i64, device: Device) -> Tensor {
     table
 }
 
-/// The reference's three-step softmax over the last dimension.
-fn softmax(x: &Tensor) -> Tensor {
+/// `x - torch.max(x, dim=-1, keepdim=True)[0]`, and the max (its indices die at the `[0]`).
+fn shift_by_max(x: &Tensor) -> (Tensor, Tensor) {
     let (peak, index) = x.max_dim(-1, true);
     drop(index);
     let shifted = x - &peak;
+    (peak, shifted)
+}
+
+/// The reference's three-step softmax over the last dimension.
+fn softmax(x: &Tensor) -> Tensor {
+    let (peak, shifted) = shift_by_max(x);
     drop(peak);
     let exps = shifted.exp();
     let total = exps.sum_dim_intlist(-1, true, None::<Kind>);
@@ -150,9 +156,7 @@ fn softmax(x: &Tensor) -> Tensor {
 }
 
 fn log_softmax(x: &Tensor) -> Tensor {
-    let (peak, index) = x.max_dim(-1, true);
-    drop(index);
-    let shifted = x - &peak;
+    let (peak, shifted) = shift_by_max(x);
     let exps = shifted.exp();
     let total = exps.sum_dim_intlist(-1, true, None::<Kind>);
     drop(exps);

@@ -56,24 +56,8 @@ impl AdamW {
             let decay = data.g_mul_scalar(self.lr * self.weight_decay);
             let _ = data.g_sub_(&decay);
             drop(decay);
-            let zeros = g.zeros_like();
-            let read = match &self.state[i] {
-                Some((m, _)) => {
-                    drop(zeros);
-                    m.shallow_clone()
-                }
-                None => zeros,
-            };
-            prev_m = Some(read);
-            let zeros = g.zeros_like();
-            let read = match &self.state[i] {
-                Some((_, v)) => {
-                    drop(zeros);
-                    v.shallow_clone()
-                }
-                None => zeros,
-            };
-            prev_v = Some(read);
+            prev_m = Some(state_or_zeros(&g, self.state[i].as_ref().map(|(m, _)| m)));
+            prev_v = Some(state_or_zeros(&g, self.state[i].as_ref().map(|(_, v)| v)));
             let (old_m, old_v) = (prev_m.as_ref().expect("just set"), prev_v.as_ref().expect("just set"));
             let a = old_m.g_mul_scalar(b1);
             let c = g.g_mul_scalar(1.0 - b1);
@@ -133,5 +117,18 @@ impl AdamW {
     pub fn state_ptrs(&self) -> Vec<(usize, u64, u64)> {
         let moments = self.state.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|(m, v)| (i, m, v)));
         moments.map(|(i, m, v)| (i, m.data_ptr() as u64, v.data_ptr() as u64)).collect()
+    }
+}
+
+/// The reference's `state.get("m", torch.zeros_like(grad))`: the zeros are made whether or
+/// not the state has the moment, and freed at once when it does.
+fn state_or_zeros(g: &Tensor, state: Option<&Tensor>) -> Tensor {
+    let zeros = g.zeros_like();
+    match state {
+        Some(t) => {
+            drop(zeros);
+            t.shallow_clone()
+        }
+        None => zeros,
     }
 }

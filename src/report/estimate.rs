@@ -225,6 +225,20 @@ fn rope(tp: &mut Tape, s: &Shape, what: &str) -> Id {
     out
 }
 
+/// `x - torch.max(x, dim=-1, keepdim=True)[0]` for x of shape `dims`: the max (values and
+/// indices; autograd keeps the indices) and the shifted tensor. `lines` name the max and
+/// the subtraction.
+fn shift_by_max(tp: &mut Tape, dims: &[i64], c: Dtype, lines: [&str; 2]) -> (Id, Id) {
+    let mut reduced = dims.to_vec();
+    *reduced.last_mut().expect("a last dimension") = 1;
+    let peak = tp.make(lines[0], &reduced, c);
+    let index = tp.make(&format!("{} (indices)", lines[0]), &reduced, Dtype::I64);
+    tp.save(index);
+    tp.free(index);
+    let shifted = tp.make(lines[1], dims, c);
+    (peak, shifted)
+}
+
 /// model.py scaled_dot_product_attention and nn_utils.py softmax: Q, K, V [b, h, t, dh].
 fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id {
     let (bhtt, bht1, bhtd) = ([s.b, s.h, s.t, s.t], [s.b, s.h, s.t, 1], [s.b, s.h, s.t, s.d / s.h]);
@@ -248,11 +262,7 @@ fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id
     tp.save(mask);
     let masked = tp.make("torch.where(mask, attention_scores, float(\"-inf\"))", &bhtt, c);
     tp.free(scores);
-    let peak = tp.make("softmax: torch.max(x, dim=dim, keepdim=True)[0]", &bht1, c);
-    let index = tp.make("softmax: torch.max(…) indices", &bht1, Dtype::I64);
-    tp.save(index);
-    tp.free(index);
-    let shifted = tp.make("softmax: rescaled_input = x - torch.max(…)[0]", &bhtt, c);
+    let (peak, shifted) = shift_by_max(tp, &bhtt, c, ["softmax: torch.max(x, dim=dim, keepdim=True)", "softmax: rescaled_input = x - torch.max(…)[0]"]);
     tp.free(peak);
     let exps = tp.make("softmax: torch.exp(rescaled_input)", &bhtt, c);
     tp.save(exps);
@@ -388,11 +398,7 @@ fn forward_and_loss(tp: &mut Tape, s: &Shape) {
     tp.free(normed);
     tp.free(embedded);
     let c = s.c;
-    let peak = tp.make("log_softmax: x_max = torch.max(x, dim=dim, keepdim=True)[0]", &bt1, c);
-    let index = tp.make("log_softmax: torch.max(…) indices", &bt1, Dtype::I64);
-    tp.save(index);
-    tp.free(index);
-    let shifted = tp.make("log_softmax: x = x - x_max", &btv, c);
+    let (peak, shifted) = shift_by_max(tp, &btv, c, ["log_softmax: x_max = torch.max(x, dim=dim, keepdim=True)[0]", "log_softmax: x = x - x_max"]);
     let exps = tp.make("log_softmax: torch.exp(x)", &btv, c);
     tp.save(exps);
     let total = tp.make("log_softmax: torch.sum(torch.exp(x), dim=dim, keepdim=True)", &bt1, c);
