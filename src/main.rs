@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use vramscope::step_config::{
-    validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Precision, Preset,
+    validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::app::keys::KeyMap;
@@ -134,9 +134,14 @@ struct ShapeArgs {
     /// forward (no grad) or train (forward, backward, optimizer step, zero_grad).
     #[arg(long, default_value = "train", value_parser = parse_mode)]
     mode: Mode,
-    /// naive (materialised scores, as CS336) or fused (scaled_dot_product_attention).
+    /// naive (the CS336 reference's: materialised scores, where-mask, three-step softmax)
+    /// or fused (scaled_dot_product_attention).
     #[arg(long, default_value = "naive", value_parser = parse_attention)]
     attention: Attention,
+    /// reference (the CS336 reference's AdamW: new moment tensors every step) or torch
+    /// (torch.optim.AdamW: moments updated in place).
+    #[arg(long, default_value = "reference", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
 }
 
 #[derive(Args, Clone)]
@@ -228,6 +233,9 @@ struct SweepArgs {
     /// Attention kinds (comma-separated): naive, fused.
     #[arg(long, default_value = "naive", value_delimiter = ',', value_parser = parse_attention)]
     attention: Vec<Attention>,
+    /// AdamW's allocation pattern for every configuration: reference or torch.
+    #[arg(long, default_value = "reference", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
     /// Unmeasured steps before measuring each configuration.
     #[arg(long, default_value_t = 1)]
     warmup: u64,
@@ -267,6 +275,10 @@ struct EstimateArgs {
     /// The estimate as JSON.
     #[arg(long)]
     json: bool,
+    /// The peaks a CPU run of the engine measures (vramscope's modelled GPU): bf16 matmuls
+    /// and the loss's backward there make workspace copies a GPU does not.
+    #[arg(long)]
+    cpu: bool,
 }
 
 #[derive(Args)]
@@ -298,6 +310,9 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse()
 }
 fn parse_attention(s: &str) -> Result<Attention, String> {
+    s.parse()
+}
+fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
     s.parse()
 }
 fn parse_device(s: &str) -> Result<DeviceChoice, String> {
@@ -366,6 +381,7 @@ impl ShapeArgs {
             precision: self.precision,
             mode: self.mode,
             attention: self.attention,
+            optimizer: self.optimizer,
         })
     }
 }
@@ -423,6 +439,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
                 precision: a.precision[0],
                 mode: a.mode[0],
                 attention: a.attention[0],
+                optimizer: a.optimizer,
             })
         })
         .collect::<anyhow::Result<Vec<StepConfig>>>()?;
@@ -463,7 +480,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
 
 fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.shape.step_config()?;
-    let e = estimate::estimate(&cfg);
+    let e = estimate::estimate_on(&cfg, a.cpu);
     let fit = a.gpu_mem.map(|b| estimate::fit_in(&cfg, b));
     if a.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "estimate": e, "fit": fit }))?);

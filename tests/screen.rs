@@ -20,7 +20,7 @@ use vramscope::stream::{EngineInfo, KnobChange, OomReport, Report, StepReport};
 const MIB: u64 = 1 << 20;
 
 fn config(ctx: i64, precision: Precision) -> StepConfig {
-    StepConfig { model_name: "tiny".into(), dims: Preset::Tiny.dims(), ctx, batch: 4, precision, mode: Mode::Train, attention: Attention::Naive }
+    StepConfig { model_name: "tiny".into(), dims: Preset::Tiny.dims(), ctx, batch: 4, precision, mode: Mode::Train, attention: Attention::Naive, optimizer: Default::default() }
 }
 
 /// Two training steps' worth of events: parameters, forward activations that backward

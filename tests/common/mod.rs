@@ -23,6 +23,7 @@ pub fn tiny(ctx: i64, batch: i64, mode: Mode, precision: Precision, attention: A
         precision,
         mode,
         attention,
+        optimizer: Default::default(),
     }
 }
 
