@@ -24,9 +24,43 @@ pub struct Opened {
     pub name: String,
 }
 
-/// How a stream is named: standard input, or the path with what it is.
+/// How a stream is named: the path with what it is.
 fn stream_name(path: &Path, kind: &str) -> String {
     format!("{} ({kind})", path.display())
+}
+
+/// What a file type that is not a regular file is read as; directories cannot be.
+fn stream_kind(path: &Path, t: std::fs::FileType) -> io::Result<&'static str> {
+    if t.is_fifo() {
+        Ok("a pipe")
+    } else if t.is_char_device() || t.is_block_device() {
+        Ok("a device")
+    } else if t.is_dir() {
+        Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is a directory", path.display())))
+    } else {
+        Ok("a stream")
+    }
+}
+
+/// How messages name `path`: as given, `-` as standard input.
+pub fn shown(path: &Path) -> String {
+    if path == Path::new("-") {
+        "standard input".into()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// The name a title gives `path`: a file by its name, a stream as `open` names it (the
+/// pipe behind `<(…)` is `/dev/fd/63 (a pipe)`, not `63`).
+pub fn title(path: &Path) -> String {
+    if path == Path::new("-") {
+        return shown(path);
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => stream_kind(path, m.file_type()).map_or_else(|_| path.display().to_string(), |k| stream_name(path, k)),
+        _ => path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+    }
 }
 
 /// Opens `path` (`-` = standard input); a stream's first `head` bytes are read now.
@@ -39,15 +73,7 @@ pub fn open(path: &Path, head: usize) -> io::Result<Opened> {
         if t.is_file() {
             return Ok(Opened { input: Input::File(f, path.to_path_buf()), name: path.display().to_string() });
         }
-        let kind = if t.is_fifo() {
-            "a pipe"
-        } else if t.is_char_device() || t.is_block_device() {
-            "a device"
-        } else if t.is_dir() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is a directory", path.display())));
-        } else {
-            "a stream"
-        };
+        let kind = stream_kind(path, t)?;
         (Box::new(f), stream_name(path, kind))
     };
     let mut rest = rest;
@@ -109,5 +135,8 @@ mod tests {
         assert_eq!(o.head(8).unwrap(), b"abc");
         let d = tempfile::tempdir().unwrap();
         assert!(open(d.path(), 8).err().unwrap().to_string().contains("is a directory"));
+        assert_eq!(title(Path::new("/dev/zero")), "/dev/zero (a device)");
+        assert_eq!(title(t.path()), t.path().file_name().unwrap().to_string_lossy());
+        assert_eq!(title(Path::new("-")), "standard input");
     }
 }

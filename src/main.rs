@@ -462,7 +462,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &a.images {
         for r in &rows {
             let Some(snap_path) = &r.snapshot else { continue };
-            let snap = vramscope::snapshot::read_snapshot_file(snap_path).with_context(|| snap_path.display().to_string())?;
+            let snap = vramscope::snapshot::read_snapshot_file(snap_path).with_context(|| vramscope::input::shown(snap_path))?;
             let stem = snap_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
             let c = &r.config;
             let o = ExportOptions {
@@ -491,7 +491,7 @@ fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
-    let snap = vramscope::snapshot::read_snapshot_file(&a.snapshot).with_context(|| a.snapshot.display().to_string())?;
+    let snap = vramscope::snapshot::read_snapshot_file(&a.snapshot).with_context(|| vramscope::input::shown(&a.snapshot))?;
     let device = a.device.unwrap_or_else(|| snap.default_device());
     let o = ExportOptions { width: a.width, height: a.height, device, title: a.title };
     let path = export::export(&snap, &a.output, &o)?;

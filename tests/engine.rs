@@ -259,17 +259,7 @@ fn an_out_of_memory_step_is_snapshotted_pauses_and_resumes_with_a_smaller_ctx() 
     assert_eq!((steps[0].step, steps[0].ctx), (1, 32));
     // Nothing of the abandoned step is still counted as live.
     let mut live: HashMap<u64, u64> = HashMap::new();
-    for e in before.iter().flat_map(|b| &b.events) {
-        match e.action {
-            Action::Alloc => {
-                live.insert(e.addr, e.size);
-            }
-            Action::FreeRequested => {
-                live.remove(&e.addr);
-            }
-            _ => {}
-        }
-    }
+    common::apply_events(&mut live, before.iter().flat_map(|b| &b.events));
     assert_eq!(live.values().sum::<u64>(), steps[0].live_bytes, "the stream agrees with the totals");
     let (params, live_total) = (steps[0].category_bytes["parameter"], steps[0].live_bytes);
     assert!(live_total < params + (1 << 20), "live {live_total} vs parameters {params}");

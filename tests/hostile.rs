@@ -189,6 +189,9 @@ fn a_snapshot_streamed_on_stdin_or_a_pipe_reads_as_the_file_does_and_dev_zero_fa
     assert!(from_file["peak_active_bytes"].as_u64().unwrap() > 0);
     assert_eq!(from_stdin, from_file, "standard input");
     assert_eq!(from_pipe, from_file, "a pipe");
+    let text = Command::new("bash").arg("-c").arg(format!("exec '{}' view --summary <(cat '{}')", bin.display(), fixture.display())).output().unwrap();
+    let first = String::from_utf8_lossy(&text.stdout).lines().next().unwrap_or_default().to_string();
+    assert!(first.starts_with("/dev/fd/") && first.contains(" (a pipe)"), "the pipe is named for what it is: {first}");
     // Endless zeros: refused on the first byte, not read until memory runs out.
     let (code, err, took, rss_kib) = run_measured(&["view".as_ref(), "--summary".as_ref(), "/dev/zero".as_ref()]);
     assert_eq!(code, Some(2), "{err}");

@@ -353,17 +353,7 @@ fn a_job_started_on_its_own_takes_knobs_pause_and_snapshots_and_survives_detach_
             Incoming::Report(Report::Step(s)) if !state_seen => history = history.max(Some(s.step)),
             Incoming::Batch(b) => {
                 state_seen = true;
-                for e in &b.events {
-                    match e.action {
-                        Action::Alloc => {
-                            live.insert(e.addr, e.size);
-                        }
-                        Action::FreeRequested => {
-                            live.remove(&e.addr);
-                        }
-                        _ => {}
-                    }
-                }
+                common::apply_events(&mut live, &b.events);
             }
             Incoming::Report(Report::Step(s)) if history.is_none_or(|h| s.step > h) => break s,
             _ => {}

@@ -65,7 +65,7 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
                 }
             };
             let done = read_snapshot_file_observed(&path, &mut observe)
-                .map_err(|e| anyhow::Error::new(e).context(path.display().to_string()))
+                .map_err(|e| anyhow::Error::new(e).context(crate::input::shown(&path)))
                 .and_then(|snap| {
                     let device = device.unwrap_or_else(|| snap.default_device());
                     check_device(&path, &snap, device).map(|()| (snap, device))

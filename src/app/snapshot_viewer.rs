@@ -59,11 +59,6 @@ pub fn check_device(path: &Path, snap: &Snapshot, device: usize) -> anyhow::Resu
     Ok(())
 }
 
-/// The name the viewer's header shows for `path`.
-pub fn file_name(path: &Path) -> String {
-    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
-}
-
 /// Share of allocations drawn one by one, in percent, for the detail control.
 pub const DETAIL_STEPS: [f64; 9] = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0];
 /// memory_viz draws this many allocations one by one by default.
@@ -143,10 +138,10 @@ impl ViewerData {
 
     /// Reads `path` and shows `device`, or by default the first with trace entries.
     pub fn open(path: &Path, device: Option<usize>) -> anyhow::Result<ViewerData> {
-        let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
+        let snap = crate::snapshot::read_snapshot_file(path).with_context(|| crate::input::shown(path))?;
         let device = device.unwrap_or_else(|| snap.default_device());
         check_device(path, &snap, device)?;
-        Ok(ViewerData::new(file_name(path), snap, device))
+        Ok(ViewerData::new(crate::input::title(path), snap, device))
     }
 
     pub fn drawn(&self) -> usize {
@@ -477,7 +472,7 @@ pub fn type_search(code: KeyCode, data: &ViewerData, ui: &mut ViewerUi) {
 /// `view --summary`: the report of `args.file`'s device on stdout.
 fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
     let path = &args.file;
-    let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
+    let snap = crate::snapshot::read_snapshot_file(path).with_context(|| crate::input::shown(path))?;
     let device = args.device.unwrap_or_else(|| snap.default_device());
     check_device(path, &snap, device)?;
     let tl = Timeline::from_snapshot(&snap, device);
@@ -487,7 +482,7 @@ fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
         serde_json::to_writer_pretty(&mut out, &summary)?;
         std::io::Write::write_all(&mut out, b"\n")?;
     } else {
-        crate::report::snapshot_summary::write_text(&mut out, &file_name(path), &summary)?;
+        crate::report::snapshot_summary::write_text(&mut out, &crate::input::title(path), &summary)?;
     }
     // The process ends next: freeing millions of records one by one first only costs time.
     std::mem::forget((snap, tl));
@@ -501,7 +496,7 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     let keys = KeyMap::<ViewAction>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;
     let rx = spawn_loader(args.file.clone(), args.device);
-    let mut loading = Loading::new(file_name(&args.file));
+    let mut loading = Loading::new(crate::input::title(&args.file));
     // A file read within a moment opens straight into the viewer (or fails before the
     // screen is entered); a larger one gets the loading screen meanwhile.
     let early = loading.receive(&rx, Duration::from_millis(args.loading_screen_after));

@@ -308,7 +308,7 @@ pub fn setting_label(r: &WhatifRow) -> String {
 
 /// `vramscope whatif`.
 pub fn run(args: WhatifArgs) -> anyhow::Result<()> {
-    let snap = crate::snapshot::read_snapshot_file(&args.file).with_context(|| args.file.display().to_string())?;
+    let snap = crate::snapshot::read_snapshot_file(&args.file).with_context(|| crate::input::shown(&args.file))?;
     let device = args.device.unwrap_or_else(|| snap.default_device());
     crate::app::snapshot_viewer::check_device(&args.file, &snap, device)?;
     anyhow::ensure!(
@@ -323,7 +323,7 @@ pub fn run(args: WhatifArgs) -> anyhow::Result<()> {
         serde_json::to_writer_pretty(&mut out, &w.rows)?;
         std::io::Write::write_all(&mut out, b"\n")?;
     } else {
-        write_text(&mut out, &crate::app::snapshot_viewer::file_name(&args.file), &w)?;
+        write_text(&mut out, &crate::input::title(&args.file), &w)?;
     }
     Ok(())
 }

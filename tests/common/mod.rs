@@ -214,3 +214,18 @@ impl MemoryVizTimeline {
         self.during.iter().copied().max().unwrap_or(0)
     }
 }
+
+/// Applies a stream's allocs and frees to `live` (address → requested bytes).
+pub fn apply_events<'e>(live: &mut std::collections::HashMap<u64, u64>, events: impl IntoIterator<Item = &'e vramscope::event::MemEvent>) {
+    for e in events {
+        match e.action {
+            vramscope::event::Action::Alloc => {
+                live.insert(e.addr, e.size);
+            }
+            vramscope::event::Action::FreeRequested => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+}
