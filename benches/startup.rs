@@ -15,6 +15,8 @@ use std::time::Instant;
 /// (wall ms, peak RSS MB) of one run of `bin args`, measured on that process alone.
 fn once(bin: &Path, args: &[String]) -> (f64, f64) {
     let started = Instant::now();
+    // Reaped by wait4 below, which also gives its peak RSS.
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(bin).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn");
     let mut status = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };

@@ -116,6 +116,8 @@ choice_enum!(Attention, "attention", { Naive => "naive", Fused => "fused" });
 // torch.optim.AdamW's (moments updated in place).
 choice_enum!(Optimizer, "optimizer", { Reference => "reference", Torch => "torch" });
 
+// The enum comes from `choice_enum!`, which gives no variant `#[default]`.
+#[allow(clippy::derivable_impls)]
 impl Default for Optimizer {
     fn default() -> Self {
         Optimizer::Reference

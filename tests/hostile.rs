@@ -29,6 +29,8 @@ fn bomb_chunk(claimed: u32, unpacked: usize) -> Vec<u8> {
 /// process alone).
 fn run_measured(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, Duration, i64) {
     let started = Instant::now();
+    // Reaped by wait4 below, which also gives its peak RSS.
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(assert_cmd::cargo::cargo_bin("vramscope")).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let pid = child.id() as libc::pid_t;
     let mut err = String::new();

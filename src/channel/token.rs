@@ -17,8 +17,8 @@ pub fn new_token() -> std::io::Result<String> {
 pub fn tokens_equal(given: &str, expected: &str) -> bool {
     let (g, e) = (given.as_bytes(), expected.as_bytes());
     let mut diff = (g.len() ^ e.len()) as u8 | u8::from(g.len() != e.len());
-    for i in 0..e.len() {
-        diff |= g.get(i).copied().unwrap_or(0) ^ e[i];
+    for (i, b) in e.iter().enumerate() {
+        diff |= g.get(i).copied().unwrap_or(0) ^ b;
     }
     diff == 0
 }

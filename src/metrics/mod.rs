@@ -230,7 +230,7 @@ impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let figures = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for f in figures.families().into_iter().filter(|f| !f.samples.is_empty()) {
-            let mut metric = encoder.encode_descriptor(f.name, f.help, None, f.kind.clone())?;
+            let mut metric = encoder.encode_descriptor(f.name, f.help, None, f.kind)?;
             for (labels, v) in &f.samples {
                 let e = metric.encode_family(labels)?;
                 match f.kind {

@@ -32,9 +32,12 @@ const QUEUE: usize = 1024;
 /// How often a launched job's socket directory is looked at for new ranks.
 const DISCOVER_EVERY: Duration = Duration::from_millis(50);
 
+/// A connection's two halves: the stream read, the controls written.
+pub type Duplex = (Box<dyn Read + Send>, Box<dyn Write + Send>);
+
 /// Opens a connection to a producer: checks it runs as this user (Unix) or presents the
 /// token (TCP) before reading a byte, and says hello.
-pub fn connect(endpoint: &Endpoint, token: Option<&str>) -> Result<(Box<dyn Read + Send>, Box<dyn Write + Send>), ChannelError> {
+pub fn connect(endpoint: &Endpoint, token: Option<&str>) -> Result<Duplex, ChannelError> {
     match endpoint {
         Endpoint::Unix(path) => {
             let s = UnixStream::connect(path).map_err(|e| ChannelError::Refused(format!("{}: {e}", path.display())))?;
@@ -310,18 +313,15 @@ fn discover(dir: &Path, job: &str, what: &str, tx: &Sender<Fed>, child: &ChildSl
                     continue;
                 }
                 let ep = Endpoint::Unix(e.path());
-                match connect(&ep, None) {
-                    Ok((r, w)) => {
-                        seen.insert(rank);
-                        controls.lock().unwrap_or_else(|e| e.into_inner()).add(rank, w);
-                        let (tx, child, who) = (tx.clone(), child.clone(), ep.to_string());
-                        let what = if rank == 0 { what.to_string() } else { format!("{what} (rank {rank})") };
-                        if let Ok(t) = std::thread::Builder::new().name(format!("vramscope-rank{rank}")).spawn(move || read_stream(rank, who, r, &tx, &child, &what)) {
-                            readers.push(t);
-                        }
+                // An error: not listening yet (bound, not accepting), or a stale file: next round.
+                if let Ok((r, w)) = connect(&ep, None) {
+                    seen.insert(rank);
+                    controls.lock().unwrap_or_else(|e| e.into_inner()).add(rank, w);
+                    let (tx, child, who) = (tx.clone(), child.clone(), ep.to_string());
+                    let what = if rank == 0 { what.to_string() } else { format!("{what} (rank {rank})") };
+                    if let Ok(t) = std::thread::Builder::new().name(format!("vramscope-rank{rank}")).spawn(move || read_stream(rank, who, r, &tx, &child, &what)) {
+                        readers.push(t);
                     }
-                    // Not listening yet (bound, not accepting), or a stale file: next round.
-                    Err(_) => {}
                 }
             }
         }

@@ -36,6 +36,8 @@ pub mod limits {
 /// One decoded record: when the consumer that wrote it received it (ns, capture clock),
 /// from which rank of a job (0 for a single process), and what.
 #[derive(Clone, Debug, PartialEq)]
+// A record passes by value once; boxing its item would cost an allocation per record.
+#[allow(clippy::large_enum_variant)]
 pub enum Record {
     Item { stamp_ns: u64, rank: u32, item: Incoming },
     /// The producer closed the stream normally; nothing may follow it.
