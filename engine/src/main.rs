@@ -57,6 +57,17 @@ fn serve(args: &Args) -> anyhow::Result<()> {
     let stop = server.stop_flag();
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
+    // The selftest's CUDA pass on a machine without the device: nothing to check, and the
+    // evidence says why, so the checks are skipped rather than failed.
+    if let (Some(path), vramscope::step_config::DeviceChoice::Cuda(n)) = (&opts.selftest, opts.device) {
+        if let Some(why) = vramscope_engine::selftest::cuda_unavailable(n) {
+            let evidence = vramscope::selftest::Evidence { unavailable: Some(why.clone()), device: format!("cuda:{n}"), ..Default::default() };
+            vramscope_engine::selftest::write(path, &evidence)?;
+            let mut server = server;
+            server.fail(&why);
+            return Ok(());
+        }
+    }
     match worker::setup(&opts) {
         Ok(setup) => {
             worker::Worker::new(opts, setup, server, stop, log).run();
