@@ -80,4 +80,5 @@ fn bad_flags_and_an_unwritable_report_are_one_line_errors() {
     assert!(err.starts_with("vramscope: --report /nonexistent-dir/selftest.json: cannot write in /nonexistent-dir"), "{err}");
     let out = vramscope().args(["selftest", "--device", "gpu"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: invalid value 'gpu' for '--device <DEVICE>'"));
 }

@@ -57,14 +57,13 @@ fn serve(args: &Args) -> anyhow::Result<()> {
     let stop = server.stop_flag();
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
-    // The selftest's CUDA pass on a machine without the device: nothing to check, and the
-    // evidence says why, so the checks are skipped rather than failed.
+    // The selftest's CUDA pass where that device is not: nothing to check, and the evidence
+    // says why (its checks are skipped, or the flag was bad).
     if let (Some(path), vramscope::step_config::DeviceChoice::Cuda(n)) = (&opts.selftest, opts.device) {
-        if let Some(why) = vramscope_engine::selftest::cuda_unavailable(n) {
-            let evidence = vramscope::selftest::Evidence { unavailable: Some(why.clone()), device: format!("cuda:{n}"), ..Default::default() };
+        if let Some(evidence) = vramscope_engine::selftest::cuda_unavailable(n) {
             vramscope_engine::selftest::write(path, &evidence)?;
             let mut server = server;
-            server.fail(&why);
+            server.fail(evidence.unavailable.as_deref().or(evidence.bad_device.as_deref()).unwrap_or_default());
             return Ok(());
         }
     }

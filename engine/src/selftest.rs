@@ -62,12 +62,21 @@ pub struct RecordingShim {
 pub struct Recorder {
     log: Arc<Mutex<Log>>,
     fault: Option<Fault>,
-    nvml_baseline: Option<Result<(u32, u64, Option<u64>), String>>,
+    /// NVML's reading and the allocator's reserved bytes before training (CUDA).
+    nvml_baseline: Option<Result<(NvmlReading, u64), String>>,
+}
+
+/// NVML's used bytes of the training device, and of this process where NVML lists it.
+#[derive(Clone, Copy)]
+struct NvmlReading {
+    index: u32,
+    used: u64,
+    own: Option<u64>,
 }
 
 pub fn recording(fault: Option<Fault>, cuda: Option<u8>) -> (RecordingShim, Recorder) {
     let log = Arc::new(Mutex::new(Log::default()));
-    let nvml_baseline = cuda.map(|n| nvml_reading(n).map(|(d, used, own)| (d, used, own)));
+    let nvml_baseline = cuda.map(|n| Ok((nvml_reading(n)?, Shim.cuda_stats(n)?.reserved)));
     (RecordingShim { log: log.clone(), fault }, Recorder { log, fault, nvml_baseline })
 }
 
@@ -119,14 +128,14 @@ impl Capture for RecordingShim {
 
 /// NVML's device used bytes for CUDA device `cuda` (the device that lists this process,
 /// else the same index), and this process's own where listed.
-fn nvml_reading(cuda: u8) -> Result<(u32, u64, Option<u64>), String> {
+fn nvml_reading(cuda: u8) -> Result<NvmlReading, String> {
     let mut q = NvmlQuery::open().map_err(|e| e.to_string())?;
     let devices = q.read_devices().map_err(|e| e.to_string())?;
     let pid = std::process::id();
     let own = |d: &RawDevice| d.compute_processes.as_ref().ok().and_then(|ps| ps.iter().find(|p| p.pid == pid).map(|p| p.used_bytes));
     let d = devices.iter().find(|d| own(d).is_some()).or_else(|| devices.iter().find(|d| d.index == u32::from(cuda))).ok_or("NVML does not list this device")?;
     let used = d.memory.as_ref().map_err(|e| format!("NVML memory: {e}"))?.used;
-    Ok((d.index, used, own(d).flatten()))
+    Ok(NvmlReading { index: d.index, used, own: own(d).flatten() })
 }
 
 fn device_name(cuda: u8) -> Option<String> {
@@ -185,16 +194,16 @@ impl Recorder {
                 Err(e) => ev.pytorch_snapshot_error = Some(e),
             }
             ev.nvml = self.nvml_baseline.clone().map(|base| {
-                let (index, baseline_used, process_baseline_used) = base?;
-                let (_, end_used, process_end_used) = nvml_reading(device)?;
+                let (baseline, baseline_reserved) = base?;
+                let end = nvml_reading(device)?;
                 Ok(NvmlFigures {
-                    index,
-                    baseline_used,
-                    baseline_reserved: 0,
-                    end_used,
+                    index: baseline.index,
+                    baseline_used: baseline.used,
+                    baseline_reserved,
+                    end_used: end.used,
                     end_reserved: ev.figures.reserved_bytes,
-                    process_baseline_used,
-                    process_end_used,
+                    process_baseline_used: baseline.own,
+                    process_end_used: end.own,
                 })
             });
         }
@@ -202,15 +211,21 @@ impl Recorder {
     }
 }
 
-/// Why `--device cuda:N` cannot run here, if it cannot: the selftest skips its CUDA checks
-/// with this instead of failing.
-pub fn cuda_unavailable(n: u8) -> Option<String> {
+/// Why `--device cuda:N` cannot run here, if it cannot: no CUDA at all (the selftest skips
+/// its CUDA checks with this), or no such device (a bad flag).
+pub fn cuda_unavailable(n: u8) -> Option<Evidence> {
     let built = if capture::cuda_compiled() { "this build has CUDA support" } else { "this build's libtorch has no CUDA" };
+    let device = format!("cuda:{n}");
     if !tch::Cuda::is_available() {
-        return Some(format!("torch.cuda.is_available() is False ({built})"));
+        let why = format!("torch.cuda.is_available() is False ({built})");
+        return Some(Evidence { unavailable: Some(why), device, ..Evidence::default() });
     }
     let count = tch::Cuda::device_count();
-    (i64::from(n) >= count).then(|| format!("cuda:{n} asked for, but this machine has {count} CUDA device(s)"))
+    (i64::from(n) >= count).then(|| Evidence {
+        bad_device: Some(format!("--device {n}: this machine has {count} CUDA device(s), 0 to {}", count - 1)),
+        device,
+        ..Evidence::default()
+    })
 }
 
 pub fn write(path: &Path, ev: &Evidence) -> anyhow::Result<()> {

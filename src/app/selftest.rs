@@ -208,6 +208,10 @@ pub fn run(args: SelftestArgs) -> anyhow::Result<ExitCode> {
     let cpu = run_pass(DeviceChoice::Cpu, &scratch, "cpu")?;
     checks.extend(cpu_checks(&cpu));
     let gpu = run_pass(DeviceChoice::Cuda(args.device), &scratch, "cuda")?;
+    if let Some(bad) = gpu.evidence.as_ref().ok().and_then(|e| e.bad_device.clone()) {
+        let _ = std::fs::remove_dir_all(&scratch);
+        anyhow::bail!(bad);
+    }
     checks.extend(cuda_checks(&gpu, args.device));
     let (cpu_ev, gpu_ev) = (cpu.evidence.as_ref().ok(), gpu.evidence.as_ref().ok());
     let versions = Versions {

@@ -76,11 +76,7 @@ pub fn check(raw: &[RawRecord], stream: &[MemEvent], figures: &Figures) -> Outco
     for (i, e) in stream.iter().enumerate() {
         match e.action {
             Action::Alloc => out.alloc(i, e.addr, e.size),
-            Action::FreeRequested => {
-                if !out.free(i, e.addr) {
-                    out.ops.push((i, Op::StrayFree { addr: e.addr }));
-                }
-            }
+            Action::FreeRequested if !out.free(i, e.addr) => out.ops.push((i, Op::StrayFree { addr: e.addr })),
             Action::SegmentAlloc | Action::SegmentMap => reserved += e.size as i128,
             Action::SegmentFree | Action::SegmentUnmap => reserved -= e.size as i128,
             _ => {}

@@ -116,13 +116,18 @@ impl Results {
     }
 }
 
-/// Creates `path`'s temporary sibling and renames it into place.
+/// Writes `path`'s temporary sibling, syncs it and renames it into place: unlike snapshots
+/// (`snapshot::writer::save_atomic`), a report replaces the one a previous run wrote.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
     let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    written.and_then(|()| std::fs::rename(&tmp, path)).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
 }
@@ -158,6 +163,10 @@ mod tests {
         let back: Results = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(back, r);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+        // A second run's report replaces the first's.
+        let again = Results::new(vec![Outcome::Pass("y".into()).named("a")], Versions::default());
+        again.write_report(&path).unwrap();
+        assert_eq!(serde_json::from_str::<Results>(&std::fs::read_to_string(&path).unwrap()).unwrap(), again);
         assert!(r.write_report(&dir.path().join("missing/report.json")).is_err());
     }
 }

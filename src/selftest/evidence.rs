@@ -54,6 +54,8 @@ pub struct OomFigures {
 pub struct Evidence {
     /// Why the pass could not run (no CUDA device): its checks are skipped with this.
     pub unavailable: Option<String>,
+    /// `--device N` names a device this machine does not have: a bad flag.
+    pub bad_device: Option<String>,
     pub device: String,
     pub torch_version: Option<String>,
     pub cuda_version: Option<String>,
