@@ -144,10 +144,6 @@ fn device_name(cuda: u8) -> Option<String> {
 }
 
 impl Recorder {
-    pub fn fault(&self) -> Option<Fault> {
-        self.fault
-    }
-
     /// What the checks need, read now: call with the session drained at a step boundary.
     pub fn gather(&self, s: &mut Session, oom: Option<OomFigures>, dir: &Path) -> Evidence {
         s.drain();

@@ -13,16 +13,14 @@ use tch::{Device, Kind, Tensor};
 use vramscope::allocator::AllocatorConfig;
 use vramscope::event::{Category, Phase};
 use vramscope::producer::scopes::Scopes;
-use vramscope::producer::session::{between_steps, lock, Flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
+use vramscope::producer::session::{between_steps, lock, Capture, Flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
 use vramscope::producer::server::Server;
 use vramscope::producer::tracker::Backend;
 use vramscope::snapshot::model::Frame;
 use vramscope::source::launch::EngineOptions;
 use vramscope::step_config::{DeviceChoice, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
-use vramscope::stream::EngineInfo;
-
-use vramscope::producer::session::Capture;
 use vramscope::selftest::evidence::OomFigures;
+use vramscope::stream::EngineInfo;
 
 use crate::capture::{self, Shim};
 use crate::selftest::{self, Recorder};

@@ -223,24 +223,29 @@ pub fn oom(engine: Option<&OomFigures>, seen: &OomSeen) -> Outcome {
     ))
 }
 
+/// Recorded inputs for tests: a real PyTorch snapshot and the stream vramscope's tracker
+/// makes of its trace.
 #[cfg(test)]
-mod tests {
+pub(crate) mod recorded {
     use super::*;
     use crate::producer::raw::RawEvent;
     use crate::producer::tracker::{Backend, Tracker};
 
-    fn fixture(name: &str) -> Snapshot {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/snapshots").join(name);
-        crate::snapshot::read_snapshot_file(&path).expect("the fixture reads")
-    }
-
     /// `expandable_segments:True`, an `oom` on device 1: every block it ends with was
     /// allocated inside its trace, so its trace is the whole story, as in the engine.
-    const CONSTRUCTOR_SUN: &str = "Constructor-Sun_code_location_memory_snapshot.pickle";
+    pub const CONSTRUCTOR_SUN: &str = "Constructor-Sun_code_location_memory_snapshot.pickle";
+
+    pub fn fixture_path(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/snapshots").join(name)
+    }
+
+    pub fn fixture(name: &str) -> Snapshot {
+        crate::snapshot::read_snapshot_file(&fixture_path(name)).expect("the fixture reads")
+    }
 
     /// PyTorch's trace entries fed to vramscope's tracker as the shim's trace tracker hands
     /// them over: the stream the engine sends on CUDA.
-    fn tracker_stream(snap: &Snapshot, device: u8) -> Vec<MemEvent> {
+    pub fn tracker_stream(snap: &Snapshot, device: u8) -> Vec<MemEvent> {
         let mut t = Tracker::new(Backend::Cuda { device }, 1 << 20);
         let raw: Vec<RawEvent> = snap
             .trace(device as usize)
@@ -250,6 +255,12 @@ mod tests {
         t.ingest(&raw);
         t.take_batch(Vec::new()).events
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recorded::{fixture, tracker_stream, CONSTRUCTOR_SUN};
+    use super::*;
 
     fn fail(o: Outcome) -> String {
         match o {
