@@ -12,6 +12,7 @@ pub mod producer;
 pub mod record;
 pub mod render;
 pub mod report;
+pub mod selftest;
 pub mod snapshot;
 pub mod source;
 pub mod step_config;

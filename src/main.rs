@@ -60,6 +60,9 @@ enum Command {
     /// Replay a snapshot's trace under other allocator settings: peaks, fragmentation,
     /// and whether the request that ran out of memory would have fit.
     Whatif(vramscope::report::whatif::WhatifArgs),
+    /// Check the capture on this machine: a few steps recorded and compared with the
+    /// allocator's own figures (and PyTorch's own recorder on CUDA). Exit 1 on a mismatch.
+    Selftest(vramscope::app::selftest::SelftestArgs),
 }
 
 #[derive(Args, Clone)]
@@ -550,6 +553,7 @@ fn main() -> ExitCode {
         Some(Command::Estimate(a)) => estimate_cmd(a),
         Some(Command::Export(a)) => export_cmd(a),
         Some(Command::Whatif(a)) => vramscope::report::whatif::run(a).map(|()| ExitCode::SUCCESS),
+        Some(Command::Selftest(a)) => vramscope::app::selftest::run(a),
         None => run(cli.run),
     };
     match result {

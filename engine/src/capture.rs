@@ -33,6 +33,8 @@ extern "C" {
     fn vs_cuda_empty_cache() -> c_int;
     fn vs_cuda_snapshot(out: *mut *mut c_char, len: *mut usize) -> c_int;
     fn vs_free(p: *mut std::ffi::c_void);
+    fn vs_torch_version() -> *const c_char;
+    fn vs_cuda_version() -> *const c_char;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +105,19 @@ pub fn clear_grad(t: &tch::Tensor) {
 
 pub fn cuda_compiled() -> bool {
     unsafe { vs_cuda_compiled() == 1 }
+}
+
+/// The libtorch version the shim was built against.
+pub fn torch_version() -> String {
+    // SAFETY: a static NUL-terminated string.
+    unsafe { CStr::from_ptr(vs_torch_version()) }.to_string_lossy().into_owned()
+}
+
+/// The CUDA runtime version the shim was built against; None in a build without CUDA.
+pub fn cuda_version() -> Option<String> {
+    // SAFETY: a static NUL-terminated string.
+    let v = unsafe { CStr::from_ptr(vs_cuda_version()) }.to_string_lossy().into_owned();
+    (!v.is_empty()).then_some(v)
 }
 
 pub fn cuda_attach(history_entries: i64) -> Result<(), ShimError> {

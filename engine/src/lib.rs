@@ -5,4 +5,5 @@
 pub mod capture;
 pub mod model;
 pub mod optim;
+pub mod selftest;
 pub mod worker;

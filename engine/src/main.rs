@@ -57,6 +57,16 @@ fn serve(args: &Args) -> anyhow::Result<()> {
     let stop = server.stop_flag();
     signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
+    // The selftest's CUDA pass where that device is not: nothing to check, and the evidence
+    // says why (its checks are skipped, or the flag was bad).
+    if let (Some(path), vramscope::step_config::DeviceChoice::Cuda(n)) = (&opts.selftest, opts.device) {
+        if let Some(evidence) = vramscope_engine::selftest::cuda_unavailable(n) {
+            vramscope_engine::selftest::write(path, &evidence)?;
+            let mut server = server;
+            server.fail(evidence.unavailable.as_deref().or(evidence.bad_device.as_deref()).unwrap_or_default());
+            return Ok(());
+        }
+    }
     match worker::setup(&opts) {
         Ok(setup) => {
             worker::Worker::new(opts, setup, server, stop, log).run();

@@ -13,15 +13,17 @@ use tch::{Device, Kind, Tensor};
 use vramscope::allocator::AllocatorConfig;
 use vramscope::event::{Category, Phase};
 use vramscope::producer::scopes::Scopes;
-use vramscope::producer::session::{between_steps, lock, Flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
+use vramscope::producer::session::{between_steps, lock, Capture, Flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
 use vramscope::producer::server::Server;
 use vramscope::producer::tracker::Backend;
 use vramscope::snapshot::model::Frame;
 use vramscope::source::launch::EngineOptions;
 use vramscope::step_config::{DeviceChoice, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use vramscope::selftest::evidence::OomFigures;
 use vramscope::stream::EngineInfo;
 
 use crate::capture::{self, Shim};
+use crate::selftest::{self, Recorder};
 use crate::model::TransformerLm;
 use crate::optim::AdamW;
 
@@ -77,13 +79,22 @@ pub struct Worker {
     stop: Arc<AtomicBool>,
     /// What `leak_bytes_per_step` kept.
     leaked: Vec<Tensor>,
+    /// `vramscope selftest`: the evidence being kept, and how the forced OOM went.
+    selftest: Option<Recorder>,
+    forced_oom: Option<OomFigures>,
 }
+
+/// What the selftest's forced OOM asks for: 64 TiB, more than any device (or a 47-bit
+/// address space) holds.
+const FORCED_OOM_BYTES: i64 = 1 << 46;
 
 /// What must work before training can start: the device, the allocator settings, the
 /// capture hooks. Its failures are the run's own (a bad flag), said to the viewer.
 pub struct Setup {
     device: Device,
     backend: Backend,
+    /// The selftest's fault, checked before training starts.
+    fault: Option<selftest::Fault>,
 }
 
 pub fn setup(opts: &EngineOptions) -> anyhow::Result<Setup> {
@@ -93,20 +104,23 @@ pub fn setup(opts: &EngineOptions) -> anyhow::Result<Setup> {
     capture::install_cpu_allocator()?;
     capture::set_capture_enabled(opts.capture);
     capture::discard_pending();
+    let fault = if opts.selftest.is_some() { selftest::Fault::from_env()? } else { None };
     let backend = match device {
         Device::Cuda(n) => {
-            capture::cuda_attach(0)?;
+            // The selftest has PyTorch keep its own trace too, from the same moment.
+            let history = if opts.selftest.is_some() { vramscope::producer::tracker::RING_ENTRIES as i64 } else { 0 };
+            capture::cuda_attach(history)?;
             Backend::Cuda { device: n as u8 }
         }
         _ => Backend::Modelled(Box::new(vramscope::allocator::CachingAllocatorModel::new(alloc))),
     };
-    Ok(Setup { device, backend })
+    Ok(Setup { device, backend, fault })
 }
 
 impl Worker {
     /// Builds the model and the session on `server`.
     pub fn new(opts: EngineOptions, setup: Setup, server: Server, stop: Arc<AtomicBool>, log: vramscope::producer::server::Log) -> Worker {
-        let Setup { device, backend } = setup;
+        let Setup { device, backend, fault } = setup;
         let cuda = device.is_cuda();
         let note = (!cuda).then(|| {
             if capture::cuda_compiled() {
@@ -136,8 +150,23 @@ impl Worker {
         };
         let scopes = Arc::new(Scopes::new(Box::new(capture::set_scope)));
         let runner = Frame { name: "vramscope-engine step".into(), filename: "engine/src/worker.rs".into(), line: 0 };
+        let (capture, selftest): (Box<dyn Capture>, Option<Recorder>) = match opts.selftest {
+            Some(_) => {
+                let cuda = match device {
+                    Device::Cuda(n) => {
+                        // The CUDA context up before NVML's baseline, which counts it.
+                        tch::Cuda::synchronize(n as i64);
+                        Some(n as u8)
+                    }
+                    _ => None,
+                };
+                let (shim, recorder) = selftest::recording(fault, cuda);
+                (Box::new(shim), Some(recorder))
+            }
+            None => (Box::new(Shim), None),
+        };
         let session = Session::new(
-            Box::new(Shim),
+            capture,
             scopes.clone(),
             server,
             SessionOptions {
@@ -152,10 +181,15 @@ impl Worker {
             log,
         );
         let session = Arc::new(Mutex::new(session));
+        if opts.selftest.is_some() {
+            // The selftest's viewer must hear every event from the first, so it is let in
+            // before the model exists (others are let in with the live allocations at start).
+            lock(&session).flush();
+        }
         tch::manual_seed(opts.seed);
         lock(&session).capture_tags(0, Phase::Other);
         let model = TransformerLm::new(cfg.dims, cfg.ctx, device, &scopes);
-        let w = Worker { optim: AdamW::new(1e-3, 0.9, 0.999, 1e-8, 0.01), cfg, device, model, scopes, session, stop, leaked: Vec::new(), opts };
+        let w = Worker { optim: AdamW::new(1e-3, 0.9, 0.999, 1e-8, 0.01), cfg, device, model, scopes, session, stop, leaked: Vec::new(), selftest, forced_oom: None, opts };
         {
             let mut s = lock(&w.session);
             s.drain();
@@ -204,6 +238,13 @@ impl Worker {
             self.snapshot();
         }
         drop(flusher);
+        if let (Some(recorder), Some(path)) = (&self.selftest, &self.opts.selftest) {
+            let dir = path.parent().unwrap_or(std::path::Path::new("."));
+            let evidence = recorder.gather(&mut lock(&self.session), self.forced_oom.take(), dir);
+            if let Err(e) = selftest::write(path, &evidence) {
+                lock(&self.session).report(vramscope::stream::Report::Error(format!("selftest evidence: {e:#}")));
+            }
+        }
         lock(&self.session).finish();
     }
 
@@ -264,6 +305,9 @@ impl Worker {
             }
             Err(panic) => {
                 let msg = panic_message(&panic);
+                if let Some(f) = self.forced_oom.as_mut().filter(|f| f.error.is_none()) {
+                    f.error = Some(first_line(&msg));
+                }
                 // Whatever the failed step held was dropped during unwinding.
                 if self.device.is_cuda() {
                     let _ = capture::cuda_empty_cache();
@@ -290,6 +334,11 @@ impl Worker {
         let bf16 = cfg.precision == Precision::Bf16;
 
         self.enter_phase(Phase::Forward);
+        let step = lock(&self.session).step;
+        if self.opts.force_oom_at_step == Some(step) {
+            self.forced_oom = Some(OomFigures { step, requested: FORCED_OOM_BYTES as u64, error: None });
+            let _doomed = Tensor::empty([FORCED_OOM_BYTES / 4], (Kind::Float, self.device));
+        }
         if self.opts.leak_bytes_per_step > 0 {
             let _s = self.scopes.enter(self.scopes.intern("fault_injection.leak"));
             let n = self.opts.leak_bytes_per_step.div_ceil(4) as i64;

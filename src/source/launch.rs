@@ -33,6 +33,15 @@ pub struct EngineOptions {
     /// The caching-allocator settings of the modelled GPU on CPU (PYTORCH_CUDA_ALLOC_CONF's
     /// form); on CUDA, PyTorch reads the variable itself.
     pub alloc_conf: String,
+    /// `vramscope selftest`: the evidence file the engine writes at the end of the run (its
+    /// raw events, its allocator's figures; on CUDA PyTorch's own snapshot and NVML's
+    /// readings beside it). None for every other run.
+    #[serde(default)]
+    pub selftest: Option<PathBuf>,
+    /// The selftest's forced out-of-memory: this step's forward pass asks for more memory
+    /// than any device has.
+    #[serde(default)]
+    pub force_oom_at_step: Option<u64>,
 }
 
 impl EngineOptions {
@@ -49,6 +58,8 @@ impl EngineOptions {
             start_paused: false,
             leak_bytes_per_step: 0,
             alloc_conf: String::new(),
+            selftest: None,
+            force_oom_at_step: None,
         }
     }
 }

@@ -6,6 +6,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/headeronly/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -167,5 +168,8 @@ int vs_autocast(int device_type, bool enabled) {
 void vs_clear_grad(at::Tensor* t) { t->mutable_grad().reset(); }
 
 const char* vs_last_error() { return g_error.c_str(); }
+
+// The libtorch this shim was compiled against ("2.13.0"), for bug reports.
+const char* vs_torch_version() { return TORCH_VERSION; }
 
 }  // extern "C"

@@ -10,6 +10,7 @@
 #ifdef VS_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
+#include <cuda_runtime_api.h>
 
 namespace cca = c10::cuda::CUDACachingAllocator;
 #endif
@@ -31,6 +32,13 @@ void vs_free(void* p) { std::free(p); }
 #ifdef VS_WITH_CUDA
 
 int vs_cuda_compiled() { return 1; }
+
+// The CUDA runtime this shim was compiled against ("13.0"), for bug reports.
+const char* vs_cuda_version() {
+  static const std::string v =
+      std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+  return v.c_str();
+}
 
 // Starts forwarding the caching allocator's trace into the event buffer. With
 // `history_entries` > 0 PyTorch also keeps its own trace ring (for its snapshot).
@@ -94,6 +102,7 @@ static int no_cuda() {
   return -1;
 }
 int vs_cuda_compiled() { return 0; }
+const char* vs_cuda_version() { return ""; }
 int vs_cuda_attach(int64_t) { return no_cuda(); }
 int vs_cuda_stats(int, VsCudaStats*) { return no_cuda(); }
 int vs_cuda_reset_peaks(int) { return no_cuda(); }

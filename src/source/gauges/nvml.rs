@@ -252,6 +252,11 @@ impl NvmlQuery {
             last_util_us: vec![0; count as usize],
         })
     }
+
+    /// The driver's version, for bug reports.
+    pub fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
+    }
 }
 
 fn raw_processes(list: Result<Vec<ProcessInfo>, NvmlError>) -> Raw<Vec<RawProcess>> {

@@ -1,0 +1,230 @@
+//! The engine's side of `vramscope selftest`: a capture that keeps every raw event the shim
+//! hands over (and, asked to by `VRAMSCOPE_SELFTEST_FAULT`, spoils one on its way to the
+//! tracker, to show the checks catch it), NVML's readings, and the evidence file written at
+//! the end. The comparisons are the light crate's (`vramscope::selftest`).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use vramscope::event::Phase;
+use vramscope::producer::raw::{CudaStats, RawEvent, RAW_ALLOC, RAW_FREE};
+use vramscope::producer::session::{Capture, Session};
+use vramscope::producer::tracker::Backend;
+use vramscope::selftest::evidence::{Evidence, Figures, NvmlFigures, OomFigures, RawRecord};
+use vramscope::source::gauges::nvml::{DeviceQuery, NvmlQuery, RawDevice};
+
+use crate::capture::{self, Shim};
+
+/// A fault to inject, from `VRAMSCOPE_SELFTEST_FAULT`: `drop-free` loses the shim's 50th
+/// free on its way to the tracker, `alloc-size` adds 512 B to its 50th allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    DropFree,
+    AllocSize,
+}
+
+/// Which raw event the fault hits (late enough to be inside training).
+const FAULT_AT: usize = 50;
+
+impl Fault {
+    pub fn from_env() -> anyhow::Result<Option<Fault>> {
+        match std::env::var("VRAMSCOPE_SELFTEST_FAULT").ok().as_deref() {
+            None | Some("") => Ok(None),
+            Some("drop-free") => Ok(Some(Fault::DropFree)),
+            Some("alloc-size") => Ok(Some(Fault::AllocSize)),
+            Some(other) => anyhow::bail!("VRAMSCOPE_SELFTEST_FAULT={other}: expected drop-free or alloc-size"),
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Fault::DropFree => format!("drop-free: the shim's free #{FAULT_AT} never reaches the tracker"),
+            Fault::AllocSize => format!("alloc-size: the shim's allocation #{FAULT_AT} reaches the tracker 512 B larger"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Log {
+    raw: Vec<RawRecord>,
+    allocs: usize,
+    frees: usize,
+}
+
+/// The shim, with every drained event kept.
+pub struct RecordingShim {
+    log: Arc<Mutex<Log>>,
+    fault: Option<Fault>,
+}
+
+/// The evidence kept so far, shared with the loop.
+#[derive(Clone)]
+pub struct Recorder {
+    log: Arc<Mutex<Log>>,
+    fault: Option<Fault>,
+    /// NVML's reading and the allocator's reserved bytes before training (CUDA).
+    nvml_baseline: Option<Result<(NvmlReading, u64), String>>,
+}
+
+/// NVML's used bytes of the training device, and of this process where NVML lists it.
+#[derive(Clone, Copy)]
+struct NvmlReading {
+    index: u32,
+    used: u64,
+    own: Option<u64>,
+}
+
+pub fn recording(fault: Option<Fault>, cuda: Option<u8>) -> (RecordingShim, Recorder) {
+    let log = Arc::new(Mutex::new(Log::default()));
+    let nvml_baseline = cuda.map(|n| Ok((nvml_reading(n)?, Shim.cuda_stats(n)?.reserved)));
+    (RecordingShim { log: log.clone(), fault }, Recorder { log, fault, nvml_baseline })
+}
+
+impl Capture for RecordingShim {
+    fn now_ns(&self) -> u64 {
+        Shim.now_ns()
+    }
+
+    fn drain(&self, out: &mut Vec<RawEvent>) {
+        let start = out.len();
+        Shim.drain(out);
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spoiled = Vec::with_capacity(out.len() - start);
+        for e in out.drain(start..) {
+            log.raw.push(RawRecord { action: e.action, addr: e.addr, size: e.size, device: e.device });
+            let mut fed = Some(e);
+            if e.action == RAW_ALLOC {
+                log.allocs += 1;
+                if self.fault == Some(Fault::AllocSize) && log.allocs == FAULT_AT {
+                    fed = Some(RawEvent { size: e.size + 512, ..e });
+                }
+            } else if e.action == RAW_FREE {
+                log.frees += 1;
+                if self.fault == Some(Fault::DropFree) && log.frees == FAULT_AT {
+                    fed = None;
+                }
+            }
+            spoiled.extend(fed);
+        }
+        out.extend(spoiled);
+    }
+
+    fn set_tags(&self, step: u32, phase: Phase) {
+        Shim.set_tags(step, phase)
+    }
+
+    fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {
+        Shim.cuda_stats(device)
+    }
+
+    fn cuda_reset_peaks(&self, device: u8) -> Result<(), String> {
+        Shim.cuda_reset_peaks(device)
+    }
+
+    fn cuda_snapshot(&self) -> Result<Vec<u8>, String> {
+        Shim.cuda_snapshot()
+    }
+}
+
+/// NVML's device used bytes for CUDA device `cuda` (the device that lists this process,
+/// else the same index), and this process's own where listed.
+fn nvml_reading(cuda: u8) -> Result<NvmlReading, String> {
+    let mut q = NvmlQuery::open().map_err(|e| e.to_string())?;
+    let devices = q.read_devices().map_err(|e| e.to_string())?;
+    let pid = std::process::id();
+    let own = |d: &RawDevice| d.compute_processes.as_ref().ok().and_then(|ps| ps.iter().find(|p| p.pid == pid).map(|p| p.used_bytes));
+    let d = devices.iter().find(|d| own(d).is_some()).or_else(|| devices.iter().find(|d| d.index == u32::from(cuda))).ok_or("NVML does not list this device")?;
+    let used = d.memory.as_ref().map_err(|e| format!("NVML memory: {e}"))?.used;
+    Ok(NvmlReading { index: d.index, used, own: own(d).flatten() })
+}
+
+fn device_name(cuda: u8) -> Option<String> {
+    let mut q = NvmlQuery::open().ok()?;
+    q.read_devices().ok()?.into_iter().find(|d| d.index == u32::from(cuda))?.name.ok()
+}
+
+impl Recorder {
+    /// What the checks need, read now: call with the session drained at a step boundary.
+    pub fn gather(&self, s: &mut Session, oom: Option<OomFigures>, dir: &Path) -> Evidence {
+        s.drain();
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let t = &s.tracker;
+        let mut ev = Evidence {
+            device: s.info().device.clone(),
+            torch_version: Some(capture::torch_version()),
+            cuda_version: capture::cuda_version(),
+            fault: self.fault.map(Fault::describe),
+            raw: log.raw.clone(),
+            cut_seq: t.next_seq(),
+            figures: Figures {
+                active_bytes: t.active_bytes,
+                live_count: t.live_count() as u64,
+                allocated_bytes: t.allocated_bytes,
+                reserved_bytes: t.reserved_bytes,
+            },
+            oom,
+            ..Evidence::default()
+        };
+        if let Some(m) = t.model() {
+            let stats = m.stats();
+            ev.figures.allocated_bytes = stats.allocated_bytes;
+            ev.figures.reserved_bytes = stats.reserved_bytes;
+        }
+        if let Backend::Cuda { device } = *t.backend() {
+            ev.gpu_name = device_name(device);
+            match Shim.cuda_stats(device) {
+                Ok(c) => {
+                    ev.figures.allocated_bytes = c.allocated;
+                    ev.figures.reserved_bytes = c.reserved;
+                }
+                Err(e) => ev.pytorch_snapshot_error = Some(format!("the allocator's counters: {e}")),
+            }
+            match Shim.cuda_snapshot() {
+                Ok(bytes) => {
+                    let path = dir.join("pytorch_snapshot.pickle");
+                    match std::fs::write(&path, bytes) {
+                        Ok(()) => ev.pytorch_snapshot = Some(path),
+                        Err(e) => ev.pytorch_snapshot_error = Some(format!("{}: {e}", path.display())),
+                    }
+                }
+                Err(e) => ev.pytorch_snapshot_error = Some(e),
+            }
+            ev.nvml = self.nvml_baseline.clone().map(|base| {
+                let (baseline, baseline_reserved) = base?;
+                let end = nvml_reading(device)?;
+                Ok(NvmlFigures {
+                    index: baseline.index,
+                    baseline_used: baseline.used,
+                    baseline_reserved,
+                    end_used: end.used,
+                    end_reserved: ev.figures.reserved_bytes,
+                    process_baseline_used: baseline.own,
+                    process_end_used: end.own,
+                })
+            });
+        }
+        ev
+    }
+}
+
+/// Why `--device cuda:N` cannot run here, if it cannot: no CUDA at all (the selftest skips
+/// its CUDA checks with this), or no such device (a bad flag).
+pub fn cuda_unavailable(n: u8) -> Option<Evidence> {
+    let built = if capture::cuda_compiled() { "this build has CUDA support" } else { "this build's libtorch has no CUDA" };
+    let device = format!("cuda:{n}");
+    if !tch::Cuda::is_available() {
+        let why = format!("torch.cuda.is_available() is False ({built})");
+        return Some(Evidence { unavailable: Some(why), device, ..Evidence::default() });
+    }
+    let count = tch::Cuda::device_count();
+    (i64::from(n) >= count).then(|| Evidence {
+        bad_device: Some(format!("--device {n}: this machine has {count} CUDA device(s), 0 to {}", count - 1)),
+        device,
+        ..Evidence::default()
+    })
+}
+
+pub fn write(path: &Path, ev: &Evidence) -> anyhow::Result<()> {
+    let json = serde_json::to_vec(ev)?;
+    vramscope::selftest::check::write_atomic(path, &json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
