@@ -41,7 +41,7 @@ fn main() {
     let interval = cfg.interval;
 
     // Cost of one host sample in isolation, for reference.
-    let mut reader = HostReader::open().expect("host gauges");
+    let mut reader = HostReader::open(vramscope::source::gauges::Watched::default()).expect("host gauges");
     let n = 2000;
     let t = Instant::now();
     for _ in 0..n {

@@ -1,53 +1,59 @@
-//! Snapshot reader speed and memory against Python's C `pickle.load` and serde-pickle.
+//! Snapshot reading and `vramscope view --summary` against Python's C `pickle.load` of the
+//! same file, measured side by side, on each shape a real snapshot comes in:
 //!
-//! Generates (once, cached under target/bench-data/) a snapshot-shaped pickle of about
-//! 200 MB with Python: segments with blocks, ~1M trace entries whose frame dicts are
-//! shared through the memo, dumped with protocol 4 like `_dump_snapshot`. Then times
-//! each reader on it and measures our reader's peak RSS in a child process.
+//! - shared: a real CS336 training snapshot's trace (MAGMA27's fixture) repeated, each
+//!   entry's frames list shared with the others of its traceback, as PyTorch writes them;
+//! - unshared: the same with every entry's frames written out in full (a snapshot
+//!   rewritten by a script);
+//! - ring: the shared trace with a tenth of its allocations fallen out of the ring, so
+//!   frees of blocks allocated before the trace come all along it.
 //!
-//! Run: `LD_LIBRARY_PATH=$PWD/.libtorch/lib cargo bench --bench snapshot_read`
+//! Each shape at N and 4N entries (the growth check: 4x the entries costs at most 5x the
+//! time, on the CPU time of the summary, which a machine shared with other work
+//! disturbs less than wall time), and on the ring, each command's own work after the
+//! read: the timeline and summary, replay's conversion, diff and export. The files are
+//! generated once with Python under target/bench-data/.
+//!
+//! Run: `cargo bench --bench snapshot_read` (`-- N` for another N; default 375000).
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use vramscope::record::trace::trace_items;
+use vramscope::render::export::{render_svg, ExportOptions};
+use vramscope::report::snapshot_summary::summarize;
 use vramscope::snapshot::read_snapshot_file;
+use vramscope::snapshot::timeline::Timeline;
 
-const ENTRIES: usize = 1_000_000;
+const ENTRIES: usize = 375_000;
 
+/// `generator FIXTURE OUT SHAPE ENTRIES`.
 const GENERATOR: &str = r#"
-import pickle, random, sys
-random.seed(7)
-out, n = sys.argv[1], int(sys.argv[2])
-frames = [{'name': f'layer_{i}.forward', 'filename': f'/home/user/project/pkg/module_{i % 300}.py', 'line': (i * 37) % 2000}
-          for i in range(5000)]
-stacks = [random.sample(frames, random.randint(20, 40)) for _ in range(20000)]
-base = 0x7f0000000000
-segments = []
-for s in range(2000):
-    addr = base + s * (32 << 20)
-    blocks = [{'address': addr + b * (2 << 20), 'size': 2 << 20, 'requested_size': (2 << 20) - b,
-               'state': ('active_allocated', 'inactive', 'active_pending_free')[b % 3], 'frames': list(random.choice(stacks))}
-              for b in range(16)]
-    segments.append({'device': 0, 'address': addr, 'total_size': 32 << 20, 'allocated_size': 16 << 20,
-                     'active_size': 16 << 20, 'requested_size': 16 << 20, 'stream': 0, 'segment_type': 'large',
-                     'segment_pool_id': (0, 0), 'is_expandable': False, 'frames': list(random.choice(stacks)), 'blocks': blocks})
-actions = ('alloc', 'free_requested', 'free_completed')
-trace = []
-for i in range(n):
-    trace.append({'action': actions[i % 3], 'addr': base + random.randrange(1 << 36), 'size': random.randrange(1 << 24),
-                  'stream': 0, 'time_us': 1759252584402607 + i * 13, 'compile_context': '', 'user_metadata': '',
-                  'frames': list(random.choice(stacks))})
-settings = {'PYTORCH_CUDA_ALLOC_CONF': '', 'max_split_size': -1, 'garbage_collection_threshold': 0.0,
-            'expandable_segments': False, 'roundup_power2_divisions': {str(1 << k): 0 for k in range(16)}}
-snap = {'segments': segments, 'device_traces': [trace], 'allocator_settings': settings,
-        'external_annotations': [{'name': 'Optimizer.step#AdamW.step', 'stage': st, 'device': 0, 'time_us': 1759252584402607 + k}
-                                 for k, st in enumerate(['START', 'END'] * 500)]}
+import os, pickle, random, sys
+src, out, shape, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+random.seed(5)
+d = pickle.load(open(src, 'rb'))
+base = d['device_traces'][0]
+span = base[-1]['time_us'] - base[0]['time_us'] + 1
+trace, k = [], 0
+while len(trace) < n:
+    for e in base:
+        c = dict(e)  # the frames list stays shared, as PyTorch shares one per traceback
+        c['time_us'] = e['time_us'] + k * span
+        trace.append(c)
+    k += 1
+del trace[n:]
+if shape == 'unshared':
+    for e in trace:
+        e['frames'] = [dict(f) for f in e['frames']]
+elif shape == 'ring':
+    trace = [e for e in trace if not (e['action'] == 'alloc' and random.random() < 0.1)]
+d['device_traces'][0] = trace
 with open(out + '.tmp', 'wb') as f:
-    pickle.dump(snap, f, protocol=4)
-import os
+    pickle.dump(d, f, protocol=4)
 os.replace(out + '.tmp', out)
 "#;
 
@@ -66,19 +72,100 @@ fn best_of(n: usize, mut f: impl FnMut() -> f64) -> f64 {
     (0..n).map(|_| f()).fold(f64::INFINITY, f64::min)
 }
 
-/// Child mode: read once; report the process's RSS before, its peak after, and the
-/// seconds the read took. The bench binary links libtorch, whose libraries alone are
-/// a few hundred MB of RSS before any reading, so the reader's own peak is the difference.
+fn fixture() -> PathBuf {
+    common::root().join("../shared/fixtures/snapshots/MAGMA27_assignment2-systems_memory_snapshot.pickle")
+}
+
+fn file(shape: &str, entries: usize) -> PathBuf {
+    let dir = common::root().join("target/bench-data");
+    std::fs::create_dir_all(&dir).expect("create target/bench-data");
+    let path = dir.join(format!("magma27-{shape}-{entries}.pickle"));
+    if !path.exists() {
+        eprintln!("generating {} with Python...", path.display());
+        let st = Command::new(common::python()).args(["-c", GENERATOR]).arg(fixture()).arg(&path).arg(shape).arg(entries.to_string()).status().expect("run python");
+        assert!(st.success(), "generator failed");
+    }
+    path
+}
+
+/// What `vramscope view --summary --json` does, in this process: (wall, CPU) seconds.
+fn summary(path: &Path) -> (f64, f64) {
+    common::timed(|| {
+        let snap = read_snapshot_file(path).expect("read");
+        let device = snap.default_device();
+        let tl = Timeline::from_snapshot(&snap, device);
+        let s = summarize(&snap, &tl, device, 10);
+        serde_json::to_writer(std::io::sink(), &s).expect("json");
+        std::mem::forget((snap, tl));
+    })
+}
+
+/// Each command's own CPU seconds on a read snapshot: the timeline and summary,
+/// replay's conversion of the trace, diff against itself, and export's SVG.
+fn commands(path: &Path) -> [(&'static str, f64); 4] {
+    let snap = read_snapshot_file(path).expect("read");
+    let device = snap.default_device();
+    let best = |f: &dyn Fn()| (0..3).map(|_| common::timed(f).1).fold(f64::INFINITY, f64::min);
+    let summary = best(&|| {
+        let tl = Timeline::from_snapshot(&snap, device);
+        std::hint::black_box(summarize(&snap, &tl, device, 10));
+    });
+    let tl = Timeline::from_snapshot(&snap, device);
+    let replay = best(&|| drop(std::hint::black_box(trace_items(&snap))));
+    let diff = best(&|| drop(std::hint::black_box(vramscope::report::diff::diff((&snap, &tl, device), (&snap, &tl, device), 10))));
+    let o = ExportOptions { device, ..ExportOptions::default() };
+    let export = best(&|| drop(std::hint::black_box(render_svg(&snap, &o).expect("svg"))));
+    [("timeline + summary", summary), ("replay conversion", replay), ("diff", diff), ("export svg", export)]
+}
+
+/// The command itself, process start included.
+fn summary_command(path: &Path) -> f64 {
+    let t = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope")).args(["view", "--summary", "--json"]).arg(path).output().expect("vramscope");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    t.elapsed().as_secs_f64()
+}
+
+fn python_load(path: &Path, mode: &str) -> f64 {
+    let out = Command::new(common::python()).args(["-c", PY_LOAD]).arg(path).arg(mode).output().expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("python timing")
+}
+
+/// Child mode: read once; report the process's RSS before and its peak after. The bench
+/// binary links libtorch, whose libraries alone are a few hundred MB of RSS before any
+/// reading, so the reader's own peak is the difference.
 fn child(path: &Path) {
     let before = common::status_kib("VmRSS");
-    let t = Instant::now();
     let snap = read_snapshot_file(path).expect("read");
-    let secs = t.elapsed().as_secs_f64();
-    println!(
-        "{before} {} {secs} {}",
-        common::status_kib("VmHWM"),
-        snap.trace_entry_count()
-    );
+    println!("{before} {} {}", common::status_kib("VmHWM"), snap.trace_entry_count());
+}
+
+struct Row {
+    read: f64,
+    summary: f64,
+    summary_cpu: f64,
+    command: f64,
+    py_gc: f64,
+    py_nogc: f64,
+}
+
+fn measure(path: &Path) -> Row {
+    let read = best_of(3, || {
+        let t = Instant::now();
+        let snap = read_snapshot_file(path).expect("our reader");
+        assert!(snap.trace_entry_count() > 0);
+        t.elapsed().as_secs_f64()
+    });
+    let runs: Vec<(f64, f64)> = (0..3).map(|_| summary(path)).collect();
+    Row {
+        read,
+        summary: runs.iter().map(|r| r.0).fold(f64::INFINITY, f64::min),
+        summary_cpu: runs.iter().map(|r| r.1).fold(f64::INFINITY, f64::min),
+        command: best_of(3, || summary_command(path)),
+        py_gc: best_of(2, || python_load(path, "gc")),
+        py_nogc: best_of(2, || python_load(path, "nogc")),
+    }
 }
 
 fn main() {
@@ -86,100 +173,69 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--child-read") {
         return child(Path::new(&args[i + 1]));
     }
-    let path = common::generated(&format!("snapshot-{ENTRIES}.pickle"), GENERATOR, &ENTRIES.to_string());
-    let size = std::fs::metadata(&path).expect("data file").len();
-    let mb = size as f64 / 1e6;
-
-    let ours = best_of(3, || {
-        let t = Instant::now();
-        let snap = read_snapshot_file(&path).expect("our reader");
-        let s = t.elapsed().as_secs_f64();
-        assert!(snap.trace_entry_count() >= ENTRIES);
-        s
-    });
-
-    let py = |mode: &str| {
-        best_of(2, || {
-            let out = Command::new(common::python())
-                .args(["-c", PY_LOAD])
-                .arg(&path)
-                .arg(mode)
-                .output()
-                .expect("python");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
+    let n = args.iter().skip(1).find_map(|a| a.parse().ok()).unwrap_or(ENTRIES);
+    println!("snapshot_read: MAGMA27's trace repeated; ours best of 3, Python's pickle.load best of 2, all in this run");
+    println!(
+        "{:<9} {:>9} {:>7} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
+        "shape", "entries", "MB", "read s", "summary s", "cpu s", "command s", "py gc s", "py nogc s", "vs gc", "vs nogc", "cmd vs gc"
+    );
+    let mut growth = Vec::new();
+    for shape in ["shared", "unshared", "ring"] {
+        let mut summaries = Vec::new();
+        for entries in [n, 4 * n] {
+            let path = file(shape, entries);
+            let mb = std::fs::metadata(&path).expect("data file").len() as f64 / 1e6;
+            let r = measure(&path);
+            println!(
+                "{shape:<9} {entries:>9} {mb:>7.1} {:>8.3} {:>9.3} {:>8.3} {:>9.3} {:>9.3} {:>9.3} {:>9.2}x {:>9.2}x {:>9.2}x",
+                r.read,
+                r.summary,
+                r.summary_cpu,
+                r.command,
+                r.py_gc,
+                r.py_nogc,
+                r.py_gc / r.summary,
+                r.py_nogc / r.summary,
+                r.py_gc / r.command
             );
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse::<f64>()
-                .expect("python timing")
-        })
-    };
-    let py_gc = py("gc");
-    let py_nogc = py("nogc");
+            summaries.push(r.summary_cpu);
+        }
+        growth.push((shape, summaries[1] / summaries[0]));
+    }
+    println!("(vs gc / vs nogc: Python's pickle.load with the garbage collector on (the default) / off, over our in-process summary; cmd vs gc: over the whole `vramscope view --summary --json` command)");
 
     // serde-pickle stops with an error on snapshots (it refuses memo references to
     // shared containers); its time until then is still reported.
-    let bytes = std::fs::read(&path).expect("read");
+    let bytes = std::fs::read(file("shared", n)).expect("read");
     let t = Instant::now();
-    let serde_result =
-        serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).map(drop);
-    let serde = t.elapsed().as_secs_f64();
-    drop(bytes);
+    let result = serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).map(drop);
+    let secs = t.elapsed().as_secs_f64();
+    match result {
+        Ok(()) => println!("serde-pickle value_from_slice, shared {n}: {secs:.3} s"),
+        Err(e) => println!("serde-pickle value_from_slice, shared {n}: failed after {secs:.3} s: {e}"),
+    }
+    for (shape, g) in growth {
+        let verdict = if g <= 5.0 { "ok" } else { "OVER" };
+        println!("growth {shape}: 4x the entries took {g:.2}x the summary's CPU time (at most 5x): {verdict}");
+    }
+    let (small, large) = (commands(&file("ring", n)), commands(&file("ring", 4 * n)));
+    println!("ring, each command's CPU time after the read ({n} and {} entries):", 4 * n);
+    for ((what, a), (_, b)) in small.iter().zip(&large) {
+        let verdict = if b / a <= 5.0 { "ok" } else { "OVER" };
+        println!("  {what:<20} {a:>8.3} s {b:>8.3} s  {:>5.2}x (at most 5x): {verdict}", b / a);
+    }
 
-    let out = Command::new(std::env::current_exe().expect("exe"))
-        .arg("--child-read")
-        .arg(&path)
-        .output()
-        .expect("child");
-    let child_out = String::from_utf8_lossy(&out.stdout);
-    let kib: Vec<f64> = child_out
-        .split_whitespace()
-        .take(2)
-        .map(|s| s.parse().expect("child RSS"))
-        .collect();
+    let biggest = file("unshared", 4 * n);
+    let size = std::fs::metadata(&biggest).expect("data file").len() as f64;
+    let out = Command::new(std::env::current_exe().expect("exe")).arg("--child-read").arg(&biggest).output().expect("child");
+    let kib: Vec<f64> = String::from_utf8_lossy(&out.stdout).split_whitespace().take(2).map(|s| s.parse().expect("child RSS")).collect();
     let (before, peak) = (kib[0] * 1024.0, kib[1] * 1024.0);
-    let rss = peak - before;
-
     println!(
-        "snapshot_read: {} ({mb:.1} MB, {ENTRIES} trace entries)",
-        path.display()
-    );
-    println!(
-        "{:<34} {:>9} {:>10} {:>12}",
-        "reader", "seconds", "MB/s", "vs ours"
-    );
-    for (name, s) in [
-        ("vramscope read_snapshot_file", ours),
-        ("python pickle.load (gc on)", py_gc),
-        ("python pickle.load (gc off)", py_nogc),
-    ] {
-        println!("{name:<34} {s:>9.3} {:>10.1} {:>11.2}x", mb / s, s / ours);
-    }
-    match serde_result {
-        Ok(()) => println!(
-            "{:<34} {serde:>9.3} {:>10.1} {:>11.2}x",
-            "serde-pickle value_from_slice",
-            mb / serde,
-            serde / ours
-        ),
-        Err(e) => println!(
-            "{:<34} failed after {serde:.3} s: {e}",
-            "serde-pickle value_from_slice"
-        ),
-    }
-    println!(
-        "our peak RSS while reading: {:.1} MB = {:.2}x the file size (target <= 1.5x; process peak {:.1} MB, {:.1} MB before reading)",
-        rss / 1e6,
-        rss / size as f64,
+        "our peak RSS reading {}: {:.1} MB = {:.2}x the file size (process peak {:.1} MB, {:.1} MB before reading)",
+        biggest.file_name().unwrap().to_string_lossy(),
+        (peak - before) / 1e6,
+        (peak - before) / size,
         peak / 1e6,
         before / 1e6
-    );
-    println!(
-        "speed-up vs python gc on (the default): {:.2}x (target >= 3x); vs python gc off: {:.2}x",
-        py_gc / ours,
-        py_nogc / ours
     );
 }

@@ -5,7 +5,8 @@
 //! Generates (once, cached under target/bench-data/) a snapshot-shaped pickle with Python:
 //! 4000 segments, millions of trace entries whose allocs and frees pair up the way a
 //! training loop's do, and 20-40 frames per entry drawn from shared frame dicts. Each
-//! measurement runs in a fresh child process so VmHWM is that run's alone.
+//! measurement runs in a fresh child process so VmHWM is that run's alone. Python's
+//! `pickle.load` of the same file is timed in the same run, for the ratio.
 //!
 //! Run: `LD_LIBRARY_PATH=$PWD/.libtorch/lib cargo bench --bench view_first_frame`
 
@@ -109,6 +110,16 @@ fn child(path: &Path) {
     println!("{first_s} {first_entries} {full} {} {}", common::status_kib("VmHWM"), data.snap.trace_entry_count());
 }
 
+/// Seconds for one `pickle.load` (garbage collector on, as Python users run it),
+/// measured inside Python (interpreter start excluded).
+const PY_LOAD: &str = r#"
+import pickle, time, sys
+with open(sys.argv[1], 'rb') as f:
+    t = time.perf_counter()
+    pickle.load(f)
+    print(time.perf_counter() - t)
+"#;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--child") {
@@ -117,11 +128,18 @@ fn main() {
     let path = common::generated(&format!("view-{ENTRIES}.pickle"), GENERATOR, &ENTRIES.to_string());
     let size = std::fs::metadata(&path).expect("data file").len();
     println!("file: {} ({:.1} MB)", path.display(), size as f64 / 1e6);
-    println!("run  first_frame_s  entries_shown  loaded_frame_s  peak_rss_MB  entries");
+    println!("run  first_frame_s  entries_shown  loaded_frame_s  peak_rss_MB  rss/file  entries");
+    let mut loaded = f64::INFINITY;
     for run in 1..=3 {
         let out = Command::new(std::env::current_exe().unwrap()).arg("--child").arg(&path).output().expect("child");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let v: Vec<f64> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|x| x.parse().unwrap()).collect();
-        println!("{run}  {:.3}  {}  {:.3}  {:.1}  {}", v[0], v[1], v[2], v[3] / 1024.0, v[4]);
+        let rss = v[3] * 1024.0;
+        println!("{run}  {:.3}  {}  {:.3}  {:.1}  {:.2}x  {}", v[0], v[1], v[2], rss / 1e6, rss / size as f64, v[4]);
+        loaded = loaded.min(v[2]);
     }
+    let out = Command::new(common::python()).args(["-c", PY_LOAD]).arg(&path).output().expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let py: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("python timing");
+    println!("python pickle.load of the same file: {py:.3} s; the loaded viewer's first frame (best run) is {:.2}x faster", py / loaded);
 }

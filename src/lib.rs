@@ -7,6 +7,7 @@ pub mod app;
 pub mod channel;
 pub mod event;
 pub mod input;
+pub mod metrics;
 pub mod producer;
 pub mod record;
 pub mod render;

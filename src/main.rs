@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use vramscope::step_config::{
-    validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Precision, Preset,
+    validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::app::keys::KeyMap;
@@ -16,11 +16,9 @@ use vramscope::record::player::Script;
 use vramscope::record::writer::Recorder;
 use vramscope::source::job::Output;
 use vramscope::source::launch::{launch_engine, EngineOptions};
-use vramscope::stream::Incoming;
 use vramscope::render::theme::Theme;
 use vramscope::render::export::{self, ExportOptions};
 use vramscope::render::format::parse_bytes;
-use vramscope::report::growth::{self, LiveByOrigin};
 use vramscope::report::{estimate, fit, sweep};
 
 #[derive(Parser)]
@@ -136,9 +134,14 @@ struct ShapeArgs {
     /// forward (no grad) or train (forward, backward, optimizer step, zero_grad).
     #[arg(long, default_value = "train", value_parser = parse_mode)]
     mode: Mode,
-    /// naive (materialised scores, as CS336) or fused (scaled_dot_product_attention).
+    /// naive (the CS336 reference's: materialised scores, where-mask, three-step softmax)
+    /// or fused (scaled_dot_product_attention).
     #[arg(long, default_value = "naive", value_parser = parse_attention)]
     attention: Attention,
+    /// reference (the CS336 reference's AdamW: new moment tensors every step) or torch
+    /// (torch.optim.AdamW: moments updated in place).
+    #[arg(long, default_value = "reference", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
 }
 
 #[derive(Args, Clone)]
@@ -180,6 +183,9 @@ struct RunArgs {
     record: Option<PathBuf>,
     #[command(flatten)]
     alloc: AllocConfArgs,
+    /// Serve the run's figures to Prometheus at ADDR/metrics (PORT alone: loopback).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 /// The caching-allocator settings of the GPU that CPU runs model.
@@ -227,6 +233,9 @@ struct SweepArgs {
     /// Attention kinds (comma-separated): naive, fused.
     #[arg(long, default_value = "naive", value_delimiter = ',', value_parser = parse_attention)]
     attention: Vec<Attention>,
+    /// AdamW's allocation pattern for every configuration: reference or torch.
+    #[arg(long, default_value = "reference", value_parser = parse_optimizer)]
+    optimizer: Optimizer,
     /// Unmeasured steps before measuring each configuration.
     #[arg(long, default_value_t = 1)]
     warmup: u64,
@@ -266,6 +275,10 @@ struct EstimateArgs {
     /// The estimate as JSON.
     #[arg(long)]
     json: bool,
+    /// The peaks a CPU run of the engine measures (vramscope's modelled GPU): bf16 matmuls
+    /// and the loss's backward there make workspace copies a GPU does not.
+    #[arg(long)]
+    cpu: bool,
 }
 
 #[derive(Args)]
@@ -297,6 +310,9 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse()
 }
 fn parse_attention(s: &str) -> Result<Attention, String> {
+    s.parse()
+}
+fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
     s.parse()
 }
 fn parse_device(s: &str) -> Result<DeviceChoice, String> {
@@ -365,6 +381,7 @@ impl ShapeArgs {
             precision: self.precision,
             mode: self.mode,
             attention: self.attention,
+            optimizer: self.optimizer,
         })
     }
 }
@@ -389,48 +406,21 @@ impl RunArgs {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    // Bound before the engine starts, so a bad address or a taken port is said first.
+    let metrics = args.metrics.as_deref().map(vramscope::metrics::Metrics::serve).transpose()?;
     if args.headless {
         let opts = args.engine_options(Some(3))?;
-        let mut recorder = args.record.as_deref().map(Recorder::create).transpose()?;
-        let source = launch_engine(&opts, Output::Inherit).context("starting the training engine")?;
-        let mut out = std::io::stdout().lock();
-        let mut live = LiveByOrigin::default();
-        let items = std::iter::from_fn(|| source.next()).inspect(|(_, i)| {
-            if let Incoming::Batch(b) = i {
-                live.ingest(b);
-            }
-        });
-        let steps = match &mut recorder {
-            Some(r) => vramscope::report::headless::run(r.tee(items), args.json, &mut out),
-            None => vramscope::report::headless::run(items, args.json, &mut out),
-        };
-        // On an error the engine waits, paused: stop it either way.
-        source.send(&vramscope::stream::Control::Stop);
-        if source.wait_child(std::time::Duration::from_secs(60)).is_none() {
-            source.stop_child(std::time::Duration::from_secs(5));
-        }
-        if let Some(r) = recorder {
-            let s = r.finish()?;
-            eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
-        }
-        let steps = steps?;
         if let Some(last) = opts.snapshot_at.iter().filter(|s| **s >= opts.steps.unwrap_or(u64::MAX)).max() {
             anyhow::bail!("--snapshot-at {last}: the run has steps 0 to {} (steps count from 0)", opts.steps.unwrap_or(0).saturating_sub(1));
         }
-        if args.check_growth.is_some() {
-            anyhow::ensure!(steps.iter().all(|s| s.dropped_events == 0), "events were dropped: the growth check needs all of them");
-            let report = growth::check(&live.finish(), &steps);
-            std::io::Write::write_fmt(&mut out, format_args!("{report}"))?;
-            if !report.healthy() {
-                return Ok(ExitCode::from(1));
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
+        let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
+        let source = launch_engine(&opts, Output::Inherit).context("starting the training engine")?;
+        return vramscope::app::headless::headless(&source, recorder, metrics.as_ref(), args.json, args.check_growth.is_some());
     }
     anyhow::ensure!(!args.json, "--json needs --headless");
     let screen = args.screen.load()?;
     let engine = args.engine_options(None)?;
-    vramscope::app::live::run(LiveOptions { engine, screen, record: args.record })?;
+    vramscope::app::live::run(LiveOptions { engine, screen, record: args.record, metrics })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -449,6 +439,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
                 precision: a.precision[0],
                 mode: a.mode[0],
                 attention: a.attention[0],
+                optimizer: a.optimizer,
             })
         })
         .collect::<anyhow::Result<Vec<StepConfig>>>()?;
@@ -489,7 +480,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
 
 fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.shape.step_config()?;
-    let e = estimate::estimate(&cfg);
+    let e = estimate::estimate_on(&cfg, a.cpu);
     let fit = a.gpu_mem.map(|b| estimate::fit_in(&cfg, b));
     if a.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "estimate": e, "fit": fit }))?);
@@ -501,7 +492,7 @@ fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
 
 fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
     let snap = vramscope::snapshot::read_snapshot_file(&a.snapshot).with_context(|| a.snapshot.display().to_string())?;
-    let device = a.device.unwrap_or_else(|| snap.first_traced_device());
+    let device = a.device.unwrap_or_else(|| snap.default_device());
     let o = ExportOptions { width: a.width, height: a.height, device, title: a.title };
     let path = export::export(&snap, &a.output, &o)?;
     println!("wrote {}", path.display());
@@ -567,6 +558,8 @@ fn main() -> ExitCode {
         Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
             ExitCode::SUCCESS
         }
+        // Said already, line by line, as it happened.
+        Err(e) if e.downcast_ref::<vramscope::report::headless::Failed>().is_some() => ExitCode::from(2),
         Err(e) => {
             eprintln!("vramscope: {e:#}");
             ExitCode::from(2)

@@ -112,6 +112,15 @@ macro_rules! choice_enum {
 choice_enum!(Precision, "precision", { Fp32 => "fp32", Bf16 => "bf16" });
 choice_enum!(Mode, "mode", { Forward => "forward", Train => "train" });
 choice_enum!(Attention, "attention", { Naive => "naive", Fused => "fused" });
+// `reference`: the CS336 reference's AdamW (new moment tensors every step); `torch`:
+// torch.optim.AdamW's (moments updated in place).
+choice_enum!(Optimizer, "optimizer", { Reference => "reference", Torch => "torch" });
+
+impl Default for Optimizer {
+    fn default() -> Self {
+        Optimizer::Reference
+    }
+}
 
 /// Where the engine trains: `auto` (the first CUDA device if there is one, else the CPU),
 /// `cpu`, or a CUDA device by its ordinal (`cuda` is `cuda:0`).
@@ -210,6 +219,10 @@ pub struct StepConfig {
     pub precision: Precision,
     pub mode: Mode,
     pub attention: Attention,
+    /// Configurations recorded before the optimizer was a knob ran `torch`'s pattern, but
+    /// read as today's default; the recording's steps say what ran.
+    #[serde(default)]
+    pub optimizer: Optimizer,
 }
 
 impl StepConfig {
@@ -227,6 +240,7 @@ pub fn apply_knob(c: &mut StepConfig, name: &str, value: &str) {
         "batch" => c.batch = value.parse().unwrap_or(c.batch),
         "mode" => c.mode = value.parse().unwrap_or(c.mode),
         "attention" => c.attention = value.parse().unwrap_or(c.attention),
+        "optimizer" => c.optimizer = value.parse().unwrap_or(c.optimizer),
         _ => {}
     }
 }
@@ -240,6 +254,7 @@ impl StepConfig {
             ("batch", self.batch.to_string()),
             ("mode", self.mode.to_string()),
             ("attention", self.attention.to_string()),
+            ("optimizer", self.optimizer.to_string()),
         ]
         .into_iter()
         .map(|(name, value)| crate::stream::Knob { name: name.into(), value })

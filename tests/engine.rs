@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use common::*;
 use vramscope::event::{Action, Category, Phase};
 use vramscope::store::Store;
-use vramscope::step_config::{Attention, Mode, Precision};
+use vramscope::step_config::{Attention, Mode, Optimizer, Precision};
 use vramscope::stream::{Control, Incoming, Report};
 
 /// Feeds a run into a store, the way the live screen does.
@@ -79,8 +79,11 @@ fn forward_only_steps_make_no_gradients_or_optimizer_state() {
 }
 
 #[test]
-fn the_second_full_step_allocates_no_new_optimizer_state() {
-    let run = run(options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 3));
+fn the_second_full_step_allocates_no_new_optimizer_state_with_torchs_adamw() {
+    // torch.optim.AdamW's pattern; the reference's AdamW makes new moments every step.
+    let mut cfg = tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive);
+    cfg.optimizer = Optimizer::Torch;
+    let run = run(options(cfg, 3));
     let mut state_by_step: HashMap<u32, u64> = HashMap::new();
     let mut state_addrs = HashMap::new();
     for b in &run.batches {

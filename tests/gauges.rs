@@ -7,7 +7,7 @@ use crossbeam_channel::{bounded, Receiver};
 use vramscope::source::gauges::{
     open_reader, spawn_gauges, spawn_gauges_with, GaugeBatch, GaugeConfig, GaugeHistory,
     GaugeReader, Gauges, Metric, NvmlQuery, NvmlReader, OpenedSource, RawDevice, RawError,
-    RecordedQuery, SourceKind, SourceStatus,
+    RecordedQuery, SourceKind, SourceStatus, Watched,
 };
 
 const GIB: u64 = 1 << 30;
@@ -21,6 +21,7 @@ fn cfg(interval_ms: u64) -> GaugeConfig {
     GaugeConfig {
         interval: Duration::from_millis(interval_ms),
         origin: Instant::now(),
+        job: Watched::default(),
     }
 }
 
@@ -33,7 +34,7 @@ fn without_nvml_the_host_source_is_chosen_and_says_why() {
             if msg.contains("cannot open shared object file") {
                 assert!(msg.contains("libnvidia-ml.so.1"), "{msg}");
             }
-            let (reader, status) = open_reader();
+            let (reader, status) = open_reader(&Watched::default());
             assert_eq!(
                 status,
                 SourceStatus {
@@ -44,7 +45,7 @@ fn without_nvml_the_host_source_is_chosen_and_says_why() {
             assert!(matches!(reader.unwrap().sample(), Ok(Gauges::Host(_))));
         }
         // On a GPU machine the same call must pick NVML.
-        Ok(_) => assert_eq!(open_reader().1.kind, SourceKind::Nvml),
+        Ok(_) => assert_eq!(open_reader(&Watched::default()).1.kind, SourceKind::Nvml),
     }
 }
 
@@ -97,7 +98,7 @@ fn device(used_gib: u64, temp: Result<u32, RawError>) -> RawDevice {
 /// Opens a recording as if NVML had started.
 fn recorded(frames: Vec<Result<Vec<RawDevice>, RawError>>) -> impl FnOnce() -> OpenedSource + Send {
     move || {
-        let reader = NvmlReader::new(RecordedQuery::new(frames), 1);
+        let reader = NvmlReader::new(RecordedQuery::new(frames), Watched::of(&[1]));
         let status = SourceStatus {
             kind: SourceKind::Nvml,
             reason: None,
@@ -203,7 +204,7 @@ fn a_full_channel_drops_batches_and_history_counts_the_gap() {
 fn history_keeps_only_its_capacity() {
     let mut history = GaugeHistory::new(3, 0);
     let frames: Vec<_> = (1..=5).map(|g| Ok(vec![device(g, Ok(30))])).collect();
-    let mut reader = NvmlReader::new(RecordedQuery::new(frames), 1);
+    let mut reader = NvmlReader::new(RecordedQuery::new(frames), Watched::of(&[1]));
     for seq in 0..5 {
         history.ingest(GaugeBatch {
             first_seq: seq,

@@ -36,7 +36,7 @@ const PARAMS: [&str; 8] = [
 ];
 
 fn config(ctx: i64, precision: Precision) -> StepConfig {
-    StepConfig { model_name: "tiny".into(), dims: Preset::Tiny.dims(), ctx, batch: 4, precision, mode: Mode::Train, attention: Attention::Naive }
+    StepConfig { model_name: "tiny".into(), dims: Preset::Tiny.dims(), ctx, batch: 4, precision, mode: Mode::Train, attention: Attention::Naive, optimizer: Default::default() }
 }
 
 /// Two training steps' worth of events: parameters, forward activations that backward

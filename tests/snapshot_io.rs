@@ -433,7 +433,9 @@ fn rejects_malformed_input() {
     assert!(err(b"\x80\x04e.").contains("needs a MARK"));
     assert!(err(b"\x80\x04K\x01K\x02a.").contains("expected a list"));
     assert!(err(b"\x80\x04}\x8c\x01a\x8c\x01bs.").contains("no `segments`"));
-    assert!(err(b"\x80\x04].").contains("top-level value is not a dict"));
+    // A bare list is a list of segments (what `torch.cuda.memory_snapshot()` returns).
+    assert!(err(b"\x80\x04K\x01.").contains("the top-level value is an integer"));
+    assert!(err(b"\x80\x04]K\x01a.").contains("element 0 of `segments` is an integer, not a segment"));
     assert!(err(b"\x80\x04\x8f.").contains("EMPTY_SET"));
     assert!(err(b"\x80\x05\x97.").contains("NEXT_BUFFER"));
     // A cycle: a list appended to itself, then used as the trace list.
@@ -558,7 +560,7 @@ for i in range(3000):
     e = {'action': ['alloc', 'free_requested', 'free_completed', 'segment_alloc'][i % 4],
          'addr': 0x7f0000000000 + 512 * i, 'size': 512 + i, 'stream': 0, 'time_us': 1759252584402607 + i,
          'frames': fr[i % 40:i % 40 + 25]}
-    k = i % 12
+    k = i % 16
     if k == 0: e['frames'] = []
     elif k == 1: e['frames'] = [fr[i % 1500]]
     elif k == 2: e['frames'] = fr[:1200]
@@ -571,6 +573,11 @@ for i in range(3000):
     elif k == 9: e['user_metadata'] = 'ünï ' + str(i) * 100
     elif k == 10: e['frames'] = None
     elif k == 11: e = {'time_us': 5, 'frames': fr[::100], 'size': 2**40 + i, 'action': 'alloc', 'addr': i}
+    # Frames written out in the entry (a rewritten snapshot), one of them twice.
+    elif k == 12: e['frames'] = [dict(f) for f in fr[i % 40:i % 40 + 25]]
+    elif k == 13: d = dict(fr[i % 1500]); e['frames'] = [d, dict(fr[7]), d]; e['pool_id'] = (1, i % 3)
+    elif k == 14: e['frames'] = [dict(fr[3], fx_node_op='call_function', fx_node_name='mm')]
+    elif k == 15: e['pool_id'] = [2, 5]
     trace.append(e)
 snap = {'segments': [], 'device_traces': [trace, trace[:0]]}
 for proto, path in ((4, out), (2, out + '.p2')):
@@ -579,7 +586,7 @@ for proto, path in ((4, out), (2, out + '.p2')):
 def row(e):
     return [e['action'], e['addr'], e['size'], int(e.get('stream', 0)), e['time_us'],
             [[f['name'], f['filename'], f['line']] for f in (e['frames'] or [])],
-            e.get('category'), e.get('compile_context'), e.get('user_metadata')]
+            e.get('category'), e.get('compile_context'), e.get('user_metadata'), list(e.get('pool_id', (0, 0)))]
 print(json.dumps([[row(e) for e in t] for t in snap['device_traces']]))
 "#;
 
@@ -593,11 +600,14 @@ fn every_trace_entry_shape_reads_as_python_reads_it() {
         let ours: Vec<Vec<serde_json::Value>> = snap
             .device_traces
             .iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(d, t)| {
                 t.iter()
-                    .map(|e| {
+                    .enumerate()
+                    .map(|(i, e)| {
                         let frames: Vec<_> = snap.stack(e.frames).map(|f| serde_json::json!([f.name, f.filename, f.line])).collect();
-                        serde_json::json!([e.action.as_str(), e.addr, e.size, e.stream, e.time_us, frames, e.category, e.compile_context, e.user_metadata])
+                        let pool = snap.entry_pool(d, i);
+                        serde_json::json!([e.action.as_str(), e.addr, e.size, e.stream, e.time_us, frames, e.category, e.compile_context, e.user_metadata, [pool.0, pool.1]])
                     })
                     .collect()
             })

@@ -61,9 +61,9 @@ print(json.dumps({
     'peak_reserved_bytes': peak_reserved,
     'reserved_bytes': reserved,
     'allocated_bytes': allocated,
-    'segments': len(d['segments']),
-    'blocks': sum(len(s['blocks']) for s in d['segments']),
-    'trace_entries': sum(len(t) for t in d['device_traces']),
+    'segments': len(segs),
+    'blocks': sum(len(s['blocks']) for s in segs),
+    'trace_entries': len(trace),
     'inactive_bytes': sum(free),
     'largest_free_block': max(free, default=0),
     'fragmentation': 1 - allocated / reserved if reserved else 0.0,
@@ -113,7 +113,7 @@ fn bad_files_give_one_line_and_exit_2() {
         ("empty", b""),
         ("text", b"hello, not a snapshot\n"),
         ("truncated", &full[..full.len() / 2]),
-        ("list", b"\x80\x04]\x94."),
+        ("list", b"\x80\x04]\x94K\x01a."),
     ];
     for (name, bytes) in cases {
         let p = dir.path().join(name);
@@ -275,7 +275,7 @@ fn view_while_loading() {
     for u in [
         LoadUpdate::Progress { pass: ReadPass::Decode, done: 180_000, total: 495_064 },
         LoadUpdate::Device(0),
-        LoadUpdate::Segments(segment_stats(&snap.segments, 0).1),
+        LoadUpdate::Segments(segment_stats(snap.device_segments(0)).1),
         LoadUpdate::Events(snap.device_traces[0][..2500].iter().map(|e| (e.action, e.addr, e.size, 0)).collect(), vec!["unknown".into()]),
     ] {
         assert!(loading.apply(u).is_none());

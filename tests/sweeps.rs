@@ -8,7 +8,7 @@ use common::vramscope;
 use assert_cmd::Command;
 use serde_json::Value;
 
-use vramscope::report::estimate::estimate;
+use vramscope::report::estimate::estimate_on;
 use vramscope::step_config::{Attention, Mode, Precision};
 
 fn stdout(cmd: &mut Command) -> String {
@@ -82,7 +82,7 @@ fn the_markdown_table_and_snapshots_per_configuration() {
     assert!(lines[2].starts_with("| tiny | 16 | 1 | fp32 | train | naive |") && lines[2].contains("MiB"), "{out}");
     let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
-    assert_eq!(names, ["tiny_ctx16_b1_fp32_train_naive.pickle", "tiny_ctx16_b2_fp32_train_naive.pickle"]);
+    assert_eq!(names, ["tiny_ctx16_b1_fp32_train_naive_reference.pickle", "tiny_ctx16_b2_fp32_train_naive_reference.pickle"]);
     vramscope::snapshot::read_snapshot_file(&dir.path().join(&names[0])).expect("the snapshot reads back");
     // CSV: one header and a row per configuration, bytes as integers.
     let csv = stdout(vramscope().args(["sweep", "--device", "cpu", "--ctx", "16", "--batch", "1", "--warmup", "0", "--steps", "1", "--format", "csv"]));
@@ -119,7 +119,7 @@ fn the_estimate_matches_measured_cpu_peaks() {
     ];
     for (mode, precision, attention, tol) in cases {
         let cfg = common::tiny(128, 2, mode, precision, attention);
-        let e = estimate(&cfg);
+        let e = estimate_on(&cfg, true);
         let run = common::run(common::options(cfg, 2));
         // Step 1 is the steady state (AdamW moments exist).
         let step = run.steps()[1].clone();
@@ -147,7 +147,7 @@ fn estimate_2_7b_prints_the_hand_arithmetic_and_the_fit() {
         "parameters (3406809600 × 4 B)",
         "(16 B per parameter)",
         "4 × 512 × 2560 × 4 B = 20971520 B = 20.0 MiB",
-        "attention probabilities softmax(QKᵀ/√d) | [4, 32, 512, 512] fp32 | 128 MiB",
+        "softmax: exponentiated_rescaled_input / torch.sum(…) | [4, 32, 512, 512] fp32 | 128 MiB",
         "| fp32 |",
         "| bf16 |",
         "In 80.0 GiB (train mode, fp32): fits",
@@ -195,10 +195,10 @@ fn export_draws_a_fixture_snapshot_as_svg_and_png() {
 fn export_shades_the_phases_of_a_vramscope_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     stdout(vramscope().args(["sweep", "--device", "cpu", "--ctx", "32", "--batch", "2", "--warmup", "1", "--steps", "1", "--images"]).arg(dir.path()));
-    let png = dir.path().join("tiny_ctx32_b2_fp32_train_naive.png");
+    let png = dir.path().join("tiny_ctx32_b2_fp32_train_naive_reference.png");
     let data = std::fs::read(&png).unwrap_or_else(|e| panic!("{}: {e}", png.display()));
     assert_eq!(png_size(&data), (1200, 600));
-    let snap = dir.path().join("tiny_ctx32_b2_fp32_train_naive.pickle");
+    let snap = dir.path().join("tiny_ctx32_b2_fp32_train_naive_reference.pickle");
     let svg = dir.path().join("t.svg");
     vramscope().arg("export").arg(&snap).arg("-o").arg(&svg).assert().success();
     let text = std::fs::read_to_string(&svg).unwrap();

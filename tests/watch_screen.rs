@@ -63,7 +63,7 @@ fn nvml_state(gpus: u32, selected: u32) -> WatchState {
     let frames = (0..SAMPLES)
         .map(|k| Ok((0..gpus).map(|i| reading(i, k)).collect()))
         .collect();
-    let mut reader = NvmlReader::new(RecordedQuery::new(frames), SELF_PID);
+    let mut reader = NvmlReader::new(RecordedQuery::new(frames), vramscope::source::gauges::Watched::of(&[SELF_PID]));
     let samples = (0..SAMPLES)
         .map(|k| GaugeSample {
             t_ns: k * INTERVAL_NS,

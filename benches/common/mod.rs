@@ -18,6 +18,7 @@ pub fn cpu_train(preset: Preset, ctx: i64, batch: i64, steps: u64) -> EngineOpti
         precision: Precision::Fp32,
         mode: Mode::Train,
         attention: Attention::Naive,
+        optimizer: Default::default(),
     };
     let mut o = EngineOptions::new(cfg);
     o.device = DeviceChoice::Cpu;
@@ -45,6 +46,22 @@ pub fn generated(name: &str, generator: &str, arg: &str) -> PathBuf {
         assert!(st.success(), "generator failed");
     }
     path
+}
+
+/// CPU seconds of this thread: on a machine shared with other work, less disturbed
+/// than wall time.
+pub fn cpu_seconds() -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// (wall, CPU) seconds of `f`.
+pub fn timed(f: impl FnOnce()) -> (f64, f64) {
+    let (t, c) = (std::time::Instant::now(), cpu_seconds());
+    f();
+    (t.elapsed().as_secs_f64(), cpu_seconds() - c)
 }
 
 /// A `/proc/self/status` field in KiB (`VmHWM`: peak RSS, `VmRSS`: current).

@@ -13,7 +13,7 @@ use tch::{Device, Kind, Tensor};
 use vramscope::allocator::AllocatorConfig;
 use vramscope::event::{Category, Phase};
 use vramscope::producer::scopes::Scopes;
-use vramscope::producer::session::{between_steps, lock, spawn_flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
+use vramscope::producer::session::{between_steps, lock, Flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
 use vramscope::producer::server::Server;
 use vramscope::producer::tracker::Backend;
 use vramscope::snapshot::model::Frame;
@@ -154,7 +154,7 @@ impl Worker {
         let session = Arc::new(Mutex::new(session));
         tch::manual_seed(opts.seed);
         lock(&session).capture_tags(0, Phase::Other);
-        let model = TransformerLm::new(cfg.dims, device, &scopes);
+        let model = TransformerLm::new(cfg.dims, cfg.ctx, device, &scopes);
         let w = Worker { optim: AdamW::new(1e-3, 0.9, 0.999, 1e-8, 0.01), cfg, device, model, scopes, session, stop, leaked: Vec::new(), opts };
         {
             let mut s = lock(&w.session);
@@ -178,7 +178,7 @@ impl Worker {
     }
 
     pub fn run(&mut self) {
-        spawn_flusher(&self.session);
+        let flusher = Flusher::spawn(&self.session);
         loop {
             if self.stop.load(Ordering::SeqCst) {
                 break;
@@ -203,13 +203,14 @@ impl Worker {
         if lock(&self.session).take_snapshot_request() {
             self.snapshot();
         }
+        drop(flusher);
         lock(&self.session).finish();
     }
 
     fn snapshot(&mut self) {
         let c = &self.cfg;
         let step = lock(&self.session).step;
-        let name = format!("{}_ctx{}_{}_{}_step{step}.pickle", c.model_name, c.ctx, c.precision, c.mode);
+        let name = format!("{}_ctx{}_{}_{}_{}_{}_step{step}.pickle", c.model_name, c.ctx, c.precision, c.mode, c.attention, c.optimizer);
         lock(&self.session).snapshot(&name);
     }
 
@@ -223,7 +224,8 @@ impl Worker {
             "batch" => c.batch = value.parse::<i64>().map_err(|e| bad(e.to_string()))?.clamp(1, MAX_BATCH),
             "mode" => c.mode = value.parse().map_err(bad)?,
             "attention" => c.attention = value.parse().map_err(bad)?,
-            _ => return Err(format!("vramscope's model has no knob '{name}' (it has precision, ctx, batch, mode, attention)")),
+            "optimizer" => c.optimizer = value.parse().map_err(bad)?,
+            _ => return Err(format!("vramscope's model has no knob '{name}' (it has precision, ctx, batch, mode, attention, optimizer)")),
         }
         Ok(c.knobs().into_iter().find(|k| k.name == name).map(|k| k.value).unwrap_or_default())
     }
@@ -293,12 +295,15 @@ impl Worker {
             let n = self.opts.leak_bytes_per_step.div_ceil(4) as i64;
             self.leaked.push(Tensor::zeros([n], (Kind::Float, self.device)));
         }
+        // As `loss = cross_entropy(model(tokens), targets)` under autocast: the logits die
+        // with the expression, before the region's weight copies are released.
         let forward = |model: &TransformerLm, scopes: &Scopes| {
             if bf16 {
                 capture::autocast(cuda, true).expect("enable autocast");
             }
             let logits = model.forward(&tokens, cfg.attention, scopes);
-            let loss = logits.view([-1, cfg.dims.vocab]).cross_entropy_for_logits(&targets.view([-1]));
+            let loss = crate::model::cross_entropy(&logits, &targets);
+            drop(logits);
             if bf16 {
                 capture::autocast(cuda, false).expect("disable autocast");
             }
@@ -324,12 +329,12 @@ impl Worker {
             }
 
             self.enter_phase(Phase::Optimizer);
-            tch::no_grad(|| self.optim.step(&self.model.parameters()));
+            tch::no_grad(|| self.optim.step(&self.model.parameters(), cfg.optimizer));
             {
                 let mut s = lock(&self.session);
                 s.drain();
                 let names: Vec<String> = self.model.named_parameters().into_iter().map(|(n, _)| n).collect();
-                for (i, (m, v)) in self.optim.state_ptrs().into_iter().enumerate() {
+                for (i, m, v) in self.optim.state_ptrs() {
                     let name = names.get(i).map(String::as_str).unwrap_or("?");
                     s.tag(m, Category::OptimizerState, Some(&format!("exp_avg of {name}")));
                     s.tag(v, Category::OptimizerState, Some(&format!("exp_avg_sq of {name}")));

@@ -3,25 +3,16 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-
-#[allow(dead_code)]
-#[path = "../../src/snapshot/model.rs"]
-mod model;
-#[allow(dead_code)]
-#[path = "../../src/snapshot/reader.rs"]
-mod reader;
-#[allow(dead_code)]
-#[path = "../../src/snapshot/writer.rs"]
-mod writer;
+use vramscope::snapshot::{read_snapshot as read, writer};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(snap) = reader::read_snapshot(data) else {
+    let Ok(snap) = read(data) else {
         return;
     };
     let mut first = Vec::new();
     writer::write_snapshot(&snap, &mut first)
         .expect("a snapshot the reader built must be writable");
-    let again = reader::read_snapshot(&first).expect("the writer's output must read back");
+    let again = read(&first).expect("the writer's output must read back");
     let mut second = Vec::new();
     writer::write_snapshot(&again, &mut second).expect("rewrite");
     assert!(

@@ -21,7 +21,7 @@ use vramscope::event::{Category, Phase};
 use vramscope::producer::raw::{CudaStats, RawEvent};
 use vramscope::producer::scopes::Scopes;
 use vramscope::producer::server::{Listen, Log, Server};
-use vramscope::producer::session::{between_steps, lock, spawn_flusher, Boundary, Capture, Session, SessionOptions, Shared, StepEnd};
+use vramscope::producer::session::{between_steps, lock, Flusher, Boundary, Capture, Session, SessionOptions, Shared, StepEnd};
 use vramscope::producer::tracker::Backend;
 use vramscope::snapshot::model::Frame;
 use vramscope::step_config::{Mode, Precision};
@@ -177,6 +177,8 @@ enum KnobKind {
 
 struct Core {
     session: Shared,
+    /// Stopped before the session finishes (see `Flusher`).
+    flusher: Flusher,
     scopes: Arc<Scopes>,
     knobs: HashMap<String, KnobKind>,
     name: String,
@@ -283,9 +285,9 @@ fn start(cfg: Config) -> Result<Core, String> {
     );
     let session = Arc::new(Mutex::new(session));
     lock(&session).start(0);
-    spawn_flusher(&session);
+    let flusher = Flusher::spawn(&session);
     (s.set_oom_callback)(Some(on_oom));
-    Ok(Core { session, scopes, knobs: HashMap::new(), name: cfg.name, rank: cfg.rank })
+    Ok(Core { session, flusher, scopes, knobs: HashMap::new(), name: cfg.name, rank: cfg.rank })
 }
 
 /// Starts the core from its JSON config. Call once, right after torch is imported.
@@ -444,6 +446,7 @@ pub extern "C" fn vsh_finish() -> c_int {
     let core = CORE.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(c) = core {
         (shim().set_oom_callback)(None);
+        drop(c.flusher);
         lock(&c.session).finish();
     }
     0

@@ -12,11 +12,13 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::event::Batch;
+use crate::metrics::Metrics;
 use crate::record::writer::Recorder;
 use crate::render::live::render_live;
 use crate::render::theme::Theme;
 use crate::source::feed::bridge;
 use crate::source::gauges::sampler::{spawn_gauges, GaugeConfig};
+use crate::source::gauges::Watched;
 use crate::source::job::{Fed, JobSource, Output};
 use crate::source::launch::{launch_engine, EngineOptions};
 use crate::step_config::{MAX_BATCH, MAX_CTX};
@@ -46,6 +48,8 @@ pub struct LiveOptions {
     pub screen: Screen,
     /// Record the session from the start into this new file.
     pub record: Option<PathBuf>,
+    /// Serve the figures to Prometheus here.
+    pub metrics: Option<Metrics>,
 }
 
 /// The source's side of the screen: keys the view does not own (knobs and pause for a job,
@@ -58,18 +62,19 @@ pub trait Controls {
     fn tick(&mut self, _ranks: &mut Ranks) {}
 }
 
-/// The gauge thread, stamping samples on the monotonic clock the jobs share.
-pub fn start_gauges() -> (crate::source::gauges::sampler::GaugeHandle, crossbeam_channel::Receiver<crate::source::gauges::sample::GaugeBatch>) {
+/// The gauge thread, stamping samples on the monotonic clock the jobs share and reading
+/// the processes of `job` as the job's.
+pub fn start_gauges(job: Watched) -> (crate::source::gauges::sampler::GaugeHandle, crossbeam_channel::Receiver<crate::source::gauges::sample::GaugeBatch>) {
     let (tx, rx) = crossbeam_channel::bounded(64);
     let origin = Instant::now() - Duration::from_nanos(monotonic_ns());
-    (spawn_gauges(GaugeConfig { interval: GAUGE_INTERVAL, origin }, tx), rx)
+    (spawn_gauges(GaugeConfig { interval: GAUGE_INTERVAL, origin, job }, tx), rx)
 }
 
 /// `vramscope` / `vramscope run`: starts the engine process and watches it.
 pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
     let recorder = opts.record.as_deref().map(Recorder::create).transpose()?;
     let source = launch_engine(&opts.engine, Output::Capture).context("starting the training engine")?;
-    watch(source, JobKind::Engine, recorder, &opts.screen, Ranks::new(HISTORY_CAP))
+    watch(source, JobKind::Engine, recorder, opts.metrics.as_ref(), &opts.screen, Ranks::new(HISTORY_CAP))
 }
 
 /// How a job came to be watched, which decides what quitting does to it.
@@ -85,13 +90,14 @@ pub enum JobKind {
 
 /// Watches a job on the screen until the user quits; then stops it or lets it run on, as
 /// its kind says.
-pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, screen: &Screen, ranks: Ranks) -> anyhow::Result<()> {
+pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metrics: Option<&Metrics>, screen: &Screen, ranks: Ranks) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (gauges, gauge_rx) = start_gauges();
+    let job = Watched::default();
+    let (gauges, gauge_rx) = start_gauges(job.clone());
     let incoming = bridge(source.receiver().clone(), Some(gauge_rx));
     let mut ranks = ranks;
     ranks.recording = recorder.as_ref().map(|r| r.path().to_path_buf());
-    let mut controls = JobControls { source: &source, kind, recorder, detached: false, said_knobs: false };
+    let mut controls = JobControls { source: &source, kind, recorder, detached: false, said_knobs: false, job, metrics, published: 0 };
     let result = {
         let mut session = TerminalSession::enter()?;
         let r = rt.block_on(event_loop(&mut session, incoming, &mut controls, screen, ranks));
@@ -250,6 +256,11 @@ pub struct JobControls<'a> {
     pub detached: bool,
     /// "This job declares no such knob" was said.
     said_knobs: bool,
+    /// The job's processes, for the gauges, as each rank says who it is.
+    job: Watched,
+    metrics: Option<&'a Metrics>,
+    /// The stores' version last published to the metrics endpoint.
+    published: u64,
 }
 
 impl JobControls<'_> {
@@ -363,6 +374,9 @@ impl Controls for JobControls<'_> {
     }
 
     fn seen(&mut self, rank: u32, item: &Incoming, ranks: &mut Ranks) {
+        if let Incoming::Report(Report::Started(info)) = item {
+            self.job.add(info.pid);
+        }
         if let Some(r) = &mut self.recorder {
             if let Err(e) = r.record(monotonic_ns(), rank, item) {
                 self.recording_failed(ranks, e);
@@ -371,6 +385,10 @@ impl Controls for JobControls<'_> {
     }
 
     fn tick(&mut self, ranks: &mut Ranks) {
+        if let Some(m) = self.metrics.filter(|_| ranks.version() != self.published) {
+            m.publish(crate::metrics::Figures::of_ranks(ranks));
+            self.published = ranks.version();
+        }
         if let Some(r) = &mut self.recorder {
             if let Err(e) = r.flush_if_due(monotonic_ns()) {
                 self.recording_failed(ranks, e);

@@ -1,6 +1,7 @@
 //! Terminal apps: the loops that own a terminal, read keys and redraw, and the key table
 //! and view state they share.
 
+pub mod headless;
 pub mod keys;
 pub mod live;
 pub mod py;

@@ -9,12 +9,13 @@ use std::process::Command;
 use anyhow::Context;
 
 use crate::channel::{token, Endpoint};
+use crate::metrics::Metrics;
 use crate::record::writer::Recorder;
 use crate::source::job::{list_jobs, JobSource, Output};
 use crate::source::launch::job_name;
 use crate::store::ranks::Ranks;
-use crate::stream::Incoming;
 
+use super::headless::headless;
 use super::live::{watch, JobKind, Screen, HISTORY_CAP};
 
 #[derive(clap::Args, Clone)]
@@ -46,6 +47,9 @@ pub struct PyArgs {
     /// PYTORCH_CUDA_ALLOC_CONF for the job (on CPU, the modelled GPU's settings).
     #[arg(long, value_name = "CONF")]
     pub alloc_conf: Option<String>,
+    /// Serve the job's figures to Prometheus at ADDR/metrics (PORT alone: loopback).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// A script and its arguments (SCRIPT.py ARGS...), or after `--` any command
     /// (`-- torchrun --nproc-per-node 2 train.py`).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "SCRIPT|COMMAND")]
@@ -72,6 +76,9 @@ pub struct AttachArgs {
     /// Record everything the screen (or --headless) is fed into this new file.
     #[arg(long)]
     pub record: Option<PathBuf>,
+    /// Serve the job's figures to Prometheus at ADDR/metrics (PORT alone: loopback).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
 
 /// The Python to run a script with.
@@ -164,9 +171,11 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
     let what = Path::new(&first).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or(first.clone());
     let job = job_name(&what);
     let recorder = a.record.as_deref().map(Recorder::create).transpose()?;
+    // Bound before the job starts, so a taken port is said before anything runs.
+    let metrics = a.metrics.as_deref().map(Metrics::serve).transpose()?;
     if a.headless {
         let source = JobSource::launch(cmd, &job, "the job", Output::Inherit)?;
-        return headless(&source, recorder, a.json, a.check_growth);
+        return headless(&source, recorder, metrics.as_ref(), a.json, a.check_growth);
     }
     // Its own process group: `q` stops the whole job (torchrun and its workers), and a
     // viewer's death or hangup leaves it running.
@@ -175,39 +184,7 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
     let log = crate::channel::dir::socket_dir()?.join(format!("{job}.log"));
     let source = JobSource::launch(cmd, &job, "the job", Output::File(log))?;
     let screen = screen.expect("a screen when not headless");
-    watch(source, JobKind::Started, recorder, &screen, Ranks::new(HISTORY_CAP))?;
-    Ok(std::process::ExitCode::SUCCESS)
-}
-
-/// Per-step lines until every rank's stream ends; the exit code says whether all went well.
-fn headless(source: &JobSource, mut recorder: Option<Recorder>, json: bool, check_growth: bool) -> anyhow::Result<std::process::ExitCode> {
-    let mut out = std::io::stdout().lock();
-    let mut live = crate::report::growth::LiveByOrigin::default();
-    let items = std::iter::from_fn(|| source.next()).inspect(|(_, i)| {
-        if let Incoming::Batch(b) = i {
-            live.ingest(b);
-        }
-    });
-    let steps = match &mut recorder {
-        Some(r) => crate::report::headless::run(r.tee(items), json, &mut out),
-        None => crate::report::headless::run(items, json, &mut out),
-    };
-    let exit = source.wait_child(std::time::Duration::from_secs(30));
-    if let Some(r) = recorder {
-        let s = r.finish()?;
-        eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
-    }
-    let steps = steps?;
-    if let Some(s) = exit.filter(|s| !s.success()) {
-        anyhow::bail!("the job {}", crate::source::job::describe_exit(s));
-    }
-    if check_growth {
-        let report = crate::report::growth::check(&live.finish(), &steps);
-        std::io::Write::write_fmt(&mut out, format_args!("{report}"))?;
-        if !report.healthy() {
-            return Ok(std::process::ExitCode::from(1));
-        }
-    }
+    watch(source, JobKind::Started, recorder, metrics.as_ref(), &screen, Ranks::new(HISTORY_CAP))?;
     Ok(std::process::ExitCode::SUCCESS)
 }
 
@@ -247,11 +224,12 @@ pub fn run_attach(a: AttachArgs, screen: Option<Screen>) -> anyhow::Result<std::
         (None, Some(f)) => Some(token::read_token_file(f)?),
         (None, None) => None,
     };
+    let metrics = a.metrics.as_deref().map(Metrics::serve).transpose()?;
     let source = JobSource::attach(name, &endpoints, token.as_deref())?;
     let recorder = a.record.as_deref().map(Recorder::create).transpose()?;
     if a.headless {
-        return headless(&source, recorder, a.json, false);
+        return headless(&source, recorder, metrics.as_ref(), a.json, false);
     }
-    watch(source, JobKind::Attached, recorder, &screen.expect("a screen when not headless"), Ranks::new(HISTORY_CAP))?;
+    watch(source, JobKind::Attached, recorder, metrics.as_ref(), &screen.expect("a screen when not headless"), Ranks::new(HISTORY_CAP))?;
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -82,11 +82,13 @@ pub struct ReplayArgs {
 pub fn run_replay_headless(script: &mut Script, json: bool, out: &mut impl std::io::Write) -> anyhow::Result<()> {
     let mut failed = None;
     let played = crate::report::headless::run(script.stream(&mut failed), json, out);
-    eprintln!("{}", script.describe());
-    played?;
     match (failed, script.failure()) {
+        // The error says where the file broke; nothing else to add.
         (Some(e), _) => Err(e.into()),
         (None, Some(why)) => Err(anyhow::anyhow!(why)),
-        (None, None) => Ok(()),
+        (None, None) => {
+            eprintln!("{}", script.describe());
+            played.map(|_| ())
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::app::snapshot_viewer::{check_device, default_detail_step, drawn_count, ViewerData};
 use crate::report::snapshot_summary::{segment_stats, SegmentTotals};
-use crate::snapshot::model::{Action, Snapshot};
+use crate::snapshot::model::{Action, Snapshot, TraceEntry};
 use crate::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};
 use crate::snapshot::{read_snapshot_file_observed, ReadPass, ReadProgress};
 
@@ -32,7 +32,7 @@ pub enum LoadUpdate {
 const CHANNEL: usize = 32;
 
 /// Starts reading `path` on its own thread, to show `device` or by default the first with
-/// trace entries (`Snapshot::first_traced_device`).
+/// alloc or free actions (as `Snapshot::default_device` picks it once the file is read).
 pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate> {
     let (tx, rx) = sync_channel(CHANNEL);
     std::thread::Builder::new()
@@ -40,13 +40,13 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
         .spawn(move || {
             let mut sent = 0;
             let (mut shown, mut announced, mut segments_sent) = (device, false, false);
+            let mut scanned = Vec::new();
             let mut names = Vec::new();
             // Sends fail only once the screen has gone; the read then just finishes.
             let mut observe = |p: &ReadProgress<'_>| {
                 let _ = tx.send(LoadUpdate::Progress { pass: p.pass, done: p.done, total: p.total });
                 if shown.is_none() {
-                    // Traces come in device order: the first with entries is the default.
-                    shown = p.traces.iter().position(|t| !t.is_empty());
+                    shown = first_with_actions(&p.traces, &mut scanned);
                 }
                 let Some(device) = shown else { return };
                 if !announced {
@@ -54,7 +54,8 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
                     announced = true;
                 }
                 if let (false, Some(segments)) = (segments_sent, p.segments) {
-                    let _ = tx.send(LoadUpdate::Segments(segment_stats(segments, device).1));
+                    let on_device = segments.iter().filter(|s| s.device == device as i64);
+                    let _ = tx.send(LoadUpdate::Segments(segment_stats(on_device).1));
                     segments_sent = true;
                 }
                 if let Some(new) = p.traces.get(device).and_then(|t| t.get(sent..)).filter(|n| !n.is_empty()) {
@@ -66,13 +67,27 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
             let done = read_snapshot_file_observed(&path, &mut observe)
                 .map_err(|e| anyhow::Error::new(e).context(path.display().to_string()))
                 .and_then(|snap| {
-                    let device = device.unwrap_or_else(|| snap.first_traced_device());
+                    let device = device.unwrap_or_else(|| snap.default_device());
                     check_device(&path, &snap, device).map(|()| (snap, device))
                 });
             let _ = tx.send(LoadUpdate::Done(Box::new(done)));
         })
         .expect("spawning the snapshot reader thread");
     rx
+}
+
+/// The first of the traces decoded so far with an alloc or free action. Traces come in
+/// device order, each complete before the next begins; `scanned` keeps how far each was
+/// looked at, so every entry is looked at once over the whole read.
+fn first_with_actions(traces: &[&[TraceEntry]], scanned: &mut Vec<usize>) -> Option<usize> {
+    if scanned.len() < traces.len() {
+        scanned.resize(traces.len(), 0);
+    }
+    traces.iter().enumerate().position(|(d, t)| {
+        let found = t[scanned[d].min(t.len())..].iter().any(|e| e.action.is_alloc_or_free());
+        scanned[d] = t.len();
+        found
+    })
 }
 
 /// The viewer's state while the file is read: progress, and the timeline of the trace
@@ -91,7 +106,8 @@ pub struct Loading {
     pub detail: DetailView,
     /// Trace entries received.
     pub entries: usize,
-    detail_at: usize,
+    /// Allocations when `detail` was last chosen.
+    detail_of: usize,
 }
 
 impl Loading {
@@ -107,7 +123,7 @@ impl Loading {
             categories: Vec::new(),
             detail: DetailView::default(),
             entries: 0,
-            detail_at: 0,
+            detail_of: 0,
         }
     }
 
@@ -141,7 +157,7 @@ impl Loading {
     fn finish(&mut self, snap: Snapshot, device: usize) -> ViewerData {
         let builder = self.builder.take();
         self.detail = DetailView::default();
-        let trace: &[_] = snap.device_traces.get(device).map_or(&[], Vec::as_slice);
+        let trace = snap.trace(device);
         match builder {
             Some(mut b) if self.device == Some(device) && self.entries == trace.len() => {
                 b.stacks_from_entries(trace);
@@ -152,13 +168,16 @@ impl Loading {
         }
     }
 
-    /// Recomputes which allocations are drawn one by one when events came in since.
+    /// Chooses again which allocations are drawn one by one once the allocations have
+    /// grown by half since the last choice (those since are in the summarized band):
+    /// choosing costs a pass over them all, so doing it per redraw would cost the
+    /// load's length times the trace.
     pub fn refresh_detail(&mut self) {
         let Some(tl) = self.builder.as_ref().map(TimelineBuilder::timeline) else { return };
-        if self.detail_at != tl.total_events {
-            let n = tl.allocations.len();
+        let n = tl.allocations.len();
+        if n > self.detail_of + self.detail_of / 2 {
             self.detail = tl.detail(drawn_count(default_detail_step(n), n));
-            self.detail_at = tl.total_events;
+            self.detail_of = n;
         }
     }
 

@@ -18,8 +18,8 @@ use crate::render::theme::Theme;
 use crate::report::oom::{oom_marks, oom_reports, OomReport};
 use crate::report::whatif::{default_configs, recorded_config, whatif, Whatif};
 use crate::report::snapshot_summary::{
-    annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_peak,
-    segment_stats, AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
+    annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_figures, segment_stats,
+    AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
 };
 use crate::snapshot::model::Snapshot;
 use crate::snapshot::timeline::{DetailView, StackColumn, Timeline};
@@ -54,7 +54,7 @@ pub struct ViewArgs {
 
 /// That the snapshot read from `path` has `device` (a file without traces has device 0).
 pub fn check_device(path: &Path, snap: &Snapshot, device: usize) -> anyhow::Result<()> {
-    let devices = snap.device_traces.len().max(1);
+    let devices = snap.device_count();
     anyhow::ensure!(device < devices, "{}: no device {device} (the file has {devices})", path.display());
     Ok(())
 }
@@ -83,7 +83,11 @@ pub struct ViewerData {
     segments: OnceCell<(Vec<SegmentStats>, SegmentTotals)>,
     breakdown: OnceCell<Breakdown>,
     marks: OnceCell<Vec<AnnotationMark>>,
-    reserved: OnceCell<(u64, u64)>,
+    /// (peak, final) reserved bytes.
+    reserved: (u64, u64),
+    /// Warnings and notes about the file the header shows: figures that contradict each
+    /// other, what the reader left out.
+    notes: Vec<String>,
     ooms: OnceCell<Vec<(usize, usize)>>,
     oom_reports: OnceCell<Vec<OomReport>>,
     whatif: OnceCell<Whatif>,
@@ -110,6 +114,9 @@ impl ViewerData {
         let n = tl.allocations.len();
         let detail_step = default_detail_step(n);
         let detail = tl.detail(drawn_count(detail_step, n));
+        let reserved = reserved_figures(&snap, &tl, device);
+        let conflict = reserved.conflict.map(|c| format!("warning: {}", c.describe()));
+        let notes = conflict.into_iter().chain(snap.skipped.describe().map(|s| format!("not read: {s}"))).collect();
         ViewerData {
             name,
             snap,
@@ -121,17 +128,23 @@ impl ViewerData {
             segments: OnceCell::new(),
             breakdown: OnceCell::new(),
             marks: OnceCell::new(),
-            reserved: OnceCell::new(),
+            reserved: (reserved.peak, reserved.last),
+            notes,
             ooms: OnceCell::new(),
             oom_reports: OnceCell::new(),
             whatif: OnceCell::new(),
         }
     }
 
+    /// Warnings first, then notes; each one line for the header.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
     /// Reads `path` and shows `device`, or by default the first with trace entries.
     pub fn open(path: &Path, device: Option<usize>) -> anyhow::Result<ViewerData> {
         let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
-        let device = device.unwrap_or_else(|| snap.first_traced_device());
+        let device = device.unwrap_or_else(|| snap.default_device());
         check_device(path, &snap, device)?;
         Ok(ViewerData::new(file_name(path), snap, device))
     }
@@ -150,7 +163,7 @@ impl ViewerData {
     }
 
     pub fn segments(&self) -> &(Vec<SegmentStats>, SegmentTotals) {
-        self.segments.get_or_init(|| segment_stats(&self.snap.segments, self.device))
+        self.segments.get_or_init(|| segment_stats(self.snap.device_segments(self.device)))
     }
 
     pub fn breakdown(&self) -> &Breakdown {
@@ -163,7 +176,7 @@ impl ViewerData {
 
     /// (peak, final) reserved bytes.
     pub fn reserved(&self) -> (u64, u64) {
-        *self.reserved.get_or_init(|| reserved_peak(&self.snap, self.device))
+        self.reserved
     }
 
     /// (trace position, timeline action after it) of each `oom` entry on the device.
@@ -414,7 +427,7 @@ pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_cou
             ui.typing = Some(ui.filter.clone());
         }
         ViewAction::NextDevice => {
-            let devices = data.snap.device_traces.len().max(1);
+            let devices = data.snap.device_count();
             let device = (data.device + 1) % devices;
             if device != data.device {
                 let snap = std::mem::take(&mut data.snap);
@@ -461,18 +474,29 @@ pub fn type_search(code: KeyCode, data: &ViewerData, ui: &mut ViewerUi) {
     }
 }
 
+/// `view --summary`: the report of `args.file`'s device on stdout.
+fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
+    let path = &args.file;
+    let snap = crate::snapshot::read_snapshot_file(path).with_context(|| path.display().to_string())?;
+    let device = args.device.unwrap_or_else(|| snap.default_device());
+    check_device(path, &snap, device)?;
+    let tl = Timeline::from_snapshot(&snap, device);
+    let summary = crate::report::snapshot_summary::summarize(&snap, &tl, device, args.top);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &summary)?;
+        std::io::Write::write_all(&mut out, b"\n")?;
+    } else {
+        crate::report::snapshot_summary::write_text(&mut out, &file_name(path), &summary)?;
+    }
+    // The process ends next: freeing millions of records one by one first only costs time.
+    std::mem::forget((snap, tl));
+    Ok(())
+}
+
 pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     if args.summary {
-        let data = ViewerData::open(&args.file, args.device)?;
-        let summary = crate::report::snapshot_summary::summarize(&data.snap, &data.tl, data.device, args.top);
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            serde_json::to_writer_pretty(&mut out, &summary)?;
-            std::io::Write::write_all(&mut out, b"\n")?;
-        } else {
-            crate::report::snapshot_summary::write_text(&mut out, &data.name, &summary)?;
-        }
-        return Ok(());
+        return print_summary(&args);
     }
     let keys = KeyMap::<ViewAction>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;

@@ -8,11 +8,12 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use serde::Serialize;
 
 use crate::app::terminal::TerminalSession;
+use crate::metrics::{Figures, Metrics};
 use crate::render::format::bytes;
 use crate::render::theme::{ColorSupport, Theme};
 use crate::render::watch::{render_watch, WatchState};
 use crate::source::gauges::{
-    open_reader, spawn_gauges, GaugeBatch, GaugeConfig, GaugeHistory, GaugeSample, Gauges,
+    open_reader, spawn_gauges, GaugeBatch, Watched, GaugeConfig, GaugeHistory, GaugeSample, Gauges,
     SourceStatus,
 };
 
@@ -30,6 +31,12 @@ pub struct WatchArgs {
     /// Theme: dark, light, ansi16, or a path to a theme TOML file.
     #[arg(long, default_value = "dark")]
     pub theme: String,
+    /// Serve the readings to Prometheus at ADDR/metrics (PORT alone: loopback).
+    #[arg(long, value_name = "ADDR", conflicts_with = "once")]
+    pub metrics: Option<String>,
+    /// With --metrics: no screen, serve until interrupted (an exporter on a node).
+    #[arg(long, requires = "metrics")]
+    pub headless: bool,
 }
 
 /// Screens redraw at most this often.
@@ -42,34 +49,65 @@ pub fn run_watch(args: WatchArgs) -> anyhow::Result<()> {
     if args.once {
         return print_once(interval, args.json);
     }
-    let theme = Theme::load_at(&args.theme, ColorSupport::detect()?)?;
+    let metrics = args.metrics.as_deref().map(Metrics::serve).transpose()?;
     let (tx, rx) = crossbeam_channel::bounded(64);
     let gauges = spawn_gauges(
         GaugeConfig {
             interval,
             origin: Instant::now(),
+            job: Watched::default(),
         },
         tx,
     );
-    let state = WatchState::new(GaugeHistory::new(HISTORY_SAMPLES, 0), interval);
-    let result = screen_loop(state, &rx, &theme);
+    let mut state = WatchState::new(GaugeHistory::new(HISTORY_SAMPLES, 0), interval);
+    let result = match &metrics {
+        Some(m) if args.headless => serve_only(&mut state, &rx, m),
+        _ => {
+            let theme = Theme::load_at(&args.theme, ColorSupport::detect()?)?;
+            screen_loop(state, &rx, &theme, metrics.as_ref())
+        }
+    };
     drop(gauges);
     result
+}
+
+/// Takes what the gauge thread sampled; true if anything came.
+fn ingest(state: &mut WatchState, rx: &Receiver<GaugeBatch>, metrics: Option<&Metrics>) -> bool {
+    let mut any = false;
+    while let Ok(batch) = rx.try_recv() {
+        state.history.ingest(batch);
+        any = true;
+    }
+    if let Some(m) = metrics.filter(|_| any) {
+        m.publish(Figures::of_gauges(&state.history));
+    }
+    any
+}
+
+/// `watch --metrics ADDR --headless`: samples and serves until SIGINT or SIGTERM.
+fn serve_only(state: &mut WatchState, rx: &Receiver<GaugeBatch>, metrics: &Metrics) -> anyhow::Result<()> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        ingest(state, rx, Some(metrics));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 fn screen_loop(
     mut state: WatchState,
     rx: &Receiver<GaugeBatch>,
     theme: &Theme,
+    metrics: Option<&Metrics>,
 ) -> anyhow::Result<()> {
     let mut session = TerminalSession::enter()?;
     let mut dirty = true;
     let mut last_draw: Option<Instant> = None;
     while !session.stop_requested() {
-        while let Ok(batch) = rx.try_recv() {
-            state.history.ingest(batch);
-            dirty = true;
-        }
+        dirty |= ingest(&mut state, rx, metrics);
         if dirty && last_draw.is_none_or(|t| t.elapsed() >= FRAME) {
             session.terminal.draw(|f| render_watch(f, f.area(), &state, theme))?;
             last_draw = Some(Instant::now());
@@ -108,7 +146,7 @@ struct OnceReport {
 
 fn print_once(interval: Duration, json: bool) -> anyhow::Result<()> {
     let origin = Instant::now();
-    let (reader, source) = open_reader();
+    let (reader, source) = open_reader(&Watched::default());
     let mut reader = reader.with_context(|| {
         format!(
             "no gauge source: {}",

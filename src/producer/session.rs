@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -523,18 +524,42 @@ pub fn between_steps(shared: &Shared, apply: &mut dyn FnMut(&str, &str) -> Resul
 }
 
 /// Ships what the shim records every `FLUSH_EVERY`, so a long phase still moves the screen,
-/// until the session is dropped.
-pub fn spawn_flusher(shared: &Shared) -> JoinHandle<()> {
-    let weak = Arc::downgrade(shared);
-    std::thread::Builder::new()
-        .name("vramscope-flush".into())
-        .spawn(move || loop {
-            std::thread::sleep(FLUSH_EVERY);
-            let Some(s) = weak.upgrade() else { return };
-            let mut s = lock(&s);
-            s.drain();
-            s.flush();
-            s.collect_writes(false);
-        })
-        .expect("spawn the flusher thread")
+/// until stopped or dropped. It must end before the process does: at exit libtorch's
+/// static destructors run, and a drain into the shim then crashes.
+pub struct Flusher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    pub fn spawn(shared: &Shared) -> Flusher {
+        let weak = Arc::downgrade(shared);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("vramscope-flush".into())
+            .spawn(move || loop {
+                std::thread::park_timeout(FLUSH_EVERY);
+                if stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Some(s) = weak.upgrade() else { return };
+                let mut s = lock(&s);
+                s.drain();
+                s.flush();
+                s.collect_writes(false);
+            })
+            .expect("spawn the flusher thread");
+        Flusher { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
 }

@@ -114,7 +114,7 @@ struct Shade {
 /// Phases from the snapshot's "forward (step N)" START/END annotations, placed on the
 /// action axis through the trace's timestamps.
 fn shades(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<Shade> {
-    let trace = snap.device_traces.get(device).map_or(&[][..], Vec::as_slice);
+    let trace = snap.trace(device);
     let action_at = |time_us: i64| {
         let entry = trace.partition_point(|e| e.time_us < time_us);
         tl.event_positions.partition_point(|p| *p < entry) as f64
@@ -155,7 +155,8 @@ where
     let y_max = (peak * 1.1).max(1e-6);
 
     root.fill(&WHITE).map_err(err)?;
-    let caption = format!("{} — peak {}", o.title, bytes(tl.peak_bytes));
+    // The exact bytes too, as memory_viz prints them, so the figure can be matched.
+    let caption = format!("{} — peak {} ({} bytes)", o.title, bytes(tl.peak_bytes), tl.peak_bytes);
     let root = root.titled(&caption, (FONT, 22)).map_err(err)?;
     // The legend gets its own strip at the right so it never hides the data.
     let (plot, side) = root.split_horizontally(o.width.saturating_sub(LEGEND_WIDTH));

@@ -89,7 +89,7 @@ fn job_facts(info: &crate::stream::EngineInfo, wide: bool) -> (String, Vec<Strin
     let mut facts = Vec::new();
     let name = match &info.config {
         Some(c) => {
-            facts.extend([c.precision.to_string(), format!("ctx {}", c.ctx), format!("batch {}", c.batch), c.mode.to_string(), c.attention.to_string()]);
+            facts.extend([c.precision.to_string(), format!("ctx {}", c.ctx), format!("batch {}", c.batch), c.mode.to_string(), c.attention.to_string(), format!("{} AdamW", c.optimizer)]);
             c.model_name.clone()
         }
         None => {

@@ -13,7 +13,7 @@ use crate::app::keys::{KeyMap, ViewAction};
 use crate::app::snapshot_loading::Loading;
 use crate::app::snapshot_viewer::{Panel, Tab, ViewerData, ViewerUi, DETAIL_STEPS};
 use crate::render::format::{bar, bytes, fit};
-use crate::report::snapshot_summary::{allocation_info, event_time, frame_label};
+use crate::report::snapshot_summary::{allocation_info, event_time, frame_label, ShownFrame};
 use crate::report::whatif::{oom_outcome, self_check_sentence, setting_label};
 use crate::snapshot::timeline::{DetailView, Timeline};
 use crate::snapshot::ReadPass;
@@ -37,7 +37,9 @@ pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &Key
         render_too_small(f, area, theme);
         return;
     }
-    let [header, body, footer] = Layout::vertical([Constraint::Length(2), Constraint::Min(8), Constraint::Length(1)]).areas(area);
+    // A warning or note about the file takes a header line each (two at most).
+    let header_lines = 2 + data.notes().len().min(2) as u16;
+    let [header, body, footer] = Layout::vertical([Constraint::Length(header_lines), Constraint::Min(8), Constraint::Length(1)]).areas(area);
     render_header(f, header, data, ui, theme);
     let (main, side) = if ui.inspector {
         let [m, s] = Layout::horizontal([Constraint::Min(30), Constraint::Length(INSPECTOR_WIDTH)]).areas(body);
@@ -74,7 +76,7 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
         Span::styled(data.name.clone(), val),
         sep(),
-        Span::styled(format!("device {} of {}", data.device, s.device_traces.len().max(1)), val),
+        Span::styled(format!("{} of {}", s.device_name(data.device), s.device_count()), val),
         sep(),
         Span::styled(format!("{} segments, {} blocks, {} trace entries", s.segments.len(), s.block_count(), s.trace_entry_count()), dim),
     ]);
@@ -94,7 +96,12 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         Span::styled("peak reserved ", dim),
         Span::styled(bytes(data.reserved().0), val),
     ]);
-    f.render_widget(Paragraph::new(vec![line1, Line::from(tabs)]), area);
+    let mut lines = vec![line1, Line::from(tabs)];
+    for note in data.notes() {
+        let colour = if note.starts_with("warning") { theme.ui.warning } else { theme.ui.dim };
+        lines.push(Line::from(Span::styled(fit(note, area.width as usize), Style::default().fg(colour))));
+    }
+    f.render_widget(Paragraph::new(lines), area);
 }
 
 /// Y-axis scale: a round number of bytes at or above `max`.
@@ -111,7 +118,7 @@ const EIGHTHS: [char; 8] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇'
 
 /// Seconds since the first trace entry, for labels.
 fn rel_seconds(data: &ViewerData, event: usize) -> Option<f64> {
-    let t0 = data.snap.device_traces.get(data.device)?.first()?.time_us;
+    let t0 = data.snap.trace(data.device).first()?.time_us;
     event_time(&data.snap, &data.tl, data.device, event).map(|t| (t - t0) as f64 / 1e6)
 }
 
@@ -130,10 +137,14 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     let (ribbon_y, status_y) = (plot.y + plot.height, plot.y + plot.height + 1);
     let dim = Style::default().fg(theme.ui.dim);
     if tl.total_events == 0 {
-        let mut msg = format!("no alloc/free actions on device {}; {} alive throughout", data.device, bytes(tl.peak_bytes));
+        let s = &data.snap;
+        let mut msg = format!("no alloc/free actions and no active blocks on {}", s.device_name(data.device));
         // A snapshot of a run on another GPU has empty lists before its own.
-        if let Some((d, t)) = data.snap.device_traces.iter().enumerate().find(|(d, t)| *d != data.device && !t.is_empty()) {
-            msg += &format!(". Device {d} has {} trace entries: {} shows the next device.", t.len(), keys.key_of(ViewAction::NextDevice).label());
+        let other = (0..s.device_count()).find(|d| *d != data.device && !s.trace(*d).is_empty());
+        if let Some(d) = other {
+            let name = s.device_name(d);
+            let name = name[..1].to_uppercase() + &name[1..];
+            msg += &format!(". {name} has {} trace entries: {} shows the next device.", s.trace(d).len(), keys.key_of(ViewAction::NextDevice).label());
         }
         f.render_widget(Paragraph::new(msg).style(dim).wrap(Wrap { trim: true }), plot);
         return;
@@ -300,7 +311,7 @@ pub fn render_segments(f: &mut Frame, area: Rect, data: &ViewerData, theme: &The
     let (segs, t) = data.segments();
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
-    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(format!(" segments · {} on device {} ", t.segments, data.device), Style::default().fg(theme.ui.title)));
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(format!(" segments · {} on {} ", t.segments, data.snap.device_name(data.device)), Style::default().fg(theme.ui.title)));
     let inner = block.inner(area);
     f.render_widget(block, area);
     let [head, table] = Layout::vertical([Constraint::Length(3), Constraint::Min(1)]).areas(inner);
@@ -392,16 +403,37 @@ pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewe
     if let Some(c) = &a.category {
         lines.push(kv("category", c.clone()));
     }
+    if let Some((x, y)) = a.pool {
+        lines.push(kv("pool", format!("({x}, {y})")));
+    }
+    if let Some(c) = &a.compile_context {
+        lines.push(kv("compiled", c.clone()));
+    }
+    if let Some(m) = &a.user_metadata {
+        lines.push(kv("metadata", m.clone()));
+    }
     let how = if ui.all_frames { "all" } else { "collapsed" };
     lines.push(Line::from(Span::styled(format!("frames ({how}; {} toggles):", keys.key_of(ViewAction::AllFrames).label()), dim)));
-    for fr in &a.frames {
-        let rep = if fr.repeats > 1 { format!(" ×{}", fr.repeats) } else { String::new() };
-        lines.push(Line::from(Span::raw(format!("  {}{rep}", frame_label(&fr.name, &fr.filename, fr.line)))));
-    }
+    push_frames(&mut lines, &a.frames, dim);
     if a.frames.is_empty() {
         lines.push(Line::from(Span::styled("  (none recorded)", dim)));
     }
+    if !a.forward_frames.is_empty() {
+        lines.push(Line::from(Span::styled("made in backward for the forward op at:", dim)));
+        push_frames(&mut lines, &a.forward_frames, dim);
+    }
     f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+}
+
+/// Frames as inspector lines, each FX node (generated code) on the line below its frame.
+fn push_frames(lines: &mut Vec<Line<'_>>, frames: &[ShownFrame], dim: Style) {
+    for fr in frames {
+        let rep = if fr.repeats > 1 { format!(" ×{}", fr.repeats) } else { String::new() };
+        lines.push(Line::from(Span::raw(format!("  {}{rep}", frame_label(&fr.name, &fr.filename, fr.line)))));
+        if let Some(fx) = &fr.fx {
+            lines.push(Line::from(Span::styled(format!("    fx {fx}"), dim)));
+        }
+    }
 }
 
 pub fn render_footer(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::snapshot::model::Snapshot;
 use crate::snapshot::timeline::Timeline;
 
-use super::snapshot_summary::{breakdown_at_peak, has_categories, reserved_peak, shown_frames, top_frame_label};
+use super::snapshot_summary::{breakdown_at_peak, has_categories, reserved_figures, shown_frames, top_frame_label};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Change {
@@ -62,7 +62,7 @@ fn peak_groups(snap: &Snapshot, tl: &Timeline) -> HashMap<(u64, String), (u64, O
         let key = text
             .entry(a.stack)
             .or_insert_with(|| {
-                shown_frames(snap.stack(a.stack), false)
+                shown_frames(snap, a.stack, false)
                     .iter()
                     .map(|f| format!("{}|{}|{}|{}", f.name, f.filename, f.line, f.repeats))
                     .collect::<Vec<_>>()
@@ -112,7 +112,7 @@ pub fn diff(a: (&Snapshot, &Timeline, usize), b: (&Snapshot, &Timeline, usize), 
     shrank.truncate(top);
     SnapshotDiff {
         peak_active_bytes: Change::new(ta.peak_bytes, tb.peak_bytes),
-        peak_reserved_bytes: Change::new(reserved_peak(sa, da).0, reserved_peak(sb, db).0),
+        peak_reserved_bytes: Change::new(reserved_figures(sa, ta, da).peak, reserved_figures(sb, tb, db).peak),
         allocations: Change::new(ta.allocations.len() as u64, tb.allocations.len() as u64),
         trace_entries: Change::new(sa.trace_entry_count() as u64, sb.trace_entry_count() as u64),
         breakdown_by: ba.by,

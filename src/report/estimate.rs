@@ -1,15 +1,43 @@
-//! `vramscope estimate`: the memory of a configuration worked out from the model's code
-//! (src/train/model.rs) without running it — what each op keeps for backward, what lives
-//! only for a moment, and what the optimizer adds.
+//! `vramscope estimate`: the memory of a configuration worked out without running it, by
+//! walking the CS336 reference's ops (`cs336-basics` model.py, nn_utils.py, optimizer.py;
+//! the engine runs the same ops, engine/src/model.rs) tensor by tensor: each op's output,
+//! with its shape and its dtype under bf16 autocast, made when the op runs and freed when
+//! the reference's Python lets go of it, unless autograd saved it for backward. The walk
+//! keeps the live total and its peak, and what was alive then.
 
 use serde::Serialize;
 
-use crate::step_config::{Attention, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use crate::step_config::{Attention, Mode, Optimizer, Precision, StepConfig, MAX_BATCH, MAX_CTX};
 
-const F32: u64 = 4;
-const BF16: u64 = 2;
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dtype {
+    F32,
+    Bf16,
+    I64,
+    Bool,
+}
 
-/// One tensor (or a group of same-shaped tensors) the estimate counts.
+impl Dtype {
+    fn size(self) -> u64 {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 => 2,
+            Dtype::I64 => 8,
+            Dtype::Bool => 1,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "fp32",
+            Dtype::Bf16 => "bf16",
+            Dtype::I64 => "int64",
+            Dtype::Bool => "bool",
+        }
+    }
+}
+
+/// One tensor (or a group of same-shaped tensors) the estimate counts, named by the
+/// reference's line of code that makes it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Term {
     pub name: String,
@@ -18,22 +46,399 @@ pub struct Term {
     pub bytes: u64,
 }
 
+fn term(name: impl Into<String>, dims: &[i64], dtype: Dtype, count: u64) -> Term {
+    let n: u64 = dims.iter().map(|d| *d as u64).product();
+    let shape = dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
+    let times = if count > 1 { format!("{count} × ") } else { String::new() };
+    Term { name: name.into(), shape: format!("{times}[{shape}] {}", dtype.name()), bytes: n * dtype.size() * count }
+}
+
+fn sum(terms: &[Term]) -> u64 {
+    terms.iter().map(|t| t.bytes).sum()
+}
+
+/// A tensor the walk made.
+struct Made {
+    term: Term,
+    /// The layer whose ops made it (None: outside the layers).
+    layer: Option<i64>,
+    live: bool,
+    /// Autograd keeps it for backward (grad mode only).
+    saved: bool,
+}
+
+/// The walk: the reference's ops as a sequence of tensors made and freed, with the live
+/// total of requested bytes (what memory_viz's active timeline stacks).
+struct Tape {
+    grad: bool,
+    /// On a CPU (vramscope's modelled GPU), bf16 matmuls make a transient copy of their
+    /// weight (oneDNN's reorder), which a GPU's do not.
+    cpu: bool,
+    made: Vec<Made>,
+    layer: Option<i64>,
+    live: u64,
+    peak: u64,
+    /// What was alive at the peak (indices into `made`).
+    at_peak: Vec<usize>,
+}
+
+type Id = usize;
+
+impl Tape {
+    fn new(grad: bool, cpu: bool, base: u64) -> Tape {
+        Tape { grad, cpu, made: Vec::new(), layer: None, live: base, peak: base, at_peak: Vec::new() }
+    }
+
+    fn make(&mut self, line: &str, dims: &[i64], dtype: Dtype) -> Id {
+        let t = term(line, dims, dtype, 1);
+        self.live += t.bytes;
+        self.made.push(Made { term: t, layer: self.layer, live: true, saved: false });
+        if self.live > self.peak {
+            self.peak = self.live;
+            self.at_peak = (0..self.made.len()).filter(|&i| self.made[i].live).collect();
+        }
+        self.made.len() - 1
+    }
+
+    /// Autograd keeps `id` for backward (nothing in no-grad mode).
+    fn save(&mut self, id: Id) {
+        if self.grad {
+            self.made[id].saved = true;
+        }
+    }
+
+    /// The reference's Python lets go of `id`: freed unless autograd saved it.
+    fn free(&mut self, id: Id) {
+        let m = &mut self.made[id];
+        if m.live && !m.saved {
+            m.live = false;
+            self.live -= m.term.bytes;
+        }
+    }
+
+    fn is_fp32(&self, id: Id) -> bool {
+        self.made[id].term.shape.ends_with("fp32")
+    }
+
+    /// Everything still alive (saved for backward, or the loss).
+    fn alive(&self) -> impl Iterator<Item = &Made> {
+        self.made.iter().filter(|m| m.live)
+    }
+}
+
+/// The shapes one step works with.
+struct Shape {
+    b: i64,
+    t: i64,
+    d: i64,
+    f: i64,
+    h: i64,
+    v: i64,
+    layers: i64,
+    c: Dtype,
+    bf16: bool,
+    attention: Attention,
+}
+
+impl Shape {
+    fn of(cfg: &StepConfig) -> Shape {
+        let d = cfg.dims;
+        let bf16 = cfg.precision == Precision::Bf16;
+        Shape {
+            b: cfg.batch,
+            t: cfg.ctx,
+            d: d.d_model,
+            f: d.d_ff,
+            h: d.heads,
+            v: d.vocab,
+            layers: d.layers,
+            c: if bf16 { Dtype::Bf16 } else { Dtype::F32 },
+            bf16,
+            attention: cfg.attention,
+        }
+    }
+}
+
+/// model.py Linear: `einsum(x, self.weight, "... d_in, d_out d_in -> ... d_out")`. Under
+/// autocast the weight and an fp32 input are cast to bf16 first; with grad on, the weight's
+/// copy is cached and both copies are saved, without grad both die with the op.
+fn linear(tp: &mut Tape, s: &Shape, x: Id, x_dims: &[i64], d_out: i64, d_in: i64, what: &str) -> Id {
+    let mut out_dims = x_dims.to_vec();
+    *out_dims.last_mut().expect("a last dimension") = d_out;
+    if s.bf16 {
+        let w = tp.make(&format!("{what}: autocast's bf16 copy of the weight"), &[d_out, d_in], Dtype::Bf16);
+        tp.save(w);
+        let xc = tp.is_fp32(x).then(|| tp.make(&format!("{what}: autocast's bf16 copy of the input"), x_dims, Dtype::Bf16));
+        tp.save(xc.unwrap_or(x));
+        let out = tp.make(&format!("{what}: einsum(x, self.weight, ...)"), &out_dims, Dtype::Bf16);
+        if tp.cpu {
+            let reorder = tp.make(&format!("{what}: the CPU matmul's copy of the bf16 weight"), &[d_out, d_in], Dtype::Bf16);
+            tp.free(reorder);
+        }
+        if let Some(xc) = xc {
+            tp.free(xc);
+        }
+        tp.free(w);
+        out
+    } else {
+        tp.save(x);
+        tp.make(&format!("{what}: einsum(x, self.weight, ...)"), &out_dims, Dtype::F32)
+    }
+}
+
+/// model.py RMSNorm.forward, in fp32 (its input, the residual stream, is fp32 already).
+fn rmsnorm(tp: &mut Tape, s: &Shape, x: Id, what: &str) -> Id {
+    let (btd, bt1) = ([s.b, s.t, s.d], [s.b, s.t, 1]);
+    tp.save(x);
+    let sq = tp.make(&format!("{what}: x.pow(2)"), &btd, Dtype::F32);
+    let mean = tp.make(&format!("{what}: x.pow(2).mean(-1, keepdim=True)"), &bt1, Dtype::F32);
+    tp.free(sq);
+    let shifted = tp.make(&format!("{what}: … + self.eps"), &bt1, Dtype::F32);
+    tp.free(mean);
+    let rms = tp.make(&format!("{what}: rms = torch.rsqrt(…)"), &bt1, Dtype::F32);
+    tp.save(rms);
+    tp.free(shifted);
+    let normed = tp.make(&format!("{what}: x = x * rms"), &btd, Dtype::F32);
+    tp.save(normed);
+    let out = tp.make(&format!("{what}: (self.weight * x).to(in_dtype)"), &btd, Dtype::F32);
+    tp.free(normed);
+    tp.free(rms);
+    out
+}
+
+/// model.py RotaryEmbedding.forward: fp32 cos/sin times the input's halves, so the result is
+/// fp32 under autocast too.
+fn rope(tp: &mut Tape, s: &Shape, what: &str) -> Id {
+    let half = [s.b, s.h, s.t, s.d / s.h / 2];
+    let mut rotated = Vec::new();
+    for line in ["x1_rot = cos * x1 - sin * x2", "x2_rot = sin * x1 + cos * x2"] {
+        let a = tp.make(&format!("{what} RoPE: {line} (first product)"), &half, Dtype::F32);
+        let c = tp.make(&format!("{what} RoPE: {line} (second product)"), &half, Dtype::F32);
+        rotated.push(tp.make(&format!("{what} RoPE: {line}"), &half, Dtype::F32));
+        tp.free(a);
+        tp.free(c);
+    }
+    let out = tp.make(&format!("{what} RoPE: torch.concat((x1_rot, x2_rot), dim=-1)"), &[s.b, s.h, s.t, s.d / s.h], Dtype::F32);
+    for r in rotated {
+        tp.free(r);
+    }
+    out
+}
+
+/// `x - torch.max(x, dim=-1, keepdim=True)[0]` for x of shape `dims`: the max (values and
+/// indices; autograd keeps the indices) and the shifted tensor. `lines` name the max and
+/// the subtraction.
+fn shift_by_max(tp: &mut Tape, dims: &[i64], c: Dtype, lines: [&str; 2]) -> (Id, Id) {
+    let mut reduced = dims.to_vec();
+    *reduced.last_mut().expect("a last dimension") = 1;
+    let peak = tp.make(lines[0], &reduced, c);
+    let index = tp.make(&format!("{} (indices)", lines[0]), &reduced, Dtype::I64);
+    tp.save(index);
+    tp.free(index);
+    let shifted = tp.make(lines[1], dims, c);
+    (peak, shifted)
+}
+
+/// model.py scaled_dot_product_attention and nn_utils.py softmax: Q, K, V [b, h, t, dh].
+fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id {
+    let (bhtt, bht1, bhtd) = ([s.b, s.h, s.t, s.t], [s.b, s.h, s.t, 1], [s.b, s.h, s.t, s.d / s.h]);
+    let c = s.c;
+    let casts: Vec<Id> = if s.bf16 {
+        ["Q", "K"].iter().map(|n| tp.make(&format!("einsum(Q, K, ...): autocast's bf16 copy of {n}"), &bhtd, Dtype::Bf16)).collect()
+    } else {
+        vec![q, k]
+    };
+    for &x in &casts {
+        tp.save(x);
+    }
+    let raw = tp.make("einsum(Q, K, \"... query d_k, ... key d_k -> ... query key\")", &bhtt, c);
+    if s.bf16 {
+        for &x in &casts {
+            tp.free(x);
+        }
+    }
+    let scores = tp.make("attention_scores = einsum(…) / math.sqrt(d_k)", &bhtt, c);
+    tp.free(raw);
+    tp.save(mask);
+    let masked = tp.make("torch.where(mask, attention_scores, float(\"-inf\"))", &bhtt, c);
+    tp.free(scores);
+    let (peak, shifted) = shift_by_max(tp, &bhtt, c, ["softmax: torch.max(x, dim=dim, keepdim=True)", "softmax: rescaled_input = x - torch.max(…)[0]"]);
+    tp.free(peak);
+    let exps = tp.make("softmax: torch.exp(rescaled_input)", &bhtt, c);
+    tp.save(exps);
+    let total = tp.make("softmax: torch.sum(exponentiated_rescaled_input, dim=dim, keepdim=True)", &bht1, c);
+    tp.save(total);
+    let probs = tp.make("softmax: exponentiated_rescaled_input / torch.sum(…)", &bhtt, c);
+    tp.free(total);
+    tp.free(shifted);
+    tp.free(exps);
+    tp.save(probs);
+    // V is a permuted view of v_proj's output: the matmul copies it unless batch is 1.
+    let vc = (s.b > 1).then(|| tp.make("einsum(attention_weights, V, ...): V made contiguous", &bhtd, c));
+    tp.save(vc.unwrap_or(v));
+    let out = tp.make("einsum(attention_weights, V, \"... query key, ... key d_v -> ... query d_v\")", &bhtd, c);
+    if let Some(vc) = vc {
+        tp.free(vc);
+    }
+    tp.free(masked);
+    tp.free(probs);
+    out
+}
+
+/// `--attention fused`: scaled_dot_product_attention, which keeps its output and the
+/// log-sum-exp [b, h, t] for backward.
+fn attention_fused(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id) -> Id {
+    let bhtd = [s.b, s.h, s.t, s.d / s.h];
+    let casts: Vec<Id> = if s.bf16 {
+        ["Q", "K"].iter().map(|n| tp.make(&format!("scaled_dot_product_attention: autocast's bf16 copy of {n}"), &bhtd, Dtype::Bf16)).collect()
+    } else {
+        vec![q, k]
+    };
+    for &x in casts.iter().chain([&v]) {
+        tp.save(x);
+    }
+    let out = tp.make("scaled_dot_product_attention output", &bhtd, s.c);
+    let lse = tp.make("scaled_dot_product_attention log-sum-exp", &[s.b, s.h, s.t], Dtype::F32);
+    tp.save(out);
+    tp.save(lse);
+    tp.free(lse);
+    if s.bf16 {
+        for x in casts {
+            tp.free(x);
+        }
+    }
+    out
+}
+
+/// model.py CausalMultiHeadSelfAttention.forward.
+fn attention(tp: &mut Tape, s: &Shape, x: Id) -> Id {
+    let btd = [s.b, s.t, s.d];
+    let q = linear(tp, s, x, &btd, s.d, s.d, "attn.q_proj");
+    let k = linear(tp, s, x, &btd, s.d, s.d, "attn.k_proj");
+    let v = linear(tp, s, x, &btd, s.d, s.d, "attn.v_proj");
+    let q_rot = rope(tp, s, "Q");
+    tp.free(q);
+    let k_rot = rope(tp, s, "K");
+    tp.free(k);
+    let (heads, extra) = match s.attention {
+        Attention::Naive => {
+            let iota = tp.make("iota = torch.arange(sequence_length)", &[s.t], Dtype::I64);
+            let mask = tp.make("causal_mask = qi >= kj", &[s.t, s.t], Dtype::Bool);
+            (attention_core(tp, s, q_rot, k_rot, v, mask), vec![iota, mask])
+        }
+        Attention::Fused => (attention_fused(tp, s, q_rot, k_rot, v), Vec::new()),
+    };
+    let merged = tp.make("rearrange(attn_output, \"batch heads seq d_v -> batch seq (heads d_v)\")", &btd, s.c);
+    tp.free(heads);
+    let out = linear(tp, s, merged, &btd, s.d, s.d, "attn.output_proj");
+    for id in [q_rot, k_rot, v].into_iter().chain(extra).chain([merged]) {
+        tp.free(id);
+    }
+    out
+}
+
+/// model.py SwiGLU.forward with silu as `x * torch.sigmoid(x)`.
+fn swiglu(tp: &mut Tape, s: &Shape, x: Id) -> Id {
+    let (btd, btf) = ([s.b, s.t, s.d], [s.b, s.t, s.f]);
+    let gate = linear(tp, s, x, &btd, s.f, s.d, "ffn.w1");
+    let sig = tp.make("silu: torch.sigmoid(x)", &btf, s.c);
+    tp.save(sig);
+    tp.save(gate);
+    let silu = tp.make("silu: x * torch.sigmoid(x)", &btf, s.c);
+    tp.free(sig);
+    tp.free(gate);
+    let up = linear(tp, s, x, &btd, s.f, s.d, "ffn.w3");
+    tp.save(silu);
+    tp.save(up);
+    let prod = tp.make("silu(self.w1(x)) * self.w3(x)", &btf, s.c);
+    tp.free(silu);
+    tp.free(up);
+    let out = linear(tp, s, prod, &btf, s.d, s.f, "ffn.w2");
+    tp.free(prod);
+    out
+}
+
+/// model.py TransformerBlock.forward.
+fn block(tp: &mut Tape, s: &Shape, x: Id) -> Id {
+    let btd = [s.b, s.t, s.d];
+    let h = rmsnorm(tp, s, x, "ln1");
+    let attn = attention(tp, s, h);
+    tp.free(h);
+    let mid = tp.make("attn_sublayer_output = x + x_attn", &btd, Dtype::F32);
+    let h = rmsnorm(tp, s, mid, "ln2");
+    let ffn = swiglu(tp, s, h);
+    tp.free(h);
+    let out = tp.make("ffn_sublayer_output = attn_sublayer_output + x_ffn", &btd, Dtype::F32);
+    for id in [attn, mid, ffn] {
+        tp.free(id);
+    }
+    out
+}
+
+/// BasicsTransformerLM.forward, then nn_utils.py cross_entropy of its logits (which die
+/// with that expression). The loss stays alive.
+fn forward_and_loss(tp: &mut Tape, s: &Shape) {
+    let (btd, btv, bt1) = ([s.b, s.t, s.d], [s.b, s.t, s.v], [s.b, s.t, 1]);
+    let embedded = tp.make("Embedding: self.weight[token_ids, :]", &btd, Dtype::F32);
+    let mut x = embedded;
+    for i in 0..s.layers {
+        tp.layer = Some(i);
+        let next = block(tp, s, x);
+        if x != embedded {
+            tp.free(x);
+        }
+        x = next;
+    }
+    tp.layer = None;
+    let normed = rmsnorm(tp, s, x, "ln_final");
+    if x != embedded {
+        tp.free(x);
+    }
+    let logits = linear(tp, s, normed, &btd, s.v, s.d, "lm_head");
+    tp.free(normed);
+    tp.free(embedded);
+    let c = s.c;
+    let (peak, shifted) = shift_by_max(tp, &btv, c, ["log_softmax: x_max = torch.max(x, dim=dim, keepdim=True)[0]", "log_softmax: x = x - x_max"]);
+    let exps = tp.make("log_softmax: torch.exp(x)", &btv, c);
+    tp.save(exps);
+    let total = tp.make("log_softmax: torch.sum(torch.exp(x), dim=dim, keepdim=True)", &bt1, c);
+    tp.save(total);
+    tp.free(exps);
+    let log = tp.make("log_softmax: torch.log(…)", &bt1, c);
+    tp.free(total);
+    let logp = tp.make("log_softmax: x - torch.log(…)", &btv, c);
+    for id in [log, shifted, peak] {
+        tp.free(id);
+    }
+    let neg = tp.make("cross_entropy: -log_softmax(inputs)", &btv, c);
+    tp.free(logp);
+    tp.save(neg);
+    let picked = tp.make("cross_entropy: torch.gather(…, -1, targets.unsqueeze(-1))", &bt1, c);
+    let loss = tp.make("cross_entropy: torch.mean(…)", &[], c);
+    tp.free(picked);
+    tp.free(neg);
+    tp.free(logits);
+    let _ = loss; // alive through backward
+}
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
     pub config: StepConfig,
+    /// The peaks a CPU run measures rather than a GPU's (see `estimate_on`).
+    pub on_cpu: bool,
     pub parameters: u64,
     pub parameter_bytes: u64,
     pub gradient_bytes: u64,
     /// AdamW's two moments, fp32.
     pub adamw_bytes: u64,
-    /// bf16 copies of the matmul weights autocast makes (0 in fp32).
+    /// bf16 copies of the matmul weights autocast caches and saves in a training step (0
+    /// in fp32).
     pub weight_copy_bytes: u64,
-    /// Token ids and targets, RoPE tables.
+    /// Token ids and targets, the RoPE table.
     pub input_bytes: u64,
     /// What one transformer block saves for backward, tensor by tensor.
     pub per_layer: Vec<Term>,
     pub per_layer_bytes: u64,
-    /// Saved outside the blocks (final norm, log-probabilities).
+    /// Saved outside the blocks (embedding, final norm, LM head, cross-entropy).
     pub outside_layers: Vec<Term>,
     /// Everything the forward pass saves for backward (train mode).
     pub activation_bytes: u64,
@@ -42,6 +447,9 @@ pub struct Estimate {
     /// The fp32 residual stream tensor [batch, ctx, d_model] and how its size is reached.
     pub residual_bytes: u64,
     pub residual_derivation: String,
+    /// The transient tensors alive (beside what is saved) at the forward peak of the
+    /// configuration's mode.
+    pub peak_transients: Vec<Term>,
     /// Peak of a no-grad forward pass.
     pub forward_peak_bytes: u64,
     /// Peak of a steady-state training step (forward, backward, AdamW step), by phase.
@@ -61,154 +469,119 @@ impl Estimate {
     }
 }
 
-fn term(name: impl Into<String>, dims: &[i64], elem: u64, count: u64) -> Term {
-    let n: u64 = dims.iter().map(|d| *d as u64).product();
-    let dtype = match elem {
-        1 => "bool",
-        2 => "bf16",
-        8 => "int64",
-        _ => "fp32",
-    };
-    let shape = dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
-    let times = if count > 1 { format!("{count} × ") } else { String::new() };
-    Term { name: name.into(), shape: format!("{times}[{shape}] {dtype}"), bytes: n * elem * count }
-}
-
-fn sum(terms: &[Term]) -> u64 {
-    terms.iter().map(|t| t.bytes).sum()
-}
-
-pub fn estimate(cfg: &StepConfig) -> Estimate {
-    let d = cfg.dims;
-    let (b, t, dm, f, h, v) = (cfg.batch, cfg.ctx, d.d_model, d.d_ff, d.heads, d.vocab);
-    let dh = dm / h;
-    let bf16 = cfg.precision == Precision::Bf16;
-    // Matmuls run in the compute dtype; the residual stream, RMSNorm and log-softmax stay fp32.
-    let c = if bf16 { BF16 } else { F32 };
-    let (vd, dd, df) = ((v * dm) as u64, (dm * dm) as u64, (dm * f) as u64);
-    let layers = d.layers as u64;
-    let parameters = 2 * vd + layers * (4 * dd + 3 * df + 2 * dm as u64) + dm as u64;
-    let matmul_weights = layers * (4 * dd + 3 * df) + vd;
-    let weight_copy_bytes = if bf16 { matmul_weights * BF16 } else { 0 };
-    let input_bytes = 2 * (b * t) as u64 * 8 + 2 * (t * dh / 2) as u64 * F32;
-
-    let btd = [b, t, dm];
-    let btf = [b, t, f];
-    let bt1 = [b, t, 1];
-    // A linear's input is saved once in fp32; autocast casts it once per linear and each
-    // bf16 copy is saved.
-    let linear_input = |name: &str, users: u64| {
-        if bf16 {
-            term(format!("{name} (bf16 copy per linear)"), &btd, BF16, users)
-        } else {
-            term(name, &btd, F32, 1)
-        }
-    };
-    let mut per_layer = vec![
-        term("input residual x", &btd, F32, 1),
-        term("ln1 x·rms", &btd, F32, 1),
-        term("ln1 1/rms", &bt1, F32, 1),
-        linear_input("ln1 output (q/k/v input)", 3),
-        term("q, k, v projections", &btd, c, 3),
-        term("q, k after RoPE", &btd, c, 2),
-    ];
-    if bf16 {
-        per_layer.push(term("RoPE cos/sin bf16 casts", &[t, dh / 2], BF16, 4));
+/// Every parameter's size in elements, in the reference's order.
+fn parameter_sizes(s: &Shape) -> Vec<i64> {
+    let (d, f) = (s.d, s.f);
+    let mut p = vec![s.v * d];
+    for _ in 0..s.layers {
+        p.extend([d * d, d * d, d * d, d * d, d * f, f * d, d * f, d, d]);
     }
-    let scores = term("attention probabilities softmax(QKᵀ/√d)", &[b, h, t, t], c, 1);
-    let attention_scores_bytes = match cfg.attention {
-        Attention::Naive => {
-            per_layer.push(scores.clone());
-            per_layer.push(term("causal mask", &[t, t], 1, 1));
-            scores.bytes
-        }
-        Attention::Fused => {
-            per_layer.push(term("fused attention output", &btd, c, 1));
-            per_layer.push(term("fused attention logsumexp", &[b, h, t], F32, 1));
-            0
-        }
-    };
-    per_layer.extend([
-        term("heads merged (o input)", &btd, c, 1),
-        term("residual after attention", &btd, F32, 1),
-        term("ln2 x·rms", &btd, F32, 1),
-        term("ln2 1/rms", &bt1, F32, 1),
-        linear_input("ln2 output (w1/w3 input)", 2),
-        term("w1 x, silu(w1 x), w3 x, product (w2 input)", &btf, c, 4),
-    ]);
-    let per_layer_bytes = sum(&per_layer);
-    let outside_layers = vec![
-        term("final residual", &btd, F32, 1),
-        term("ln_final x·rms", &btd, F32, 1),
-        term("ln_final 1/rms", &bt1, F32, 1),
-        term("ln_final output (lm_head input)", &btd, c, 1),
-        term("log-probabilities", &[b, t, v], F32, 1),
-    ];
-    let activation_bytes = layers * per_layer_bytes + sum(&outside_layers);
-    let logits = (b * t * v) as u64 * c;
-    let logprobs = (b * t * v) as u64 * F32;
-    let btd_b = (b * t * dm) as u64;
+    p.extend([d, s.v * d]);
+    p
+}
 
-    let parameter_bytes = parameters * F32;
-    let adamw_bytes = 2 * parameters * F32;
-    let gradient_bytes = parameter_bytes;
-    let largest_param = vd * F32;
+/// Terms made the same way (same line, shape and dtype) as one row with a count.
+fn grouped<'a>(made: impl Iterator<Item = &'a Made>) -> Vec<Term> {
+    let mut out: Vec<(Term, u64)> = Vec::new();
+    for m in made {
+        match out.iter_mut().find(|(t, _)| t.name == m.term.name && t.shape == m.term.shape) {
+            Some((_, n)) => *n += 1,
+            None => out.push((m.term.clone(), 1)),
+        }
+    }
+    out.into_iter()
+        .map(|(t, n)| Term { shape: if n > 1 { format!("{n} × {}", t.shape) } else { t.shape }, bytes: t.bytes * n, name: t.name })
+        .collect()
+}
+
+/// The estimate for a GPU.
+pub fn estimate(cfg: &StepConfig) -> Estimate {
+    estimate_on(cfg, false)
+}
+
+/// The estimate on a GPU, or (`cpu`) the peaks a CPU run measures: there bf16 matmuls copy
+/// their weight for the duration of the op, and the gather's backward in bf16 accumulates in
+/// an fp32 [batch, ctx, vocab] buffer.
+pub fn estimate_on(cfg: &StepConfig, cpu: bool) -> Estimate {
+    let s = Shape::of(cfg);
+    let (b, t, dm, v) = (s.b, s.t, s.d, s.v);
+    let sizes = parameter_sizes(&s);
+    let parameters: u64 = sizes.iter().map(|n| *n as u64).sum();
+    let parameter_bytes = parameters * 4;
+    let largest_param = sizes.iter().copied().max().unwrap_or(0) as u64 * 4;
+    let input_bytes = 2 * (b * t) as u64 * 8 + 2 * (t * dm / s.h / 2) as u64 * 4;
     let persistent = parameter_bytes + input_bytes;
-    // Autocast's log-softmax in fp32 first casts the bf16 logits to an fp32 copy.
-    let logits_cast = if bf16 { logprobs } else { 0 };
+    let moments = 2 * parameter_bytes;
 
-    // Moments of a naive attention: scores, masked scores and probabilities coexist (the
-    // Rust temporaries live to the end of the statement).
-    let naive_transient = |saved_already: u64| match cfg.attention {
-        Attention::Naive => 3 * scores.bytes - saved_already,
+    // Without grad: nothing is saved, and autocast's copies die with their ops.
+    let mut no_grad = Tape::new(false, cpu, persistent);
+    forward_and_loss(&mut no_grad, &s);
+    // A training step in the steady state: AdamW's moments exist.
+    let mut tape = Tape::new(true, cpu, persistent + moments);
+    forward_and_loss(&mut tape, &s);
+    let end_of_forward = tape.live;
+
+    let c = s.c.size();
+    let (btv, btd, bt1) = ((b * t * v) as u64 * c, (b * t * dm) as u64 * c, (b * t) as u64 * c);
+    let head_weight = (v * dm) as u64;
+    // Backward peaks where it begins (everything saved, and the gradient of the gathered
+    // log-probabilities), or at the LM head (the cross-entropy's saved tensors gone, the
+    // logits' gradient, the head weight's gradient, the gradient of its input), or in the
+    // last layer's attention (three [b, h, t, t] gradients at once with naive attention).
+    let loss_saved = 2 * btv + (b * t) as u64 * 8 + bt1;
+    let cpu_scatter = if cpu && s.bf16 { (b * t * v) as u64 * 4 } else { 0 };
+    let start = end_of_forward + 4 + bt1 + btv + cpu_scatter;
+    let head_grads = head_weight * 4 + if s.bf16 { head_weight * 2 } else { 0 };
+    let at_head = end_of_forward - loss_saved + btv + head_grads + btd;
+    let attention_scores_bytes = match s.attention {
+        Attention::Naive => (b * s.h * t * t) as u64 * c,
         Attention::Fused => 0,
     };
-    // No grad: nothing is saved and autocast caches no weight copies (each lives for its
-    // matmul). The largest moment is the head (logits, their fp32 cast, log-probs, the head
-    // weight's copy), the attention (residual, norm output, q/k/v, scores) or the FFN (four
-    // [b,t,d_ff] temporaries).
-    let attn_moment = btd_b * (F32 * 2 + c * 3) + naive_transient(0);
-    let ffn_moment = btd_b * (F32 * 2 + c) + 4 * (b * t * f) as u64 * c;
-    let head_copy = if bf16 { vd * BF16 } else { 0 };
-    let head_moment = btd_b * F32 * 2 + logits + logits_cast + logprobs + head_copy;
-    let forward_peak_bytes = persistent + attn_moment.max(ffn_moment).max(head_moment);
+    let in_attention = end_of_forward - loss_saved + head_weight * 4 + 3 * attention_scores_bytes;
+    let backward_peak_bytes = start.max(at_head).max(in_attention);
+    // The update's temporaries for the largest parameter: the reference's AdamW holds five
+    // of its size at once (new m and v, the step's numerator, sqrt(v) + eps and the
+    // update); torch's in-place update four (sqrt(v), + eps, the quotient, the update).
+    let update_temporaries = match cfg.optimizer {
+        Optimizer::Reference => 5,
+        Optimizer::Torch => 4,
+    };
+    let optimizer_peak_bytes = persistent + moments + parameter_bytes + 4 + update_temporaries * largest_param;
+    let step_peak_bytes = tape.peak.max(backward_peak_bytes).max(optimizer_peak_bytes);
 
-    // Training, steady state (AdamW moments exist from the first step on). Forward's highest
-    // moment is the head (logits and their cast beside everything saved) or, with naive
-    // attention, the scores and masked scores beside the saved probabilities.
-    let train_fixed = persistent + weight_copy_bytes + adamw_bytes;
-    let train_forward_peak_bytes =
-        train_fixed + activation_bytes + (logits + logits_cast).max(naive_transient(scores.bytes));
-    // Backward peaks at its start (everything saved, the loss gradient, the lm_head weight
-    // gradient) or at its end (every gradient made).
-    let backward_peak_bytes =
-        (train_forward_peak_bytes + largest_param).max(persistent + gradient_bytes + adamw_bytes);
-    // Parameters, gradients, both moments, and the update's temporaries for the largest
-    // parameter (measured: about two of its size at a time).
-    let optimizer_peak_bytes = persistent + gradient_bytes + adamw_bytes + 2 * largest_param;
-    let step_peak_bytes = train_forward_peak_bytes.max(backward_peak_bytes).max(optimizer_peak_bytes);
-
+    let saved = |layer: Option<i64>| tape.alive().filter(move |m| m.layer == layer && m.saved).collect::<Vec<_>>();
+    let per_layer = grouped(saved(Some(0)).into_iter());
+    let outside_layers = grouped(saved(None).into_iter());
+    let activation_bytes = tape.alive().filter(|m| m.saved).map(|m| m.term.bytes).sum();
+    let peak_tape = match cfg.mode {
+        Mode::Forward => &no_grad,
+        Mode::Train => &tape,
+    };
+    let peak_transients = grouped(peak_tape.at_peak.iter().map(|&i| &peak_tape.made[i]).filter(|m| !m.saved));
+    let matmul_weights = s.layers as u64 * (4 * (dm * dm) as u64 + 3 * (dm * s.f) as u64) + head_weight;
+    let residual = (b * t * dm) as u64 * 4;
     Estimate {
         config: cfg.clone(),
+        on_cpu: cpu,
         parameters,
         parameter_bytes,
-        gradient_bytes,
-        adamw_bytes,
-        weight_copy_bytes,
+        gradient_bytes: parameter_bytes,
+        adamw_bytes: 2 * parameter_bytes,
+        weight_copy_bytes: if s.bf16 { matmul_weights * 2 } else { 0 },
         input_bytes,
+        per_layer_bytes: sum(&per_layer),
         per_layer,
-        per_layer_bytes,
         outside_layers,
         activation_bytes,
         attention_scores_bytes,
-        residual_bytes: btd_b * F32,
+        residual_bytes: residual,
         residual_derivation: format!(
-            "batch × ctx × d_model × 4 B = {b} × {t} × {dm} × 4 B = {} B = {}",
-            btd_b * F32,
-            crate::render::format::bytes(btd_b * F32)
+            "batch × ctx × d_model × 4 B = {b} × {t} × {dm} × 4 B = {residual} B = {}",
+            crate::render::format::bytes(residual)
         ),
-        forward_peak_bytes,
-        train_forward_peak_bytes,
+        peak_transients,
+        forward_peak_bytes: no_grad.peak,
+        train_forward_peak_bytes: tape.peak,
         backward_peak_bytes,
         optimizer_peak_bytes,
         step_peak_bytes,
@@ -267,8 +640,14 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "## {} — ctx {}, batch {}, {}, {} attention\n",
-        c.model_name, c.ctx, c.batch, c.precision, c.attention
+        "## {} — ctx {}, batch {}, {}, {} attention, {} AdamW{}\n",
+        c.model_name,
+        c.ctx,
+        c.batch,
+        c.precision,
+        c.attention,
+        c.optimizer,
+        if e.on_cpu { " (as a CPU run measures it)" } else { "" }
     );
     let _ = writeln!(s, "| what | bytes |\n|---|---:|");
     let per_param = |x: u64| x as f64 / e.parameters as f64;
@@ -294,9 +673,14 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
         let _ = writeln!(s, "| {} | {} | {} |", t.name, t.shape, bytes(t.bytes));
     }
     let _ = writeln!(s, "\n(the last {} rows are saved once, outside the layers)\n", e.outside_layers.len());
+    let _ = writeln!(s, "### Alive at the {} pass's peak besides what is saved\n\n| tensor | shape | bytes |\n|---|---|---:|", if c.mode == Mode::Train { "training forward" } else { "forward" });
+    for t in &e.peak_transients {
+        let _ = writeln!(s, "| {} | {} | {} |", t.name, t.shape, bytes(t.bytes));
+    }
+    let _ = writeln!(s);
     let _ = writeln!(s, "### Predicted peaks\n\n| precision | forward (no grad) | train: forward | backward | optimizer | full step |\n|---|---:|---:|---:|---:|---:|");
     for p in Precision::ALL {
-        let x = estimate(&StepConfig { precision: *p, ..c.clone() });
+        let x = estimate_on(&StepConfig { precision: *p, ..c.clone() }, e.on_cpu);
         let _ = writeln!(
             s,
             "| {p} | {} | {} | {} | {} | {} |",
@@ -340,6 +724,7 @@ mod tests {
             precision,
             mode: Mode::Train,
             attention,
+            optimizer: Default::default(),
         }
     }
 

@@ -33,20 +33,30 @@ pub fn step_line(r: &StepReport) -> String {
 }
 
 /// Prints a session's steps as its items arrive, from any source (a job's ranks, a
-/// recording), until it ends. Returns the step reports; an error report ends the run with
-/// that error.
+/// recording), until it ends. Returns the step reports. A rank's error is said on stderr as
+/// it comes and the other ranks go on; the run then fails with `Failed`. An OOM the job
+/// handles itself is said and the run goes on (the job's own exit status decides); a run
+/// that pauses after an error or an OOM (vramscope's engine does, for someone to resume)
+/// ends there.
 pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -> anyhow::Result<Vec<StepReport>> {
     let mut steps = Vec::new();
     // Each rank's latest word on who it is, said before its first step (a job learns its
     // parameter count when its model first runs).
     let mut info: std::collections::BTreeMap<u32, crate::stream::EngineInfo> = Default::default();
     let mut said = std::collections::BTreeSet::new();
-    let mut oom = None;
+    // What went wrong, said as it happened; an OOM fails the run only if it stops it.
+    let mut failed = false;
+    let mut trouble: Option<&'static str> = None;
     // Headless has no store: batches and gauges pass by unread.
     for (rank, item) in items {
         let Incoming::Report(report) = item else { continue };
         match report {
             Report::Started(i) => {
+                // A job that knows its parameter count says who it is at once; the hook
+                // learns it when the model first runs, so its line waits for a step.
+                if !json && i.parameters > 0 && said.insert(rank) {
+                    say_who(out, &i)?;
+                }
                 info.insert(rank, i);
             }
             Report::Step(mut r) => {
@@ -55,10 +65,7 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                     writeln!(out, "{}", serde_json::to_string(&r)?)?;
                 } else {
                     if let Some(i) = i.filter(|_| said.insert(rank)) {
-                        let name = i.config.as_ref().map_or(i.name.as_str(), |c| c.model_name.as_str());
-                        let of = i.world_size.map(|w| format!(" rank {} of {w}", i.rank.unwrap_or(0))).unwrap_or_default();
-                        let note = i.note.as_ref().map(|n| format!(" — {n}")).unwrap_or_default();
-                        writeln!(out, "vramscope: {name}{of} on {} ({} parameters){note}", i.device, i.parameters)?;
+                        say_who(out, i)?;
                     }
                     // A single process's lines need no rank.
                     if i.is_none_or(|i| i.world_size.is_none()) {
@@ -75,7 +82,8 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                 }
             }
             Report::SnapshotFailed { step, error } => {
-                anyhow::bail!("snapshot of step {step} failed: {error}")
+                eprintln!("vramscope: snapshot of step {step} failed: {error}");
+                (failed, trouble) = (true, Some("a snapshot failed"));
             }
             Report::Oom(o) => {
                 let line = format!(
@@ -92,12 +100,16 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                 } else {
                     writeln!(out, "vramscope: {line}")?;
                 }
-                oom = Some(());
+                trouble = Some("running out of memory");
             }
-            Report::Paused(true) if oom.is_some() => {
-                anyhow::bail!("the run paused after running out of memory, and a headless run has nobody to resume it")
+            Report::Paused(true) if trouble.is_some() => {
+                let what = trouble.unwrap_or_default();
+                anyhow::bail!("the run paused after {what}, and a headless run has nobody to resume it")
             }
-            Report::Error(e) => anyhow::bail!("{e}"),
+            Report::Error(e) => {
+                eprintln!("vramscope: {e}");
+                (failed, trouble) = (true, Some("an error"));
+            }
             Report::Note(n) => {
                 if !json {
                     writeln!(out, "vramscope: {n}")?;
@@ -106,5 +118,20 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
             Report::Knob(_) | Report::Paused(_) | Report::Finished => {}
         }
     }
+    if failed {
+        return Err(Failed.into());
+    }
     Ok(steps)
 }
+
+fn say_who(out: &mut impl Write, i: &crate::stream::EngineInfo) -> std::io::Result<()> {
+    let name = i.config.as_ref().map_or(i.name.as_str(), |c| c.model_name.as_str());
+    let of = i.world_size.map(|w| format!(" rank {} of {w}", i.rank.unwrap_or(0))).unwrap_or_default();
+    let note = i.note.as_ref().map(|n| format!(" — {n}")).unwrap_or_default();
+    writeln!(out, "vramscope: {name}{of} on {} ({} parameters){note}", i.device, i.parameters)
+}
+
+/// A headless run that went wrong, already said on stderr as it happened.
+#[derive(Debug, thiserror::Error)]
+#[error("the run failed (see above)")]
+pub struct Failed;

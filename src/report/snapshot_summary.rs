@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::allocator::config::{round_size, AllocatorConfig};
 use crate::allocator::replay::{reserved_before_trace, reserved_change};
 use super::oom::{oom_reports, OomReport};
-use crate::snapshot::model::{AnnotationStage, BlockState, Frame, Segment, Snapshot, StackId};
+use crate::snapshot::model::{Action, AnnotationStage, BlockState, Frame, FrameId, Segment, Skipped, Snapshot, StackId, TraceEntry};
 use crate::snapshot::timeline::{Timeline, TimelineAlloc};
 
 /// Frames that say nothing about who allocated: unsymbolized addresses, the unwinder and
@@ -36,15 +36,35 @@ pub struct ShownFrame {
     pub filename: String,
     pub line: i64,
     pub repeats: usize,
+    /// The FX node behind generated code (`augment_with_fx_traces`): "op name (target)".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fx: Option<String>,
 }
 
-/// Frames innermost first; noise dropped unless `all`, consecutive repeats merged.
-pub fn shown_frames<'a>(frames: impl Iterator<Item = &'a Frame>, all: bool) -> Vec<ShownFrame> {
+/// A frame's FX keys in one line: "call_function linear_1 (aten.mm)".
+fn fx_label(fx: &[(String, String)]) -> Option<String> {
+    let get = |k: &str| fx.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let (op, name) = (get("fx_node_op"), get("fx_node_name"));
+    let mut s = [op, name].into_iter().flatten().collect::<Vec<_>>().join(" ");
+    if let Some(t) = get("fx_node_target") {
+        s += &format!(" ({t})");
+    }
+    (!s.trim().is_empty()).then(|| s.trim().to_string())
+}
+
+/// A stack's frames, innermost first; noise dropped unless `all`, consecutive repeats
+/// merged.
+pub fn shown_frames(snap: &Snapshot, stack: StackId, all: bool) -> Vec<ShownFrame> {
     let mut out: Vec<ShownFrame> = Vec::new();
-    for f in frames.filter(|f| all || !is_noise_frame(f)) {
+    let ids: &[FrameId] = snap.stacks.get(stack as usize).map_or(&[], Vec::as_slice);
+    for &id in ids {
+        let f = &snap.frames[id as usize];
+        if !all && is_noise_frame(f) {
+            continue;
+        }
         match out.last_mut() {
             Some(l) if !all && l.name == f.name && l.filename == f.filename && l.line == f.line => l.repeats += 1,
-            _ => out.push(ShownFrame { name: f.name.clone(), filename: f.filename.clone(), line: f.line, repeats: 1 }),
+            _ => out.push(ShownFrame { name: f.name.clone(), filename: f.filename.clone(), line: f.line, repeats: 1, fx: fx_label(snap.frame_fx(id)) }),
         }
     }
     out
@@ -101,26 +121,53 @@ pub struct AllocationInfo {
     pub top_frame: Option<String>,
     /// Innermost first, noise dropped and repeats merged.
     pub frames: Vec<ShownFrame>,
+    /// What newer PyTorch records with the alloc (`torch.compile` region, the user's
+    /// `_set_memory_metadata`, a memory pool other than the default), when present.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile_context: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_metadata: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<(i64, i64)>,
+    /// The forward op's frames behind a block made in backward (its `forward_frames`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub forward_frames: Vec<ShownFrame>,
 }
 
 /// Time (µs) of a timeline action.
 pub fn event_time(snap: &Snapshot, tl: &Timeline, device: usize, event: usize) -> Option<i64> {
     let pos = *tl.event_positions.get(event)?;
-    snap.device_traces.get(device)?.get(pos).map(|e| e.time_us)
+    snap.trace(device).get(pos).map(|e| e.time_us)
 }
 
 /// Block size of `addr` in the final segments when active there.
 fn final_block_size(snap: &Snapshot, device: usize, addr: u64) -> Option<u64> {
-    snap.segments
-        .iter()
-        .filter(|s| s.device == device as i64 && (s.address..s.address + s.total_size).contains(&addr))
+    snap.device_segments(device)
+        .filter(|s| (s.address..s.address + s.total_size).contains(&addr))
         .flat_map(|s| &s.blocks)
         .find(|b| b.address == addr && b.state.is_active())
         .map(|b| b.size)
 }
 
+/// The trace entry that made an allocation (none for blocks older than the trace).
+fn alloc_entry<'s>(snap: &'s Snapshot, tl: &Timeline, device: usize, id: u32) -> Option<(usize, &'s crate::snapshot::model::TraceEntry)> {
+    let a = &tl.allocations[id as usize];
+    if a.alive_at_start {
+        return None;
+    }
+    let pos = *tl.event_positions.get(a.start)?;
+    snap.trace(device).get(pos).filter(|e| e.action == Action::Alloc).map(|e| (pos, e))
+}
+
 pub fn allocation_info(snap: &Snapshot, tl: &Timeline, device: usize, id: u32, all_frames: bool) -> AllocationInfo {
     let a = &tl.allocations[id as usize];
+    let entry = alloc_entry(snap, tl, device, id);
+    let text = |t: Option<&std::sync::Arc<str>>| t.map(|t| t.to_string()).filter(|t| !t.is_empty() && t != "N/A");
+    let forward = snap
+        .device_segments(device)
+        .flat_map(|s| &s.blocks)
+        .find(|b| b.address == a.addr && a.end.is_none())
+        .and_then(|b| snap.forward_frames(b.address));
     let divisions = snap.allocator_settings.as_ref().map(AllocatorConfig::from_settings).unwrap_or_default().division_table();
     let size = match a.end {
         None => final_block_size(snap, device, a.addr),
@@ -141,14 +188,29 @@ pub fn allocation_info(snap: &Snapshot, tl: &Timeline, device: usize, id: u32, a
         alive_at_peak: tl.total_events == 0 || a.alive_at(tl.peak_index),
         category,
         top_frame: top_frame_label(snap, a.stack),
-        frames: shown_frames(snap.stack(a.stack), all_frames),
+        frames: shown_frames(snap, a.stack, all_frames),
+        compile_context: text(entry.and_then(|e| e.1.compile_context.as_ref())),
+        user_metadata: text(entry.and_then(|e| e.1.user_metadata.as_ref())),
+        pool: entry.map(|(pos, _)| snap.entry_pool(device, pos)).filter(|p| *p != (0, 0)),
+        forward_frames: forward.map(|st| shown_frames(snap, st, all_frames)).unwrap_or_default(),
     }
 }
 
 /// Allocation ids, largest first (ties: earlier first).
 pub fn largest_ids(tl: &Timeline) -> Vec<u32> {
+    largest_first(tl, usize::MAX)
+}
+
+/// The `top` largest allocation ids, largest first: a selection, then a sort of those
+/// only.
+pub fn largest_first(tl: &Timeline, top: usize) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..tl.allocations.len() as u32).collect();
-    ids.sort_unstable_by(|a, b| tl.allocations[*b as usize].size.cmp(&tl.allocations[*a as usize].size).then(a.cmp(b)));
+    let order = |a: &u32, b: &u32| tl.allocations[*b as usize].size.cmp(&tl.allocations[*a as usize].size).then(a.cmp(b));
+    if top < ids.len() {
+        ids.select_nth_unstable_by(top, order);
+        ids.truncate(top);
+    }
+    ids.sort_unstable_by(order);
     ids
 }
 
@@ -183,10 +245,10 @@ pub struct SegmentTotals {
     pub fragmentation: f64,
 }
 
-pub fn segment_stats(segments: &[Segment], device: usize) -> (Vec<SegmentStats>, SegmentTotals) {
+/// Occupancy of one device's segments, each and together.
+pub fn segment_stats<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> (Vec<SegmentStats>, SegmentTotals) {
     let rows: Vec<SegmentStats> = segments
-        .iter()
-        .filter(|s| s.device == device as i64)
+        .into_iter()
         .map(|s| {
             let free = s.blocks.iter().filter(|b| b.state == BlockState::Inactive);
             SegmentStats {
@@ -227,6 +289,98 @@ pub fn reserved_peak(snap: &Snapshot, device: usize) -> (u64, u64) {
         peak = peak.max(now);
     }
     (peak.max(0) as u64, last)
+}
+
+/// Active bytes above the bytes reserved at the same action: figures that cannot both
+/// be true (every allocation lies in a reserved segment).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FiguresConflict {
+    pub action: usize,
+    pub active_bytes: u64,
+    pub reserved_bytes: u64,
+}
+
+impl FiguresConflict {
+    pub fn describe(&self) -> String {
+        use crate::render::format::bytes;
+        format!(
+            "active memory {} at action {} is above the {} reserved then: this file's figures cannot all be true",
+            bytes(self.active_bytes),
+            self.action,
+            bytes(self.reserved_bytes)
+        )
+    }
+}
+
+/// Reserved memory along a device's trace, and where it contradicts active memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReservedFigures {
+    pub peak: u64,
+    /// At the end (the final segments).
+    pub last: u64,
+    /// The action where active memory exceeds reserved memory the most, if it ever does
+    /// (a device with neither segments nor segment events has no reserved figure to hold).
+    pub conflict: Option<FiguresConflict>,
+}
+
+/// `ReservedFigures` in one pass over the trace. Reserved bytes before entry `p` are the
+/// final segments rewound through all segment events, plus those before `p`: the
+/// rewind is only known at the end, so each action keeps active bytes less the events
+/// before it, and the worst is compared once the rewind is known.
+pub fn reserved_figures(snap: &Snapshot, tl: &Timeline, device: usize) -> ReservedFigures {
+    let last: u64 = snap.device_segments(device).map(|s| s.total_size).sum();
+    let trace = snap.trace(device);
+    let (mut before, mut highest, mut any_event) = (0i128, 0i128, false);
+    let (mut next, mut worst): (usize, Option<(i128, usize)>) = (0, None);
+    for (i, &pos) in tl.event_positions.iter().enumerate() {
+        while next <= pos && next < trace.len() {
+            let d = reserved_change(&trace[next]);
+            (before, highest, any_event) = (before + d, highest.max(before + d), any_event || d != 0);
+            next += 1;
+        }
+        let over = tl.totals_at(i) as i128 - before;
+        if worst.is_none_or(|w| over > w.0) {
+            worst = Some((over, i));
+        }
+    }
+    for e in &trace[next.min(trace.len())..] {
+        let d = reserved_change(e);
+        (before, highest, any_event) = (before + d, highest.max(before + d), any_event || d != 0);
+    }
+    let start = last as i128 - before;
+    let known = any_event || snap.device_segments(device).next().is_some();
+    let conflict = worst.filter(|&(over, _)| known && over > start).map(|(_, i)| {
+        let reserved = start + reserved_change_before(trace, tl.event_positions[i]);
+        FiguresConflict { action: i, active_bytes: tl.totals_at(i), reserved_bytes: reserved.max(0) as u64 }
+    });
+    ReservedFigures { peak: (start + highest).max(0) as u64, last, conflict }
+}
+
+/// The change in reserved bytes from the trace's segment events before entry `pos`
+/// (and at it).
+fn reserved_change_before(trace: &[TraceEntry], pos: usize) -> i128 {
+    trace.iter().take(pos.saturating_add(1)).map(reserved_change).sum()
+}
+
+/// Segments, blocks and trace entries of one device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeviceCounts {
+    pub device: usize,
+    /// "device N" or "host".
+    pub name: String,
+    pub segments: usize,
+    pub blocks: usize,
+    pub trace_entries: usize,
+}
+
+/// The counts of every device of the file, in device order.
+pub fn device_counts(snap: &Snapshot) -> Vec<DeviceCounts> {
+    (0..snap.device_count())
+        .map(|d| {
+            let (segments, blocks) = snap.device_segments(d).fold((0, 0), |(n, b), s| (n + 1, b + s.blocks.len()));
+            DeviceCounts { device: d, name: snap.device_name(d), segments, blocks, trace_entries: snap.trace(d).len() }
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -288,14 +442,27 @@ pub struct AnnotationMark {
     pub event: Option<usize>,
 }
 
+/// The first action at or after `time_us` (the trace's times ascend): a binary search.
+fn first_action_from(snap: &Snapshot, tl: &Timeline, device: usize, time_us: i64) -> usize {
+    let (mut lo, mut hi) = (0, tl.total_events);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if event_time(snap, tl, device, mid).unwrap_or(i64::MAX) < time_us {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// The device's annotations placed on the timeline's action axis by time.
 pub fn annotation_marks(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<AnnotationMark> {
-    let times: Vec<i64> = (0..tl.total_events).map(|i| event_time(snap, tl, device, i).unwrap_or(i64::MAX)).collect();
     snap.external_annotations
         .iter()
         .filter(|a| a.device == device as i64)
         .map(|a| {
-            let k = times.partition_point(|&t| t < a.time_us);
+            let k = first_action_from(snap, tl, device, a.time_us);
             AnnotationMark {
                 name: a.name.clone(),
                 stage: match a.stage {
@@ -315,7 +482,12 @@ pub struct SnapshotSummary {
     /// Out-of-memory failures on `device`'s trace: the first thing to say about a file.
     pub oom: Vec<OomReport>,
     pub device: usize,
+    /// "device N" or "host".
+    pub device_name: String,
     pub devices: usize,
+    /// Figures of this file that contradict each other, said before anything else.
+    pub warnings: Vec<String>,
+    pub figures_conflict: Option<FiguresConflict>,
     /// The Active Memory Timeline's peak (memory_viz's), on `device`.
     pub peak_active_bytes: u64,
     pub peak_active_event: usize,
@@ -324,10 +496,14 @@ pub struct SnapshotSummary {
     pub peak_reserved_bytes: u64,
     pub reserved_bytes: u64,
     pub allocated_bytes: u64,
-    /// Counts over the whole file, all devices.
+    /// Counts on `device`.
     pub segments: usize,
     pub blocks: usize,
     pub trace_entries: usize,
+    /// Counts of every device.
+    pub per_device: Vec<DeviceCounts>,
+    /// What the reader left out (unknown actions and keys), counted.
+    pub skipped: Skipped,
     /// Timeline actions and allocations on `device`.
     pub events: usize,
     pub allocations: usize,
@@ -340,27 +516,35 @@ pub struct SnapshotSummary {
 }
 
 pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> SnapshotSummary {
-    let (_, totals) = segment_stats(&snap.segments, device);
-    let (peak_reserved, _) = reserved_peak(snap, device);
+    let (_, totals) = segment_stats(snap.device_segments(device));
+    let reserved = reserved_figures(snap, tl, device);
+    let per_device = device_counts(snap);
+    let here = per_device.get(device).cloned();
+    let conflict = reserved.conflict;
     SnapshotSummary {
         oom: oom_reports(snap, tl, device),
         device,
-        devices: snap.device_traces.len().max(1),
+        device_name: snap.device_name(device),
+        devices: snap.device_count(),
+        warnings: conflict.iter().map(FiguresConflict::describe).collect(),
+        figures_conflict: conflict,
         peak_active_bytes: tl.peak_bytes,
         peak_active_event: tl.peak_index,
         peak_active_time_us: event_time(snap, tl, device, tl.peak_index),
-        peak_reserved_bytes: peak_reserved,
+        peak_reserved_bytes: reserved.peak,
         reserved_bytes: totals.reserved,
         allocated_bytes: totals.allocated,
-        segments: snap.segments.len(),
-        blocks: snap.block_count(),
-        trace_entries: snap.trace_entry_count(),
+        segments: here.as_ref().map_or(0, |c| c.segments),
+        blocks: here.as_ref().map_or(0, |c| c.blocks),
+        trace_entries: here.as_ref().map_or(0, |c| c.trace_entries),
+        per_device,
+        skipped: snap.skipped.clone(),
         events: tl.total_events,
         allocations: tl.allocations.len(),
         fragmentation: totals.fragmentation,
         inactive_bytes: totals.inactive,
         largest_free_block: totals.largest_free_block,
-        largest: largest_ids(tl).into_iter().take(top).map(|id| allocation_info(snap, tl, device, id, false)).collect(),
+        largest: largest_first(tl, top).into_iter().map(|id| allocation_info(snap, tl, device, id, false)).collect(),
         breakdown: breakdown_at_peak(snap, tl, has_categories(tl)),
         annotations: annotation_marks(snap, tl, device),
     }
@@ -370,7 +554,10 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
 pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary) -> std::io::Result<()> {
     use crate::render::format::bytes;
     let at = s.peak_active_time_us.map(|t| format!(", time_us {t}")).unwrap_or_default();
-    writeln!(out, "{name} · device {} of {}", s.device, s.devices)?;
+    writeln!(out, "{name} · {} of {}", s.device_name, s.devices)?;
+    for w in &s.warnings {
+        writeln!(out, "warning: {w}")?;
+    }
     for r in &s.oom {
         super::oom::write_text(out, r, 5)?;
     }
@@ -378,7 +565,14 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
     writeln!(out, "peak reserved    {}", bytes(s.peak_reserved_bytes))?;
     writeln!(out, "at the end       reserved {}, allocated {}, cached free {}", bytes(s.reserved_bytes), bytes(s.allocated_bytes), bytes(s.inactive_bytes))?;
     writeln!(out, "fragmentation    {:.1}% of reserved holds no allocation; largest free block {}", s.fragmentation * 100.0, bytes(s.largest_free_block))?;
-    writeln!(out, "counts           {} segments, {} blocks, {} trace entries, {} allocations", s.segments, s.blocks, s.trace_entries, s.allocations)?;
+    writeln!(out, "counts           {} segments, {} blocks, {} trace entries, {} allocations on {}", s.segments, s.blocks, s.trace_entries, s.allocations, s.device_name)?;
+    if s.per_device.len() > 1 {
+        let each: Vec<String> = s.per_device.iter().map(|c| format!("{} {}/{}/{}", c.name, c.segments, c.blocks, c.trace_entries)).collect();
+        writeln!(out, "every device     segments/blocks/trace entries: {}", each.join(", "))?;
+    }
+    if let Some(skipped) = s.skipped.describe() {
+        writeln!(out, "not read         {skipped}")?;
+    }
     writeln!(out, "largest allocations:")?;
     for a in &s.largest {
         let life = match (a.start_event, a.end_event) {
@@ -420,12 +614,16 @@ mod tests {
             frame("_call_impl", "/x/torch/nn/modules/module.py", 1790),
             frame("forward", "/home/me/cs336_basics/model.py", 102),
         ];
-        let shown = shown_frames(frames.iter(), false);
+        let mut snap = Snapshot { frames: frames.to_vec(), stacks: vec![vec![0, 1, 2, 3, 4]], ..Default::default() };
+        let shown = shown_frames(&snap, 0, false);
         assert_eq!(shown.len(), 2);
         assert_eq!((shown[0].name.as_str(), shown[0].repeats), ("_call_impl", 2));
-        assert_eq!(shown_frames(frames.iter(), true).len(), 5);
-        let snap = Snapshot { frames: frames.to_vec(), stacks: vec![vec![0, 1, 2, 3, 4]], ..Default::default() };
+        assert_eq!(shown_frames(&snap, 0, true).len(), 5);
         assert_eq!(top_frame_label(&snap, 0).unwrap(), "forward (model.py:102)");
+        // FX keys of generated code name the graph node beside the frame.
+        let fx = |k: &str, v: &str| (k.to_string(), v.to_string());
+        snap.details.frame_fx = vec![(4, vec![fx("fx_node_op", "call_function"), fx("fx_node_name", "linear_1"), fx("fx_node_target", "aten.mm")])];
+        assert_eq!(shown_frames(&snap, 0, false)[1].fx.as_deref(), Some("call_function linear_1 (aten.mm)"));
         assert_eq!(frame_label("f", "C:\\a\\b.py", 3), "f (b.py:3)");
     }
 }

@@ -127,7 +127,7 @@ pub fn requested_size(message: &str) -> Option<u64> {
 }
 
 fn snapshot_name(c: &StepConfig) -> String {
-    format!("{}_ctx{}_b{}_{}_{}_{}.pickle", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention)
+    format!("{}_ctx{}_b{}_{}_{}_{}_{}.pickle", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention, c.optimizer)
 }
 
 /// Runs one configuration to completion on its own engine process (a fresh model and an
@@ -368,6 +368,7 @@ mod tests {
             precision: Precision::Fp32,
             mode: Mode::Train,
             attention: Attention::Naive,
+            optimizer: Default::default(),
         };
         let all = configurations(&[base], &[64, 128], &[1, 2], &[Precision::Fp32], &[Mode::Forward, Mode::Train], Attention::ALL);
         assert_eq!(all.len(), 16);
@@ -388,6 +389,7 @@ mod tests {
                     precision: Precision::Fp32,
                     mode: Mode::Train,
                     attention: Attention::Naive,
+                    optimizer: Default::default(),
                 }],
                 &[2048],
                 &[4],

@@ -309,7 +309,7 @@ pub fn setting_label(r: &WhatifRow) -> String {
 /// `vramscope whatif`.
 pub fn run(args: WhatifArgs) -> anyhow::Result<()> {
     let snap = crate::snapshot::read_snapshot_file(&args.file).with_context(|| args.file.display().to_string())?;
-    let device = args.device.unwrap_or_else(|| snap.first_traced_device());
+    let device = args.device.unwrap_or_else(|| snap.default_device());
     crate::app::snapshot_viewer::check_device(&args.file, &snap, device)?;
     anyhow::ensure!(
         snap.device_traces.get(device).is_some_and(|t| !t.is_empty()),

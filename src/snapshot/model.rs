@@ -4,6 +4,9 @@
 //! hold a `StackId` into `Snapshot::stacks`, and stacks hold `FrameId`s into
 //! `Snapshot::frames`. Reader, writer, timeline and allocator model all share this form.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 pub type FrameId = u32;
@@ -67,6 +70,11 @@ impl Action {
     pub fn from_u8(v: u8) -> Option<Action> {
         Action::ALL.get(v as usize).copied()
     }
+
+    /// An allocation or a free: what the Active Memory Timeline draws.
+    pub fn is_alloc_or_free(self) -> bool {
+        matches!(self, Action::Alloc | Action::FreeRequested | Action::FreeCompleted)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,10 +92,12 @@ impl BlockState {
             BlockState::Inactive => "inactive",
         }
     }
+    /// PyTorch documents `active_awaiting_free` and writes `active_pending_free`: both
+    /// are read (and the latter written, the one memory_viz knows).
     pub fn parse(s: &str) -> Option<BlockState> {
         match s {
             "active_allocated" => Some(BlockState::ActiveAllocated),
-            "active_pending_free" => Some(BlockState::ActivePendingFree),
+            "active_pending_free" | "active_awaiting_free" => Some(BlockState::ActivePendingFree),
             "inactive" => Some(BlockState::Inactive),
             _ => None,
         }
@@ -148,8 +158,10 @@ pub struct TraceEntry {
     pub frames: StackId,
     /// torch.profiler-style category name when the writer recorded one.
     pub category: Option<String>,
-    pub compile_context: Option<String>,
-    pub user_metadata: Option<String>,
+    /// Text a trace repeats over and over (PyTorch writes "N/A" and "" for most
+    /// entries): one copy shared by every entry with it.
+    pub compile_context: Option<Arc<str>>,
+    pub user_metadata: Option<Arc<str>>,
 }
 
 impl TraceEntry {
@@ -207,6 +219,66 @@ impl AllocatorSettings {
     }
 }
 
+/// The trace key of host memory in `Details` (CUDA traces are keyed by their ordinal).
+pub const HOST_TRACE: u32 = u32::MAX;
+
+/// Where a trace's entries change memory pool (`pool_id`, PyTorch 2.13): entries from
+/// `from` on, up to the next run of the same trace, are in `pool`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRun {
+    /// CUDA ordinal, or `HOST_TRACE`.
+    pub trace: u32,
+    pub from: u32,
+    pub pool: (i64, i64),
+}
+
+/// What newer PyTorch records beside the core records. Most files have none of it, so
+/// it is kept sparse here rather than in every entry, block and frame.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Details {
+    /// Trace entries' `pool_id`, as runs in trace order (entries before a trace's first
+    /// run, and files without the key, are in pool (0, 0)).
+    pub pools: Vec<PoolRun>,
+    /// Blocks' `forward_frames` (the forward op behind a tensor made in backward), by
+    /// block address, ascending.
+    pub forward_frames: Vec<(u64, StackId)>,
+    /// FX debug keys of frames (`fx_node_op`, `fx_node_name`, `fx_node_target`,
+    /// `fx_original_trace`, ...), by frame, ascending.
+    pub frame_fx: Vec<(FrameId, Vec<(String, String)>)>,
+}
+
+/// What the reader left out, counted: a file from a newer PyTorch still opens, and says
+/// what it did not use.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// Trace entries with an action this reader does not know (PyTorch main's
+    /// `annotate`), by action.
+    pub actions: BTreeMap<String, u64>,
+    /// Keys not used, by "record.key" (`trace entry.internal_metadata`).
+    pub keys: BTreeMap<String, u64>,
+}
+
+impl Skipped {
+    pub fn is_empty(&self) -> bool {
+        self.actions.is_empty() && self.keys.is_empty()
+    }
+
+    /// One line for a person, e.g. "skipped 3 trace entries with unknown actions
+    /// (annotate ×3); unused keys: trace entry.internal_metadata ×12".
+    pub fn describe(&self) -> Option<String> {
+        let list = |m: &BTreeMap<String, u64>| m.iter().map(|(k, n)| format!("{k} ×{n}")).collect::<Vec<_>>().join(", ");
+        let mut parts = Vec::new();
+        if !self.actions.is_empty() {
+            let n: u64 = self.actions.values().sum();
+            parts.push(format!("skipped {n} trace entries with unknown actions ({})", list(&self.actions)));
+        }
+        if !self.keys.is_empty() {
+            parts.push(format!("unused keys: {}", list(&self.keys)));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub segments: Vec<Segment>,
@@ -216,6 +288,13 @@ pub struct Snapshot {
     pub external_annotations: Vec<Annotation>,
     pub frames: Vec<Frame>,
     pub stacks: Vec<Vec<FrameId>>,
+    /// Host (pinned) memory, `host_segments` of newer PyTorch: shown as a "host" device
+    /// after the CUDA ones.
+    pub host_segments: Vec<Segment>,
+    /// `host_traces`, as one trace.
+    pub host_trace: Vec<TraceEntry>,
+    pub details: Details,
+    pub skipped: Skipped,
 }
 
 impl Snapshot {
@@ -228,18 +307,99 @@ impl Snapshot {
             .map(move |f| &self.frames[*f as usize])
     }
 
+    /// Blocks of all devices, the host's included.
     pub fn block_count(&self) -> usize {
-        self.segments.iter().map(|s| s.blocks.len()).sum()
+        self.segments.iter().chain(&self.host_segments).map(|s| s.blocks.len()).sum()
     }
 
+    /// Trace entries of all devices, the host's included.
     pub fn trace_entry_count(&self) -> usize {
-        self.device_traces.iter().map(Vec::len).sum()
+        self.device_traces.iter().map(Vec::len).sum::<usize>() + self.host_trace.len()
     }
 
-    /// The device to show when none is asked for: the first whose trace has entries (a
-    /// snapshot of a run on cuda:3, or of DDP rank 3, has empty lists before its own), else 0.
-    pub fn first_traced_device(&self) -> usize {
-        self.device_traces.iter().position(|t| !t.is_empty()).unwrap_or(0)
+    /// CUDA devices the file speaks of: its traces, and the ordinals its segments name (a
+    /// bare segment list has no traces).
+    pub fn cuda_devices(&self) -> usize {
+        let by_segments = self.segments.iter().map(|s| usize::try_from(s.device).map_or(0, |d| d + 1)).max().unwrap_or(0);
+        self.device_traces.len().max(by_segments)
+    }
+
+    /// The device index of host memory (after the CUDA devices), when the file has any.
+    pub fn host_device(&self) -> Option<usize> {
+        (!self.host_segments.is_empty() || !self.host_trace.is_empty()).then(|| self.cuda_devices())
+    }
+
+    /// Devices to choose from: the CUDA ones, then the host; at least one.
+    pub fn device_count(&self) -> usize {
+        (self.cuda_devices() + usize::from(self.host_device().is_some())).max(1)
+    }
+
+    /// "host", or "device N".
+    pub fn device_name(&self, device: usize) -> String {
+        if self.host_device() == Some(device) {
+            "host".into()
+        } else {
+            format!("device {device}")
+        }
+    }
+
+    /// `Details` key of a device's trace.
+    pub fn trace_key(&self, device: usize) -> u32 {
+        if self.host_device() == Some(device) {
+            HOST_TRACE
+        } else {
+            device as u32
+        }
+    }
+
+    /// A device's trace (empty past the last).
+    pub fn trace(&self, device: usize) -> &[TraceEntry] {
+        if self.host_device() == Some(device) {
+            return &self.host_trace;
+        }
+        self.device_traces.get(device).map_or(&[], Vec::as_slice)
+    }
+
+    /// A device's segments.
+    pub fn device_segments(&self, device: usize) -> impl Iterator<Item = &Segment> + '_ {
+        let (list, ordinal) = match self.host_device() == Some(device) {
+            true => (&self.host_segments, None),
+            false => (&self.segments, Some(device as i64)),
+        };
+        list.iter().filter(move |s| ordinal.is_none_or(|d| s.device == d))
+    }
+
+    /// The pool (`pool_id`) of entry `index` of a device's trace; (0, 0) when unrecorded.
+    pub fn entry_pool(&self, device: usize, index: usize) -> (i64, i64) {
+        let key = self.trace_key(device);
+        let runs = &self.details.pools;
+        let end = runs.partition_point(|r| (r.trace, r.from as usize) <= (key, index));
+        end.checked_sub(1).map(|i| runs[i]).filter(|r| r.trace == key).map_or((0, 0), |r| r.pool)
+    }
+
+    /// A block's `forward_frames`, when recorded.
+    pub fn forward_frames(&self, block_address: u64) -> Option<StackId> {
+        let v = &self.details.forward_frames;
+        v.binary_search_by_key(&block_address, |x| x.0).ok().map(|i| v[i].1)
+    }
+
+    /// A frame's FX debug keys and values (empty when it has none).
+    pub fn frame_fx(&self, frame: FrameId) -> &[(String, String)] {
+        let v = &self.details.frame_fx;
+        v.binary_search_by_key(&frame, |x| x.0).map_or(&[], |i| v[i].1.as_slice())
+    }
+
+    /// The device to show when none is asked for: the first with alloc or free actions
+    /// in its trace (a run on cuda:3, or DDP rank 3, has empty lists before its own),
+    /// else the first with active blocks, else the first with any trace entries, else 0.
+    pub fn default_device(&self) -> usize {
+        let devices = 0..self.device_count();
+        let has_actions = |d: &usize| self.trace(*d).iter().any(|e| e.action.is_alloc_or_free());
+        let has_blocks = |d: &usize| self.device_segments(*d).any(|s| s.blocks.iter().any(|b| b.state.is_active()));
+        devices.clone().find(has_actions)
+            .or_else(|| devices.clone().find(has_blocks))
+            .or_else(|| devices.clone().find(|d| !self.trace(*d).is_empty()))
+            .unwrap_or(0)
     }
 }
 

@@ -11,8 +11,13 @@
 //! The value at action `i` is the stacked total *during* it: an allocation made at `i`
 //! and one freed at `i` both count (memory_viz's `max_at_time`), so the peak is the top of
 //! the plot. memory_viz's slide-down animation steps are not x positions here.
+//!
+//! Every event costs O(1) amortized, including the free of a block allocated before the
+//! trace, which raises every total before it: each action stores its total minus the
+//! bytes of such frees seen so far, and a total is that value plus all of them (a free
+//! at `j` then counts exactly at the actions up to `j`). Nothing recorded is rewritten.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::model::{Action, Snapshot, StackId, TraceEntry};
 
@@ -45,7 +50,7 @@ const FANOUT: usize = 16;
 /// of the level below, so a range costs at most 2·FANOUT reads per level.
 #[derive(Clone, Debug, Default)]
 struct MaxPyramid {
-    levels: Vec<Vec<u64>>,
+    levels: Vec<Vec<i64>>,
 }
 
 impl MaxPyramid {
@@ -53,11 +58,11 @@ impl MaxPyramid {
         self.levels.first().map_or(0, Vec::len)
     }
 
-    fn get(&self, i: usize) -> u64 {
+    fn get(&self, i: usize) -> i64 {
         self.levels[0][i]
     }
 
-    fn push(&mut self, v: u64) {
+    fn push(&mut self, v: i64) {
         if self.levels.is_empty() {
             self.levels.push(Vec::new());
         }
@@ -87,31 +92,11 @@ impl MaxPyramid {
         }
     }
 
-    /// Adds `v` to every value in `0..=last`.
-    fn add_prefix(&mut self, last: usize, v: u64) {
-        for x in &mut self.levels[0][..=last] {
-            *x += v;
-        }
-        let mut hi = last;
-        for lvl in 1..self.levels.len() {
-            hi /= FANOUT;
-            let (below, above) = self.levels.split_at_mut(lvl);
-            let src = &below[lvl - 1];
-            for (j, dst) in above[0][..=hi].iter_mut().enumerate() {
-                *dst = src[j * FANOUT..((j + 1) * FANOUT).min(src.len())]
-                    .iter()
-                    .copied()
-                    .max()
-                    .unwrap_or(0);
-            }
-        }
-    }
-
     /// (max, the first index holding it) over `a..b`; None when empty.
-    fn range_max(&self, mut a: usize, mut b: usize) -> Option<(u64, usize)> {
+    fn range_max(&self, mut a: usize, mut b: usize) -> Option<(i64, usize)> {
         // (value, level, index, first leaf): ties go to the leftmost.
-        let mut best: Option<(u64, usize, usize, usize)> = None;
-        let mut consider = |v: u64, lvl: usize, i: usize| {
+        let mut best: Option<(i64, usize, usize, usize)> = None;
+        let mut consider = |v: i64, lvl: usize, i: usize| {
             let leaf = i * FANOUT.pow(lvl as u32);
             if best.is_none_or(|(bv, _, _, bl)| v > bv || (v == bv && leaf < bl)) {
                 best = Some((v, lvl, i, leaf));
@@ -168,15 +153,24 @@ pub struct Timeline {
     /// Position of each action in the fed stream (the trace entry index for snapshots).
     pub event_positions: Vec<usize>,
     steps: Vec<Step>,
-    /// Stacked total during each action, without `base`.
+    /// Stacked total during each action, less `base`, less `early`, plus the bytes of
+    /// the frees of older blocks at later actions: the total is this plus `base + early`.
     totals: MaxPyramid,
     /// Bytes alive during the whole timeline (blocks older than the trace never freed).
     base: u64,
-    /// Running total after the last action, without `base`.
+    /// Bytes of the blocks older than the trace freed so far (each alive from the start
+    /// up to its free).
+    early: u64,
+    /// Running total of the trace's own allocations after the last action.
     current: u64,
+    /// The highest `totals` value, at `peak_index`.
+    peak_value: i64,
     cat_base: Vec<u64>,
+    cat_early: Vec<u64>,
     cat_current: Vec<u64>,
-    /// Per-category totals before action k·CHECKPOINT, without `cat_base`.
+    /// Per category before action k·CHECKPOINT: `cat_current` less the `cat_early` of
+    /// then, in wrapping arithmetic; plus `cat_base` and today's `cat_early` it is the
+    /// total there.
     cat_checkpoints: Vec<Vec<u64>>,
     /// Stacking order: blocks from `segments` lowest, then blocks freed without an alloc
     /// (the last freed lowest), then allocations in order.
@@ -200,7 +194,7 @@ pub fn category_index(names: &mut Vec<String>, category: Option<&str>) -> u16 {
 #[derive(Clone, Debug, Default)]
 pub struct TimelineBuilder {
     tl: Timeline,
-    open: HashMap<u64, u32>,
+    open: FxHashMap<u64, u32>,
     pending_free: Option<(u64, usize)>,
     fed: usize,
     /// Blocks added by `add_alive_throughout` so far (counting them per call was quadratic).
@@ -214,6 +208,7 @@ impl TimelineBuilder {
         let mut b = TimelineBuilder::default();
         b.tl.cat_base = vec![0; categories.len().max(1)];
         b.tl.cat_current = b.tl.cat_base.clone();
+        b.tl.cat_early = b.tl.cat_base.clone();
         b.tl.categories = categories;
         b
     }
@@ -260,7 +255,7 @@ impl TimelineBuilder {
         });
         tl.base += size;
         tl.cat_base[category as usize] += size;
-        tl.peak_bytes += size;
+        tl.refresh_peak();
     }
 
     /// Whether `addr` holds an allocation made in the fed events and not freed yet.
@@ -275,18 +270,44 @@ impl TimelineBuilder {
     /// The timeline of a snapshot's trace once every entry of `device` is fed: the final
     /// state's active blocks the trace left unallocated are added alive throughout, and
     /// the categories take `names` (from `category_index`).
+    ///
+    /// A trace without alloc or free actions (none recorded, or only `snapshot` and `oom`
+    /// entries) becomes one action holding the final state, as memory_viz draws it: the
+    /// first active block is allocated there, above the others.
     pub fn finish_snapshot(mut self, s: &Snapshot, device: usize, mut names: Vec<String>) -> Timeline {
         let unknown = category_index(&mut names, None);
         self.ensure_category((names.len() - 1) as u16);
-        for seg in s.segments.iter().filter(|seg| seg.device == device as i64) {
+        let first = self.tl.allocations.len();
+        for seg in s.device_segments(device) {
             for blk in &seg.blocks {
                 if blk.state == super::model::BlockState::ActiveAllocated && !self.is_open(blk.address) {
                     self.add_alive_throughout(blk.address, blk.requested_size, blk.frames, unknown);
                 }
             }
         }
+        if self.tl.total_events == 0 && first < self.tl.allocations.len() {
+            self.allocate_at_the_end(first, s.trace(device).len());
+        }
         self.tl.categories = names;
         self.tl
+    }
+
+    /// Makes block `id`, alive throughout, the allocation of a new action at trace
+    /// position `pos`.
+    fn allocate_at_the_end(&mut self, id: usize, pos: usize) {
+        let tl = &mut self.tl;
+        let (size, category) = (tl.allocations[id].size, tl.allocations[id].category as usize);
+        tl.base -= size;
+        tl.cat_base[category] -= size;
+        let i = self.begin_step(id as u32, false, pos);
+        let tl = &mut self.tl;
+        let a = &mut tl.allocations[id];
+        (a.alive_at_start, a.start) = (false, i);
+        tl.stack_keys[id] = i as i64;
+        tl.current += size;
+        tl.cat_current[category] += size;
+        let during = tl.current;
+        self.record_total(i, during);
     }
 
     /// For a builder fed trace entry indices in place of stacks: each allocation gets the
@@ -307,6 +328,7 @@ impl TimelineBuilder {
         if tl.cat_current.len() < need {
             tl.cat_current.resize(need, 0);
             tl.cat_base.resize(need, 0);
+            tl.cat_early.resize(need, 0);
         }
     }
 
@@ -314,7 +336,8 @@ impl TimelineBuilder {
         let tl = &mut self.tl;
         let i = tl.steps.len();
         if i.is_multiple_of(CHECKPOINT) {
-            tl.cat_checkpoints.push(tl.cat_current.clone());
+            let cp = tl.cat_current.iter().zip(&tl.cat_early).map(|(c, e)| c.wrapping_sub(*e)).collect();
+            tl.cat_checkpoints.push(cp);
         }
         tl.steps.push(Step { alloc, free });
         tl.event_positions.push(pos);
@@ -322,13 +345,17 @@ impl TimelineBuilder {
         i
     }
 
+    /// Action `i`'s stacked total (of the trace's own allocations, `during`), before any
+    /// older block it frees is counted in `early`.
     fn record_total(&mut self, i: usize, during: u64) {
         let tl = &mut self.tl;
-        tl.totals.push(during);
-        if during + tl.base > tl.peak_bytes || i == 0 {
-            tl.peak_bytes = during + tl.base;
+        let v = during as i64 - tl.early as i64;
+        tl.totals.push(v);
+        if v > tl.peak_value || i == 0 {
+            tl.peak_value = v;
             tl.peak_index = i;
         }
+        tl.refresh_peak();
     }
 
     fn alloc(&mut self, addr: u64, size: u64, stack: StackId, category: u16, pos: usize) {
@@ -379,18 +406,12 @@ impl TimelineBuilder {
             alive_at_start: true,
         });
         tl.stack_keys.push(-(i as i64) - 1);
-        for cp in &mut tl.cat_checkpoints {
-            if cp.len() <= category as usize {
-                cp.resize(category as usize + 1, 0);
-            }
-            cp[category as usize] += size;
-        }
         let during = tl.current;
-        tl.totals.push(during);
-        tl.totals.add_prefix(i, size);
-        let (peak, at) = tl.totals.range_max(0, i + 1).unwrap_or((0, 0));
-        tl.peak_bytes = peak + tl.base;
-        tl.peak_index = at;
+        self.record_total(i, during);
+        let tl = &mut self.tl;
+        tl.early += size;
+        tl.cat_early[category as usize] += size;
+        tl.refresh_peak();
     }
 }
 
@@ -457,7 +478,7 @@ impl Timeline {
     /// The timeline of `device`'s trace, with the final state's unallocated active blocks
     /// alive throughout.
     pub fn from_snapshot(s: &Snapshot, device: usize) -> Timeline {
-        let trace: &[_] = s.device_traces.get(device).map_or(&[], Vec::as_slice);
+        let trace = s.trace(device);
         let mut names = Vec::new();
         let mut b = TimelineBuilder::new(Vec::new());
         for e in trace {
@@ -467,10 +488,19 @@ impl Timeline {
         b.finish_snapshot(s, device, names)
     }
 
+    /// A stored `totals` value as bytes.
+    fn lift(&self, v: i64) -> u64 {
+        (v as i128 + self.early as i128 + self.base as i128).max(0) as u64
+    }
+
+    fn refresh_peak(&mut self) {
+        self.peak_bytes = if self.totals.len() == 0 { self.base } else { self.lift(self.peak_value) };
+    }
+
     /// Stacked bytes during action `index`.
     pub fn totals_at(&self, index: usize) -> u64 {
         if index < self.totals.len() {
-            self.totals.get(index) + self.base
+            self.lift(self.totals.get(index))
         } else {
             self.base
         }
@@ -500,8 +530,10 @@ impl Timeline {
         (0..buckets)
             .map(|k| {
                 let (a, b) = self.bucket(from, to, buckets, k);
-                let (v, i) = self.totals.range_max(a, b).unwrap_or((0, a));
-                (v + self.base, i)
+                match self.totals.range_max(a, b) {
+                    Some((v, i)) => (self.lift(v), i),
+                    None => (self.base, a),
+                }
             })
             .collect()
     }
@@ -516,16 +548,16 @@ impl Timeline {
             return t;
         }
         let k = index / CHECKPOINT;
+        for (x, e) in t.iter_mut().zip(&self.cat_early) {
+            *x += e;
+        }
         for (x, c) in t.iter_mut().zip(&self.cat_checkpoints[k]) {
-            *x += c;
+            *x = x.wrapping_add(*c);
         }
         for s in &self.steps[k * CHECKPOINT..index] {
             let a = &self.allocations[s.alloc as usize];
-            if s.free {
-                t[a.category as usize] -= a.size;
-            } else {
-                t[a.category as usize] += a.size;
-            }
+            let x = &mut t[a.category as usize];
+            *x = if s.free { x.wrapping_sub(a.size) } else { x.wrapping_add(a.size) };
         }
         // During an action both what it frees (still counted) and what it allocates count.
         let s = self.steps[index];
@@ -603,6 +635,9 @@ impl Timeline {
             let size = view.max_end.len() / 2;
             view.collect_alive(1, 0, size, limit, index as u64, &mut ids);
         }
+        // A view chosen while the timeline was still growing holds ends as they were:
+        // a band freed since is not drawn.
+        ids.retain(|&a| self.allocations[a as usize].alive_at(index));
         let mut y = 0;
         let bands = ids
             .into_iter()
@@ -781,6 +816,22 @@ mod tests {
             layout(&t.stack_at(&v, 1)),
             vec![(2, 0, 1024), (0, 1024, 2048), (1, 2048, 2560)]
         );
+    }
+
+    #[test]
+    fn a_view_chosen_before_later_frees_draws_what_is_alive_now() {
+        let mut b = TimelineBuilder::new(vec!["unknown".into()]);
+        b.feed(Alloc, 1, 100, 0, 0);
+        b.feed(Alloc, 2, 50, 0, 0);
+        let view = b.timeline().detail(15_000);
+        b.feed(FreeCompleted, 1, 100, 0, 0);
+        b.feed(Alloc, 3, 10, 0, 0);
+        let t = b.finish();
+        // Action 2 frees the first band (it still counts during its free); at 3 the
+        // band allocated after the view was chosen is in the summarized part.
+        assert_eq!(layout(&t.stack_at(&view, 2)), vec![(0, 0, 100), (1, 100, 150)]);
+        let c = t.stack_at(&view, 3);
+        assert_eq!((layout(&c), c.summarized), (vec![(1, 0, 50)], (50, 60)));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::model::{
     AnnotationStage, Block, FrameId, Segment, SettingValue, Snapshot, StackId, TraceEntry,
+    HOST_TRACE,
 };
 use super::reader::op;
 
@@ -322,6 +323,10 @@ impl<'s, W: Write> Pickler<'s, W> {
         self.str(&f.filename)?;
         self.str("line")?;
         self.int(f.line);
+        for (k, v) in self.snap.frame_fx(id) {
+            self.str(k)?;
+            self.str(v)?;
+        }
         self.end_dict();
         Ok(())
     }
@@ -349,7 +354,19 @@ impl<'s, W: Write> Pickler<'s, W> {
         self.str("segments")?;
         self.list(&snap.segments, Self::segment)?;
         self.str("device_traces")?;
-        self.list(&snap.device_traces, |p, trace| p.list(trace, Self::entry))?;
+        let mut device = 0;
+        self.list(&snap.device_traces, |p, trace| {
+            device += 1;
+            p.trace(trace, device - 1)
+        })?;
+        if !snap.host_segments.is_empty() || !snap.host_trace.is_empty() {
+            self.str("host_segments")?;
+            self.list(&snap.host_segments, Self::segment)?;
+            self.str("host_traces")?;
+            self.buf.push(op::EMPTY_LIST);
+            self.trace(&snap.host_trace, HOST_TRACE)?;
+            self.buf.push(op::APPEND);
+        }
         if let Some(settings) = &snap.allocator_settings {
             self.str("allocator_settings")?;
             self.setting_dict(&settings.entries)?;
@@ -419,11 +436,30 @@ impl<'s, W: Write> Pickler<'s, W> {
         self.str(b.state.as_str())?;
         self.str("frames")?;
         self.stack(b.frames)?;
+        if let Some(forward) = self.snap.forward_frames(b.address) {
+            self.str("forward_frames")?;
+            self.stack(forward)?;
+        }
         self.end_dict();
         Ok(())
     }
 
-    fn entry(&mut self, e: &'s TraceEntry) -> io::Result<()> {
+    /// One trace (`trace` is its `Details` key); each entry says its pool when the
+    /// trace has any besides (0, 0).
+    fn trace(&mut self, entries: &'s [TraceEntry], trace: u32) -> io::Result<()> {
+        let mut runs = self.snap.details.pools.iter().filter(|r| r.trace == trace).peekable();
+        let pooled = runs.peek().is_some();
+        let (mut i, mut pool) = (0, (0, 0));
+        self.list(entries, |p, e| {
+            if let Some(r) = runs.next_if(|r| r.from as usize <= i) {
+                pool = r.pool;
+            }
+            i += 1;
+            p.entry(e, pooled.then_some(pool))
+        })
+    }
+
+    fn entry(&mut self, e: &'s TraceEntry, pool: Option<(i64, i64)>) -> io::Result<()> {
         self.begin_dict();
         self.str("action")?;
         self.str(e.action.as_str())?;
@@ -440,14 +476,20 @@ impl<'s, W: Write> Pickler<'s, W> {
         self.str("time_us")?;
         self.int(e.time_us);
         for (key, v) in [
-            ("category", &e.category),
-            ("compile_context", &e.compile_context),
-            ("user_metadata", &e.user_metadata),
+            ("category", e.category.as_deref()),
+            ("compile_context", e.compile_context.as_deref()),
+            ("user_metadata", e.user_metadata.as_deref()),
         ] {
             if let Some(v) = v {
                 self.str(key)?;
                 self.str(v)?;
             }
+        }
+        if let Some((a, b)) = pool {
+            self.str("pool_id")?;
+            self.int(a);
+            self.int(b);
+            self.buf.push(op::TUPLE2);
         }
         self.str("frames")?;
         self.stack(e.frames)?;

@@ -140,6 +140,8 @@ pub struct Store {
     pub paused: bool,
     pub finished: bool,
     pub oom: Option<OomReport>,
+    /// Out-of-memory errors so far.
+    pub ooms: u64,
     /// Events known lost between producer and store (sequence gaps).
     pub lost_events: u64,
     next_seq: Option<u64>,
@@ -176,6 +178,7 @@ impl Store {
             paused: false,
             finished: false,
             oom: None,
+            ooms: 0,
             lost_events: 0,
             next_seq: None,
             peak: (0, 0),
@@ -405,6 +408,7 @@ impl Store {
                 let text = format!("out of memory at step {} ({}): {} — lower ctx with [ and resume with space", o.step, o.phase.as_str(), o.message);
                 self.mark(here, Marker::Oom(o.clone()), LogKind::Error, text);
                 self.oom = Some(o);
+                self.ooms += 1;
             }
             Report::Paused(p) => {
                 self.paused = p;

@@ -23,6 +23,7 @@ pub fn tiny(ctx: i64, batch: i64, mode: Mode, precision: Precision, attention: A
         precision,
         mode,
         attention,
+        optimizer: Default::default(),
     }
 }
 
@@ -112,7 +113,12 @@ pub fn load(name: &str) -> Snapshot {
 /// Runs `script` with the project venv's Python on `file` and parses the JSON it prints:
 /// the independent computations the tests hold our figures to.
 pub fn python_json<T: serde::de::DeserializeOwned>(script: &str, file: &std::path::Path) -> T {
-    let out = std::process::Command::new(python()).arg("-c").arg(script).arg(file).output().expect("run the venv's python");
+    python_json_args(script, file, &[])
+}
+
+/// `python_json` with more arguments after the file.
+pub fn python_json_args<T: serde::de::DeserializeOwned>(script: &str, file: &std::path::Path, args: &[&str]) -> T {
+    let out = std::process::Command::new(python()).arg("-c").arg(script).arg(file).args(args).output().expect("run the venv's python");
     assert!(out.status.success(), "python failed on {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("python prints JSON")
 }
@@ -134,4 +140,77 @@ pub fn long_snapshot_file(name: &str, copies: usize, path: &std::path::Path) -> 
     }
     vramscope::snapshot::save_snapshot_atomic(&snap, path).expect("write the long snapshot");
     snap
+}
+
+/// memory_viz's Active Memory Timeline (MemoryViz.js `annotate_snapshot` and
+/// `process_alloc_data`), written independently in Python on the pickle itself, for
+/// device `sys.argv[2]`: the total during each alloc/free action, the number of
+/// allocations and how many were alive at the start. Every entry stays in the trace, so
+/// an action it does not know (`annotate`) keeps a request and its completion apart, as
+/// there.
+pub const MEMORY_VIZ_TIMELINE: &str = r#"
+import json, pickle, sys
+d = pickle.load(open(sys.argv[1], 'rb'))
+dev = int(sys.argv[2])
+if isinstance(d, list):
+    d = {'segments': d, 'device_traces': []}
+traces = d.get('device_traces') or []
+events = []
+for e in (traces[dev] if dev < len(traces) else []):
+    if (e['action'] == 'free_completed' and events and events[-1]['action'] == 'free_requested'
+            and events[-1]['addr'] == e['addr']):
+        events[-1]['action'] = 'free'
+        continue
+    events.append(dict(e))
+sizes, initial, actions, open_ = [], [], [], {}
+for e in events:
+    if e['action'] == 'alloc':
+        sizes.append(e['size']); open_[e['addr']] = len(sizes) - 1; actions.append(len(sizes) - 1)
+    elif e['action'] in ('free', 'free_completed'):
+        if e['addr'] in open_:
+            actions.append(open_.pop(e['addr']))
+        else:
+            sizes.append(e['size']); initial.append(len(sizes) - 1); actions.append(len(sizes) - 1)
+for seg in d['segments']:
+    if seg.get('device', 0) != dev:
+        continue
+    addr = seg['address']
+    for b in seg['blocks']:
+        if b['state'] == 'active_allocated' and addr not in open_:
+            if 'frames' in b or 'history' not in b:
+                size = b.get('requested_size', b['size'])
+            else:
+                size = b.get('requested_size') or b['history'][0]['real_size']
+            sizes.append(size); initial.append(len(sizes) - 1)
+        addr += b['size']
+initial.reverse()
+if not actions and initial:
+    actions.append(initial.pop())
+alive = set(initial)
+total = sum(sizes[i] for i in initial)
+during = []
+for el in actions:
+    if el in alive:
+        during.append(total); total -= sizes[el]; alive.discard(el)
+    else:
+        alive.add(el); total += sizes[el]; during.append(total)
+print(json.dumps({'during': during, 'elements': len(sizes), 'initial': len(initial)}))
+"#;
+
+/// What `MEMORY_VIZ_TIMELINE` prints.
+#[derive(serde::Deserialize)]
+pub struct MemoryVizTimeline {
+    pub during: Vec<u64>,
+    pub elements: usize,
+    pub initial: usize,
+}
+
+impl MemoryVizTimeline {
+    pub fn of(file: &std::path::Path, device: usize) -> MemoryVizTimeline {
+        python_json_args(MEMORY_VIZ_TIMELINE, file, &[&device.to_string()])
+    }
+
+    pub fn peak(&self) -> u64 {
+        self.during.iter().copied().max().unwrap_or(0)
+    }
 }

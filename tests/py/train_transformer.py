@@ -97,13 +97,19 @@ def main():
     p.add_argument("--out", help="write this script's own figures here (JSON)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after each step")
     p.add_argument("--oom-at", type=int, default=-1, help="at this step, ask for more memory than exists")
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--timings", help="write each step's seconds here, one per line")
+    p.add_argument("--linger", type=float, default=0.0, help="seconds to wait, model alive, after training")
     a = p.parse_args()
     torch.manual_seed(0)
-    model = TransformerLM()
+    model = TransformerLM(d=a.d_model, heads=4, d_ff=4 * a.d_model, layers=a.layers)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     vocab = 1000
     figures = {"oom": None, "ctx_used": []}
+    times = []
     for step in range(a.steps):
+        started = time.perf_counter()
         ctx = vramscope_hook.knob("ctx", a.ctx) if vramscope_hook else a.ctx
         figures["ctx_used"].append(ctx)
         tokens = torch.randint(vocab, (a.batch, ctx))
@@ -121,8 +127,12 @@ def main():
                 figures["oom"] = {"message": str(e).splitlines()[0], "snapshots_when_caught": saved}
         loss.backward()
         opt.step()
+        times.append(time.perf_counter() - started)
         if a.sleep:
             time.sleep(a.sleep)
+    if a.timings:
+        with open(a.timings, "w") as f:
+            f.write("\n".join(map(str, times)) + "\n")
     figures["parameters"] = {n: p.nbytes for n, p in model.named_parameters()}
     figures["parameter_bytes"] = sum(p.nbytes for p in model.parameters())
     figures["optimizer_state_bytes"] = sum(
@@ -132,7 +142,8 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump(figures, f)
-    print(f"trained {a.steps} steps, final loss {loss.item():.3f}")
+    print(f"trained {a.steps} steps, final loss {loss.item():.3f}", flush=True)
+    time.sleep(a.linger)
 
 
 if __name__ == "__main__":

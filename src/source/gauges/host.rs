@@ -4,6 +4,7 @@
 use std::fs;
 use std::time::Instant;
 
+use super::watched::Watched;
 use super::reader::{GaugeError, GaugeReader};
 use super::sample::{Gauges, HostSample, SourceKind};
 
@@ -100,33 +101,35 @@ struct CpuMark {
 pub struct HostReader {
     prev: CpuMark,
     ticks_per_sec: u64,
+    /// The job's processes: their RSS and CPU are what the gauges call the job's.
+    job: Watched,
+    /// The processes `prev` counted (a change restarts the job's CPU figure).
+    prev_pids: Vec<u32>,
 }
 
-const STATUS: &str = "/proc/self/status";
 const MEMINFO: &str = "/proc/meminfo";
 const STAT: &str = "/proc/stat";
-const SELF_STAT: &str = "/proc/self/stat";
+
+/// RSS and CPU ticks of `pids` together; a process that has ended counts nothing.
+fn job_figures(pids: &[u32]) -> (u64, u64) {
+    pids.iter().fold((0, 0), |(rss, ticks), pid| {
+        let r = std::fs::read_to_string(format!("/proc/{pid}/status")).ok().and_then(|s| parse_rss(&s)).unwrap_or(0);
+        let t = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| parse_task_ticks(&s)).unwrap_or(0);
+        (rss + r, ticks + t)
+    })
+}
 
 impl HostReader {
     /// Takes the first CPU mark now, so the first sample already has a CPU figure.
-    pub fn open() -> Result<HostReader, GaugeError> {
-        Ok(HostReader {
-            prev: Self::mark()?,
-            ticks_per_sec: clock_ticks_per_sec(),
-        })
+    pub fn open(job: Watched) -> Result<HostReader, GaugeError> {
+        let pids = job.pids();
+        Ok(HostReader { prev: Self::mark(&pids)?, ticks_per_sec: clock_ticks_per_sec(), job, prev_pids: pids })
     }
 
-    fn mark() -> Result<CpuMark, GaugeError> {
+    fn mark(pids: &[u32]) -> Result<CpuMark, GaugeError> {
         let (busy, total, _) =
             parse_cpu_ticks(&read(STAT)?).ok_or_else(|| malformed(STAT, "cpu line"))?;
-        let self_ticks = parse_task_ticks(&read(SELF_STAT)?)
-            .ok_or_else(|| malformed(SELF_STAT, "utime/stime"))?;
-        Ok(CpuMark {
-            busy,
-            total,
-            self_ticks,
-            at: Instant::now(),
-        })
+        Ok(CpuMark { busy, total, self_ticks: job_figures(pids).1, at: Instant::now() })
     }
 }
 
@@ -136,14 +139,13 @@ impl GaugeReader for HostReader {
     }
 
     fn sample(&mut self) -> Result<Gauges, GaugeError> {
-        let rss_bytes = parse_rss(&read(STATUS)?).ok_or_else(|| malformed(STATUS, "VmRSS"))?;
+        let pids = self.job.pids();
+        let (rss_bytes, self_ticks) = job_figures(&pids);
         let (mem_total, mem_used) = parse_meminfo(&read(MEMINFO)?)
             .ok_or_else(|| malformed(MEMINFO, "MemTotal/MemAvailable"))?;
         let stat = read(STAT)?;
         let (busy, total, cpu_count) =
             parse_cpu_ticks(&stat).ok_or_else(|| malformed(STAT, "cpu line"))?;
-        let self_ticks = parse_task_ticks(&read(SELF_STAT)?)
-            .ok_or_else(|| malformed(SELF_STAT, "utime/stime"))?;
         let now = CpuMark {
             busy,
             total,
@@ -154,7 +156,9 @@ impl GaugeReader for HostReader {
         let cpu_percent = (dt_total > 0)
             .then(|| 100.0 * now.busy.saturating_sub(self.prev.busy) as f32 / dt_total as f32);
         let wall = now.at.duration_since(self.prev.at).as_secs_f32();
-        let self_cpu_percent = (wall > 0.0).then(|| {
+        // Other processes than the last sample's: no rate between the two.
+        let same = std::mem::replace(&mut self.prev_pids, pids.clone()) == pids;
+        let self_cpu_percent = (wall > 0.0 && same).then(|| {
             let secs = now.self_ticks.saturating_sub(self.prev.self_ticks) as f32
                 / self.ticks_per_sec as f32;
             100.0 * secs / wall
@@ -189,10 +193,26 @@ mod tests {
         assert_eq!(parse_rss("VmRSSX: 1 kB\n"), None);
     }
 
+    /// Watching a job, the RSS and CPU are the job's processes', not vramscope's.
+    #[test]
+    fn a_jobs_figures_are_its_processes() {
+        let mut job = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = job.id();
+        let rss_of = |pid: u32| parse_rss(&std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap()).unwrap();
+        let mut reader = HostReader::open(Watched::of(&[pid])).unwrap();
+        let Gauges::Host(h) = reader.sample().unwrap() else { unreachable!("host") };
+        assert_eq!(h.rss_bytes, rss_of(pid), "the job's RSS");
+        assert!(h.rss_bytes < rss_of(std::process::id()), "`sleep` is smaller than this test binary");
+        job.kill().unwrap();
+        job.wait().unwrap();
+        let Gauges::Host(h) = reader.sample().unwrap() else { unreachable!("host") };
+        assert_eq!(h.rss_bytes, 0, "a job that ended holds nothing");
+    }
+
     /// RSS from the real /proc moves by about what this process touches.
     #[test]
     fn rss_follows_a_real_allocation() {
-        let mut reader = HostReader::open().unwrap();
+        let mut reader = HostReader::open(Watched::default()).unwrap();
         let mut rss = || match reader.sample().unwrap_or_else(|e| panic!("{e}")) {
             Gauges::Host(h) => h.rss_bytes,
             Gauges::Devices(_) => unreachable!("the host reader reads the host"),
@@ -221,7 +241,7 @@ mod tests {
 
     #[test]
     fn system_memory_and_cpu_are_plausible() {
-        let mut reader = HostReader::open().unwrap();
+        let mut reader = HostReader::open(Watched::default()).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
         let Gauges::Host(h) = reader.sample().unwrap() else {
             unreachable!()

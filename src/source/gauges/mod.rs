@@ -8,6 +8,7 @@ pub mod reader;
 pub mod recorded;
 pub mod sample;
 pub mod sampler;
+pub mod watched;
 
 pub use history::{GaugeHistory, Metric};
 pub use host::HostReader;
@@ -23,3 +24,4 @@ pub use sample::{
 pub use sampler::{
     open_reader, spawn_gauges, spawn_gauges_with, GaugeConfig, GaugeHandle, OpenedSource,
 };
+pub use watched::Watched;

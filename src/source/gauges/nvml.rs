@@ -11,6 +11,7 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
 use serde::{Deserialize, Serialize};
 
+use super::watched::Watched;
 use super::host::process_name;
 use super::reader::{GaugeError, GaugeReader};
 use super::sample::{DeviceSample, Gauges, ProcessSample, SourceKind};
@@ -134,7 +135,7 @@ fn optional<T>(r: Raw<T>, call: &'static str, device: u32) -> Result<Option<T>, 
 /// Turns one device's raw readings into a sample. Memory is the reading this tool exists
 /// for, so any failure there is fatal; other readings become `None` unless the device is
 /// lost. Processes listed as both compute and graphics are counted once.
-pub fn convert_device(raw: RawDevice, self_pid: u32) -> Result<DeviceSample, GaugeError> {
+pub fn convert_device(raw: RawDevice, job: &[u32]) -> Result<DeviceSample, GaugeError> {
     let d = raw.index;
     let memory = raw.memory.map_err(|e| GaugeError::NvmlCall {
         call: "memory_info",
@@ -155,7 +156,7 @@ pub fn convert_device(raw: RawDevice, self_pid: u32) -> Result<DeviceSample, Gau
             used_bytes: None,
             sm_util: None,
             name: None,
-            is_self: p.pid == self_pid,
+            is_self: job.contains(&p.pid),
         });
         entry.used_bytes = entry.used_bytes.max(p.used_bytes);
         entry.name = entry.name.take().or(p.name);
@@ -190,12 +191,13 @@ pub fn convert_device(raw: RawDevice, self_pid: u32) -> Result<DeviceSample, Gau
 /// A `GaugeReader` over any device query: NVML itself, or a recording.
 pub struct NvmlReader<Q> {
     query: Q,
-    self_pid: u32,
+    /// The job's processes: their memory is marked as the job's.
+    job: Watched,
 }
 
 impl<Q: DeviceQuery> NvmlReader<Q> {
-    pub fn new(query: Q, self_pid: u32) -> Self {
-        NvmlReader { query, self_pid }
+    pub fn new(query: Q, job: Watched) -> Self {
+        NvmlReader { query, job }
     }
 }
 
@@ -209,9 +211,10 @@ impl<Q: DeviceQuery> GaugeReader for NvmlReader<Q> {
             .query
             .read_devices()
             .map_err(|e| GaugeError::NvmlDevices(e.to_string()))?;
+        let job = self.job.pids();
         let devices = raw
             .into_iter()
-            .map(|r| convert_device(r, self.self_pid))
+            .map(|r| convert_device(r, &job))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Gauges::Devices(devices))
     }
@@ -360,7 +363,7 @@ mod tests {
 
     #[test]
     fn full_readings_convert_to_a_sample() {
-        let d = convert_device(busy_device(), SELF).unwrap();
+        let d = convert_device(busy_device(), &[SELF]).unwrap();
         assert_eq!(
             (d.mem_used, d.mem_total, d.mem_free),
             (40 * GIB, 80 * GIB, 40 * GIB)
@@ -394,13 +397,13 @@ mod tests {
             compute_processes: Err(RawError::NoPermission),
             ..busy_device()
         };
-        let d = convert_device(raw, SELF).unwrap();
+        let d = convert_device(raw, &[SELF]).unwrap();
         assert_eq!(d.name, "GPU 0");
         assert_eq!(
             d.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
             [9, SELF]
         );
-        let bare = convert_device(RawDevice::new(3, "A100", GIB, 40 * GIB), SELF).unwrap();
+        let bare = convert_device(RawDevice::new(3, "A100", GIB, 40 * GIB), &[SELF]).unwrap();
         assert_eq!(
             (bare.index, bare.gpu_util, bare.power_mw, bare.temp_c),
             (3, None, None, None)
@@ -415,7 +418,7 @@ mod tests {
             ..busy_device()
         };
         assert_eq!(
-            convert_device(lost, SELF).unwrap_err().to_string(),
+            convert_device(lost, &[SELF]).unwrap_err().to_string(),
             "NVML power_usage failed on GPU 0: device's fell off the bus"
         );
         let no_mem = RawDevice {
@@ -423,7 +426,7 @@ mod tests {
             ..RawDevice::new(2, "H100", 0, 0)
         };
         assert_eq!(
-            convert_device(no_mem, SELF).unwrap_err().to_string(),
+            convert_device(no_mem, &[SELF]).unwrap_err().to_string(),
             "NVML memory_info failed on GPU 2: no permission"
         );
     }
@@ -461,7 +464,7 @@ mod tests {
             ]),
             Err(RawError::Lost("driver not loaded".into())),
         ];
-        let mut reader = NvmlReader::new(RecordedQuery::new(frames), SELF);
+        let mut reader = NvmlReader::new(RecordedQuery::new(frames), Watched::of(&[SELF]));
         assert_eq!(reader.kind(), SourceKind::Nvml);
         let Gauges::Devices(d) = reader.sample().unwrap() else {
             panic!("host sample")

@@ -13,7 +13,7 @@ pub struct ProcessSample {
     pub sm_util: Option<u32>,
     /// From /proc/<pid>/comm; `None` for processes outside our PID namespace.
     pub name: Option<String>,
-    /// This process is vramscope itself (or the trainer it hosts).
+    /// This process is the job's (a rank of it), or vramscope itself with no job.
     pub is_self: bool,
 }
 
@@ -38,14 +38,14 @@ pub struct DeviceSample {
 /// Host readings, used when NVML is unavailable.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HostSample {
-    /// Resident set size of this process.
+    /// Resident set size of the job's processes (vramscope's own with none yet).
     pub rss_bytes: u64,
     pub mem_total: u64,
     /// Total minus MemAvailable, the figure `free` calls used.
     pub mem_used: u64,
     /// All cores together, 0..=100, since the previous sample.
     pub cpu_percent: Option<f32>,
-    /// This process, in percent of one core, since the previous sample.
+    /// The job's processes, in percent of one core, since the previous sample.
     pub self_cpu_percent: Option<f32>,
     pub cpu_count: u32,
 }

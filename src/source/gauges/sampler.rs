@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 
 use super::host::HostReader;
+use super::watched::Watched;
 use super::nvml::{NvmlQuery, NvmlReader};
 use super::reader::{GaugeError, GaugeReader};
 use super::sample::{GaugeBatch, GaugeSample, SourceKind, SourceStatus};
@@ -25,6 +26,8 @@ pub struct GaugeConfig {
     pub interval: Duration,
     /// Zero of `GaugeSample::t_ns`: the session start, shared with the engine.
     pub origin: Instant,
+    /// Whose process figures (RSS, CPU, GPU memory) count as the job's.
+    pub job: Watched,
 }
 
 impl Default for GaugeConfig {
@@ -32,6 +35,7 @@ impl Default for GaugeConfig {
         GaugeConfig {
             interval: Duration::from_millis(250),
             origin: Instant::now(),
+            job: Watched::default(),
         }
     }
 }
@@ -40,22 +44,22 @@ impl Default for GaugeConfig {
 pub type OpenedSource = (Option<Box<dyn GaugeReader>>, SourceStatus);
 
 /// Opens NVML, or host gauges with the reason NVML is not used.
-pub fn open_reader() -> OpenedSource {
+pub fn open_reader(job: &Watched) -> OpenedSource {
     match NvmlQuery::open() {
         Ok(q) => (
-            Some(Box::new(NvmlReader::new(q, std::process::id()))),
+            Some(Box::new(NvmlReader::new(q, job.clone()))),
             SourceStatus {
                 kind: SourceKind::Nvml,
                 reason: None,
             },
         ),
-        Err(e) => fall_back(&e),
+        Err(e) => fall_back(&e, job),
     }
 }
 
 /// Host gauges after `why`; if /proc is unreadable too, no source, saying both reasons.
-fn fall_back(why: &GaugeError) -> OpenedSource {
-    match HostReader::open() {
+fn fall_back(why: &GaugeError, job: &Watched) -> OpenedSource {
+    match HostReader::open(job.clone()) {
         Ok(h) => (
             Some(Box::new(h)),
             SourceStatus {
@@ -104,7 +108,8 @@ impl Drop for GaugeHandle {
 
 /// Samples the best available source (NVML, else host) on its own thread.
 pub fn spawn_gauges(cfg: GaugeConfig, tx: Sender<GaugeBatch>) -> GaugeHandle {
-    spawn_gauges_with(cfg, tx, open_reader)
+    let job = cfg.job.clone();
+    spawn_gauges_with(cfg, tx, move || open_reader(&job))
 }
 
 /// As `spawn_gauges`, with the source opened by `open` on the sampler thread.
@@ -195,7 +200,7 @@ fn run(
             Err(e) => {
                 // NVML failing degrades to host gauges, once; host gauges failing ends it.
                 let (next, status) = if reader.kind() == SourceKind::Nvml {
-                    fall_back(&e)
+                    fall_back(&e, &cfg.job)
                 } else {
                     let status = SourceStatus {
                         kind: SourceKind::None,

@@ -1,0 +1,55 @@
+//! A job watched without a screen (`run --headless`, `py --headless`, `attach
+//! --headless`): per-step lines until every rank's stream ends, optionally recorded,
+//! served to Prometheus and checked for growth.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::metrics::{Feed, Metrics};
+use crate::record::writer::Recorder;
+use crate::report::growth::{self, LiveByOrigin};
+use crate::source::job::JobSource;
+use crate::stream::{Control, Incoming};
+
+/// Prints the job's steps; the exit code says whether all went well (1: the growth check
+/// failed). A job this vramscope started is stopped at the end if it has not stopped
+/// (vramscope's engine waits, paused, after an error).
+pub fn headless(source: &JobSource, mut recorder: Option<Recorder>, metrics: Option<&Metrics>, json: bool, check_growth: bool) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    let mut live = LiveByOrigin::default();
+    let mut feed = metrics.map(Feed::new);
+    let items = std::iter::from_fn(|| source.next()).inspect(|(rank, i)| {
+        if let Incoming::Batch(b) = i {
+            live.ingest(b);
+        }
+        if let Some(f) = &mut feed {
+            f.ingest(*rank, i);
+        }
+    });
+    let steps = match &mut recorder {
+        Some(r) => crate::report::headless::run(r.tee(items), json, &mut out),
+        None => crate::report::headless::run(items, json, &mut out),
+    };
+    source.send(&Control::Stop);
+    let exit = match source.wait_child(Duration::from_secs(60)) {
+        Some(s) => Some(s),
+        None => source.stop_child(Duration::from_secs(5)),
+    };
+    if let Some(r) = recorder {
+        let s = r.finish()?;
+        eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
+    }
+    let steps = steps?;
+    if let Some(s) = exit.filter(|s| !s.success()) {
+        anyhow::bail!("the job {}", crate::source::job::describe_exit(s));
+    }
+    if check_growth {
+        anyhow::ensure!(steps.iter().all(|s| s.dropped_events == 0), "events were dropped: the growth check needs all of them");
+        let report = growth::check(&live.finish(), &steps);
+        std::io::Write::write_fmt(&mut out, format_args!("{report}"))?;
+        if !report.healthy() {
+            return Ok(ExitCode::from(1));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,319 @@
+//! Fast, safe reader for PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`).
+//!
+//! A snapshot is a pickle of plain data. Instead of building a generic value tree (which
+//! costs several times the file size), this is a purpose-built pickle VM for the data-only
+//! subset of protocols 2-5 that converts dicts into typed records (`TraceEntry`, `Block`,
+//! `Segment`, `Annotation`, `Frame`) as soon as their `SETITEMS` arrives. Strings are
+//! borrowed from the input; frames are interned once per memoized frame dict.
+//!
+//! Two passes: a cheap pre-scan validates the opcode stream and records which memo slots
+//! are ever read back (`BINGET`), so the main pass keeps only those: Python memoizes every
+//! container, and keeping them all would double the memory use.
+//!
+//! Object-building opcodes (GLOBAL, REDUCE, BUILD, ...) are rejected: a snapshot is data.
+//!
+//! Layout: `op` and `cursor` decode opcodes from bytes; `prescan` is the first pass (memo
+//! slots read back); `vm` is the pickle machine (value stack, marks, memo); `fast_entry`
+//! reads the usual trace entry straight from the bytes; `intern` holds the stack table;
+//! `schema` maps dicts onto the snapshot's records.
+
+mod cursor;
+mod fast_entry;
+mod intern;
+pub(super) mod op;
+mod prescan;
+mod schema;
+mod vm;
+
+use std::path::{Path, PathBuf};
+
+use super::model;
+use model::{Segment, Snapshot, TraceEntry};
+use prescan::prescan;
+use schema::canonicalize_tables;
+use vm::Vm;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    // The io error is part of the message, not a `source`, so error chains print it once.
+    #[error("cannot read {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error("not a pickle: the input is empty")]
+    Empty,
+    #[error(
+        "not a pickle: first byte 0x{byte:02x} (a pickle of protocol 2 to 5 starts with 0x80)"
+    )]
+    NotPickle { byte: u8 },
+    #[error("unsupported pickle protocol {version} at byte {offset}: expected 2 to 5")]
+    Protocol { version: u8, offset: usize },
+    #[error("truncated at byte {offset}: expected {expected}")]
+    Truncated { offset: usize, expected: String },
+    #[error("unsupported pickle opcode {name} (0x{code:02x}) at byte {offset}: snapshots are plain data")]
+    ObjectOpcode {
+        name: &'static str,
+        code: u8,
+        offset: usize,
+    },
+    #[error("unsupported pickle opcode {name} (0x{code:02x}) at byte {offset}: only the binary data opcodes of protocols 2 to 5 are read")]
+    UnsupportedOpcode {
+        name: &'static str,
+        code: u8,
+        offset: usize,
+    },
+    #[error("unknown pickle opcode 0x{code:02x} at byte {offset}")]
+    UnknownOpcode { code: u8, offset: usize },
+    #[error("malformed pickle at byte {offset}: {detail}")]
+    Malformed { offset: usize, detail: String },
+    #[error("not a memory snapshot: {detail}")]
+    Schema { detail: String },
+}
+
+/// Read and decode a snapshot file. Regular files are memory-mapped and the pages
+/// already decoded are released as the reader advances, so peak memory is mostly the
+/// decoded snapshot, not the file. Anything else (`-` for standard input, a pipe such as
+/// `<(ssh host cat snap.pickle)`, a device) is judged by its first two bytes before more
+/// is read, so `/dev/zero` fails at once, then read into memory.
+pub fn read_snapshot_file(path: &Path) -> Result<Snapshot, ReadError> {
+    read_snapshot_file_observed(path, &mut |_| {})
+}
+
+/// `read_snapshot_file`, showing `observe` what is decoded so far every `TICK` bytes of
+/// each pass and once more at the end, so a viewer can draw a large file while it loads.
+pub fn read_snapshot_file_observed(
+    path: &Path,
+    observe: &mut dyn FnMut(&ReadProgress<'_>),
+) -> Result<Snapshot, ReadError> {
+    let io = |err| ReadError::Io {
+        path: path.to_path_buf(),
+        err,
+    };
+    let opened = crate::input::open(path, 2).map_err(io)?;
+    let (head, rest) = match opened.input {
+        crate::input::Input::File(file, _) => {
+            if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
+                return decode(map.bytes(), &|range| map.release(range), observe);
+            }
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
+            return decode(&bytes, &|_| {}, observe);
+        }
+        crate::input::Input::Stream { head, rest } => (head, rest),
+    };
+    // The protocol header, checked before the rest of a stream is waited for.
+    check_header(&head)?;
+    let bytes = crate::input::Opened::read_stream(head, rest, &opened.name).map_err(io)?;
+    decode(&bytes, &|_| {}, observe)
+}
+
+/// Decode a snapshot pickle.
+pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, ReadError> {
+    decode(bytes, &|_| {}, &mut |_| {})
+}
+
+/// Which pass over the file a `ReadProgress` is from (in the order they run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ReadPass {
+    /// Validating the opcodes (nothing is decoded yet).
+    Check,
+    Decode,
+}
+
+/// What the reader has decoded so far. Frame and stack ids in these records are the
+/// reader's own until the last call (at the end of the read), which shows the final
+/// snapshot's lists.
+pub struct ReadProgress<'s> {
+    pub pass: ReadPass,
+    /// Bytes of the file this pass has gone through, of `total`.
+    pub done: usize,
+    pub total: usize,
+    /// The top-level `segments` list, once the reader has gone past it.
+    pub segments: Option<&'s [Segment]>,
+    /// Each device's trace decoded so far, in device order: a prefix of its final trace.
+    pub traces: Vec<&'s [TraceEntry]>,
+}
+
+/// The PROTO opcode a pickle of protocol 2 to 5 starts with, as far as `head` goes.
+fn check_header(head: &[u8]) -> Result<(), ReadError> {
+    match head {
+        [] => Err(ReadError::Empty),
+        [b, ..] if *b != op::PROTO => Err(ReadError::NotPickle { byte: *b }),
+        [_, v, ..] => cursor::check_proto(*v, 1),
+        [_] => Ok(()),
+    }
+}
+
+/// How far the reader advances between calls to its `release` and `observe` hooks.
+const TICK: usize = 2 << 20;
+
+/// `release(range)` is told periodically that those bytes may be dropped from memory
+/// (from any thread); they must still read the same if touched again (a file mapping
+/// re-faults them).
+fn decode(
+    bytes: &[u8],
+    release: &(dyn Fn(std::ops::Range<usize>) + Sync),
+    observe: &mut dyn FnMut(&ReadProgress<'_>),
+) -> Result<Snapshot, ReadError> {
+    check_header(bytes)?;
+    let mut hooks = Hooks::new(release, observe);
+    let refs = prescan(bytes, &mut hooks)?;
+    let mut vm = Vm::new(bytes, refs);
+    let top = vm.run(&mut hooks)?;
+    let mut snap = vm.into_snapshot(top)?;
+    canonicalize_tables(&mut snap);
+    (hooks.observe)(&ReadProgress {
+        pass: ReadPass::Decode,
+        done: bytes.len(),
+        total: bytes.len(),
+        segments: Some(&snap.segments),
+        traces: snap.device_traces.iter().map(Vec::as_slice).collect(),
+    });
+    Ok(snap)
+}
+
+struct Hooks<'h> {
+    release: &'h (dyn Fn(std::ops::Range<usize>) + Sync),
+    observe: &'h mut dyn FnMut(&ReadProgress<'_>),
+    /// Where this pass's released bytes end: each tick releases only what it adds (a
+    /// release from the start every time would walk the whole prefix again).
+    released: (ReadPass, usize),
+}
+
+impl<'h> Hooks<'h> {
+    fn new(release: &'h (dyn Fn(std::ops::Range<usize>) + Sync), observe: &'h mut dyn FnMut(&ReadProgress<'_>)) -> Self {
+        Hooks { release, observe, released: (ReadPass::Check, 0) }
+    }
+
+    /// Called at every `TICK` bytes of a pass, at `pos`, with `done` bytes of it gone
+    /// through (more than `pos` when another thread checks a later stretch).
+    fn tick(
+        &mut self,
+        pass: ReadPass,
+        data: &[u8],
+        (pos, done): (usize, usize),
+        segments: Option<&[Segment]>,
+        traces: Vec<&[TraceEntry]>,
+    ) {
+        let from = if self.released.0 == pass { self.released.1 } else { 0 };
+        (self.release)(from..pos);
+        self.released = (pass, pos);
+        (self.observe)(&ReadProgress {
+            pass,
+            done,
+            total: data.len(),
+            segments,
+            traces,
+        });
+    }
+}
+
+mod mapped {
+    use std::fs::File;
+    use std::io;
+    use std::os::fd::AsRawFd;
+
+    /// A read-only private mapping of a whole regular file.
+    pub struct Mapped {
+        ptr: *mut libc::c_void,
+        len: usize,
+        page: usize,
+    }
+
+    // SAFETY: the mapping is read-only and lives as long as `Mapped`; reading it and
+    // advising on its pages are safe from any thread.
+    unsafe impl Sync for Mapped {}
+
+    impl Mapped {
+        /// `None` when the file cannot be mapped (empty, not a regular file): the caller
+        /// reads it instead.
+        pub fn open(file: &File) -> io::Result<Option<Mapped>> {
+            let meta = file.metadata()?;
+            let Ok(len) = usize::try_from(meta.len()) else {
+                return Ok(None);
+            };
+            if len == 0 || !meta.is_file() {
+                return Ok(None);
+            }
+            // SAFETY: a fresh PROT_READ, MAP_PRIVATE mapping; we never write through it.
+            // Snapshot files are written once and renamed into place; truncating one
+            // while it is being read would fault, as with any mapped file.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                return Ok(None);
+            }
+            // SAFETY: advice on the range just mapped.
+            unsafe { libc::madvise(ptr, len, libc::MADV_SEQUENTIAL) };
+            // SAFETY: sysconf has no preconditions.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+                .unwrap_or(4096)
+                .max(1);
+            Ok(Some(Mapped { ptr, len, page }))
+        }
+
+        pub fn bytes(&self) -> &[u8] {
+            // SAFETY: the mapping is `len` readable bytes and lives as long as `self`.
+            unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+        }
+
+        /// Drop the resident pages wholly inside `range`. The mapping stays valid: a
+        /// page read again faults back in from the (unchanged) file.
+        pub fn release(&self, range: std::ops::Range<usize>) {
+            let start = range.start.div_ceil(self.page) * self.page;
+            let end = range.end.min(self.len) / self.page * self.page;
+            if end > start {
+                // SAFETY: page-aligned pages of our own private read-only mapping.
+                unsafe { libc::madvise(self.ptr.cast::<u8>().add(start).cast(), end - start, libc::MADV_DONTNEED) };
+            }
+        }
+    }
+
+    impl Drop for Mapped {
+        fn drop(&mut self) {
+            // SAFETY: unmapping exactly what `open` mapped; `bytes()` borrows end before.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hooks_see_progress_and_do_not_change_the_result() {
+        let mut p = vec![
+            op::PROTO,
+            4,
+            op::EMPTY_DICT,
+            op::MARK,
+            op::SHORT_BINUNICODE,
+            8,
+        ];
+        p.extend(b"segments");
+        p.extend([op::EMPTY_LIST, op::SHORT_BINUNICODE, 3]);
+        p.extend(b"pad");
+        p.push(op::BINUNICODE);
+        let pad = TICK + 10;
+        p.extend((pad as u32).to_le_bytes());
+        p.extend(std::iter::repeat_n(b'x', pad));
+        p.extend([op::SETITEMS, op::STOP]);
+        let calls = std::sync::Mutex::new(Vec::new());
+        let mut passes = Vec::new();
+        let release = |r: std::ops::Range<usize>| calls.lock().unwrap().push(r.end);
+        let snap = decode(&p, &release, &mut |r| passes.push((r.pass, r.done))).unwrap();
+        let calls = calls.into_inner().unwrap();
+        assert_eq!(snap, read_snapshot(&p).unwrap());
+        assert_eq!(calls.len(), 2, "one release per pass: {calls:?}");
+        assert!(calls.iter().all(|&n| n > TICK));
+        let end = (ReadPass::Decode, p.len());
+        assert_eq!(passes, [(ReadPass::Check, calls[0]), (ReadPass::Decode, calls[1]), end]);
+    }
+}

@@ -1,0 +1,357 @@
+//! The first pass: validate every opcode and find the memo slots read back later.
+
+use super::cursor::{check_proto, Cursor, Op};
+use super::op;
+use super::{Hooks, ReadError, ReadPass, TICK};
+
+/// Memo slots read back by BINGET, as a bitset with rank support.
+pub(super) struct MemoRefs {
+    pub(super) words: Vec<u64>,
+    /// `ranks[i]` = number of set bits in `words[..i]`.
+    pub(super) ranks: Vec<u32>,
+}
+
+impl MemoRefs {
+    #[inline]
+    pub(super) fn slot(&self, idx: u32) -> Option<usize> {
+        let w = *self.words.get((idx / 64) as usize)?;
+        let bit = 1u64 << (idx % 64);
+        (w & bit != 0).then(|| {
+            self.ranks[(idx / 64) as usize] as usize + (w & (bit - 1)).count_ones() as usize
+        })
+    }
+    pub(super) fn count(&self) -> usize {
+        self.ranks.last().copied().unwrap_or(0) as usize
+            + self.words.last().map_or(0, |w| w.count_ones() as usize)
+    }
+}
+
+/// Tracks Python's `len(memo)`; a put may overwrite or append, never skip ahead.
+pub(super) fn memo_put(len: &mut u32, idx: u32, at: usize) -> Result<(), ReadError> {
+    if idx > *len {
+        return Err(ReadError::Malformed {
+            offset: at,
+            detail: format!("memo index {idx} skips ahead of the {len} memo entries defined"),
+        });
+    }
+    if idx == *len {
+        *len = len.checked_add(1).ok_or_else(|| ReadError::Malformed {
+            offset: at,
+            detail: "too many memo entries".into(),
+        })?;
+    }
+    Ok(())
+}
+
+pub(super) fn memo_get_check(len: u32, idx: u32, at: usize) -> Result<(), ReadError> {
+    if idx >= len {
+        return Err(ReadError::Malformed {
+            offset: at,
+            detail: format!("memo index {idx} out of range (memo has {len} entries)"),
+        });
+    }
+    Ok(())
+}
+
+/// Files at least this large are checked in two halves, one on another thread.
+const PARALLEL_FROM: usize = 8 * TICK;
+
+/// First pass: validate every opcode and its length, and find the memo slots read back.
+///
+/// A large file is checked in two halves at once, split where a FRAME begins (an
+/// opcode boundary). The second half does not know how many memo slots the first
+/// defines, so it notes the fewest it needs; anything it cannot settle alone (an
+/// error about the memo, an explicit PUT) is settled by checking the whole file in
+/// order, which also finds the first error exactly.
+pub(super) fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<MemoRefs, ReadError> {
+    let split = (data.len() >= PARALLEL_FROM).then(|| frame_start_after(data, data.len() / 2)).flatten();
+    let halves = match split {
+        Some(mid) => check_halves(data, mid, hooks)?,
+        None => None,
+    };
+    let words = match halves {
+        Some(words) => words,
+        None => check::<true>(data, 0, usize::MAX, &mut |pos| hooks.tick(ReadPass::Check, data, (pos, pos), None, Vec::new()))?.words,
+    };
+    let mut ranks = Vec::with_capacity(words.len());
+    let mut acc = 0u32;
+    for w in &words {
+        ranks.push(acc);
+        acc += w.count_ones();
+    }
+    Ok(MemoRefs { words, ranks })
+}
+
+/// The memo slots read back, from both halves checked at once; `None` when the halves
+/// cannot settle it alone.
+fn check_halves(data: &[u8], mid: usize, hooks: &mut Hooks<'_>) -> Result<Option<Vec<u64>>, ReadError> {
+    let second_done = std::sync::atomic::AtomicUsize::new(0);
+    let (first, second) = std::thread::scope(|s| {
+        let release = hooks.release;
+        let second = s.spawn(|| {
+            let mut last = mid;
+            check::<false>(data, mid, usize::MAX, &mut |pos| {
+                release(last..pos);
+                last = pos;
+                second_done.store(pos - mid, std::sync::atomic::Ordering::Relaxed);
+            })
+        });
+        let mut tick = |pos: usize| {
+            let done = pos + second_done.load(std::sync::atomic::Ordering::Relaxed);
+            hooks.tick(ReadPass::Check, data, (pos, done), None, Vec::new());
+        };
+        let first = check::<true>(data, 0, mid, &mut tick);
+        (first, second.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+    });
+    let first = first?;
+    if first.stopped {
+        return Ok(Some(first.words)); // the pickle ends before the second half
+    }
+    let second = match second {
+        // A PUT, or a memo slot the first half may not define: settled in order.
+        Ok(s) if s.memo_exact && s.needs <= first.puts => s,
+        Ok(_) | Err(ReadError::Malformed { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut words = first.words;
+    if words.len() < second.words.len() {
+        words.resize(second.words.len(), 0);
+    }
+    for (w, s) in words.iter_mut().zip(&second.words) {
+        *w |= s;
+    }
+    Ok(Some(words))
+}
+
+/// The start of the first FRAME at or after `at`, found by following the frames from the
+/// file's start (unframed opcodes between them, large strings, decoded one by one).
+fn frame_start_after(data: &[u8], at: usize) -> Option<usize> {
+    let mut pos = 2; // after PROTO
+    while pos < data.len() {
+        if data[pos] == op::FRAME {
+            if pos >= at {
+                return Some(pos);
+            }
+            let len = u64::from_le_bytes(data.get(pos + 1..pos + 9)?.try_into().ok()?);
+            pos = pos.checked_add(9)?.checked_add(usize::try_from(len).ok()?)?;
+        } else {
+            let mut cur = Cursor { data, pos };
+            cur.next().ok()?;
+            pos = cur.pos;
+        }
+    }
+    None
+}
+
+/// What checking a stretch of the file found.
+struct Checked {
+    words: Vec<u64>,
+    /// MEMOIZEs in the stretch.
+    puts: u32,
+    /// The fewest memo slots the stretch's BINGETs need defined before it.
+    needs: u32,
+    /// False when the stretch holds a PUT whose effect depends on the memo before it.
+    memo_exact: bool,
+    /// The stretch ends at STOP.
+    stopped: bool,
+}
+
+/// Validates every opcode from `from` to STOP (or to `to`), noting the memo slots read
+/// back. `EXACT`: the memo is empty at `from`, so memo errors are raised where they
+/// occur; otherwise the memo defined before `from` is unknown, and only noted.
+fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn FnMut(usize)) -> Result<Checked, ReadError> {
+    // The position lives in a local, not in a Cursor whose address escapes: kept in a
+    // register, not stored and reloaded around every opcode.
+    let mut pos = from;
+    let mut c = Checked { words: Vec::new(), puts: 0, needs: 0, memo_exact: true, stopped: false };
+    let mut next_tick = from + TICK;
+    let get = |c: &mut Checked, idx: u32, at: usize| {
+        if EXACT {
+            memo_get_check(c.puts, idx, at)?;
+        } else {
+            c.needs = c.needs.max((idx + 1).saturating_sub(c.puts));
+        }
+        mark(&mut c.words, idx);
+        Ok::<(), ReadError>(())
+    };
+    while pos < to {
+        if pos >= next_tick {
+            tick(pos);
+            next_tick = pos + TICK;
+        }
+        // The opcodes that make up nearly all of a snapshot, skipped without decoding
+        // when complete; anything else (or a truncated one) takes the full decoder.
+        if let Some((idx, n)) = memo_ref(&data[pos..]) {
+            get(&mut c, idx, pos)?;
+            pos += n;
+            continue;
+        }
+        match &data[pos..] {
+            [op::MEMOIZE, ..] => {
+                let idx = c.puts;
+                memo_put(&mut c.puts, idx, pos)?;
+                pos += 1;
+                continue;
+            }
+            [op::MARK
+            | op::EMPTY_DICT
+            | op::EMPTY_LIST
+            | op::SETITEMS
+            | op::APPENDS
+            | op::NONE
+            | op::NEWTRUE
+            | op::NEWFALSE, ..] => {
+                pos += 1;
+                continue;
+            }
+            [op::BININT1, _, ..] => {
+                pos += 2;
+                continue;
+            }
+            [op::BININT2, _, _, ..] => {
+                pos += 3;
+                continue;
+            }
+            [op::BININT, _, _, _, _, ..] => {
+                pos += 5;
+                continue;
+            }
+            // Addresses and times: never more than 8 bytes in a snapshot (the full
+            // decoder checks larger ones).
+            [op::LONG1, n @ 0..=8, rest @ ..] if rest.len() >= *n as usize => {
+                pos += 2 + *n as usize;
+                continue;
+            }
+            [op::SHORT_BINUNICODE, n, rest @ ..] if rest.len() >= *n as usize => {
+                pos += 2 + *n as usize;
+                continue;
+            }
+            _ => {}
+        }
+        let mut cur = Cursor { data, pos };
+        let (at, o) = cur.next()?;
+        pos = cur.pos;
+        match o {
+            Op::Stop => {
+                c.stopped = true;
+                break;
+            }
+            Op::Proto(v) => check_proto(v, at)?,
+            Op::Memoize => {
+                let idx = c.puts;
+                memo_put(&mut c.puts, idx, at)?
+            }
+            Op::Put(idx) if EXACT => memo_put(&mut c.puts, idx, at)?,
+            Op::Put(_) => c.memo_exact = false,
+            Op::Get(idx) => get(&mut c, idx, at)?,
+            _ => {}
+        }
+    }
+    Ok(c)
+}
+
+/// A complete BINGET or LONG_BINGET at the start of `bytes`: its memo index and length.
+#[inline]
+pub(super) fn memo_ref(bytes: &[u8]) -> Option<(u32, usize)> {
+    match bytes {
+        [op::BINGET, i, ..] => Some((*i as u32, 2)),
+        [op::LONG_BINGET, a, b, c, d, ..] => Some((u32::from_le_bytes([*a, *b, *c, *d]), 5)),
+        _ => None,
+    }
+}
+
+/// Record that memo slot `idx` is read back.
+#[inline]
+fn mark(words: &mut Vec<u64>, idx: u32) {
+    let w = (idx / 64) as usize;
+    if words.len() <= w {
+        words.resize(w + 1, 0);
+    }
+    words[w] |= 1 << (idx % 64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memo_slots_rank_only_referenced_indices() {
+        // BINGET of memo 0 and 70 only: two slots, in index order.
+        let mut p = vec![op::PROTO, 4];
+        for _ in 0..71 {
+            p.extend([op::NONE, op::MEMOIZE, op::POP]);
+        }
+        p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
+        let mut observe = |_: &super::super::ReadProgress<'_>| {};
+        let hooks = &mut Hooks::new(&|_| {}, &mut observe);
+        let refs = prescan(&p, hooks).unwrap();
+        assert_eq!(refs.count(), 2);
+        assert_eq!(
+            (refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)),
+            (Some(0), Some(1), None, None)
+        );
+    }
+
+    /// A protocol-4 pickle in 64 KB frames: memo slots 0..256 defined, then `n`
+    /// batches reading them back, then STOP; each of `extra` (batch, opcodes) goes
+    /// in before that batch.
+    fn big(n: usize, extra: &[(usize, &[u8])]) -> Vec<u8> {
+        let mut frame = vec![op::EMPTY_LIST];
+        for _ in 0..256 {
+            frame.extend([op::NONE, op::MEMOIZE]);
+        }
+        frame.push(op::MARK);
+        frame.extend([op::POP; 256]);
+        let mut out = vec![op::PROTO, 4];
+        let mut flush = |frame: &mut Vec<u8>| {
+            out.push(op::FRAME);
+            out.extend((frame.len() as u64).to_le_bytes());
+            out.append(frame);
+        };
+        for i in 0..n {
+            for (_, ops) in extra.iter().filter(|e| e.0 == i) {
+                frame.extend_from_slice(ops);
+            }
+            frame.push(op::MARK);
+            for k in 0..32 {
+                frame.extend([op::BINGET, ((i * 7 + k * 3) % 251) as u8]);
+            }
+            frame.push(op::APPENDS);
+            if frame.len() >= 64 << 10 {
+                flush(&mut frame);
+            }
+        }
+        frame.push(op::STOP);
+        flush(&mut frame);
+        out
+    }
+
+    fn both(data: &[u8]) -> (Result<Vec<u64>, String>, Result<Vec<u64>, String>) {
+        let mut observe = |_: &super::super::ReadProgress<'_>| {};
+        let hooks = &mut Hooks::new(&|_| {}, &mut observe);
+        let halves = prescan(data, hooks).map(|r| r.words).map_err(|e| e.to_string());
+        let in_order = check::<true>(data, 0, usize::MAX, &mut |_| {}).map(|c| c.words).map_err(|e| e.to_string());
+        (halves, in_order)
+    }
+
+    #[test]
+    fn a_large_file_checked_in_halves_finds_what_checking_in_order_finds() {
+        const N: usize = 300_000;
+        let data = big(N, &[]);
+        assert!(data.len() >= PARALLEL_FROM && frame_start_after(&data, data.len() / 2).is_some());
+        let (halves, in_order) = both(&data);
+        assert!(halves.is_ok());
+        assert_eq!(halves, in_order);
+        // Errors in the second half, of the memo or not, at the offset checking in
+        // order reports.
+        for bad in [&[op::LONG_BINGET, 44, 1, 0, 0][..], &[0xff], &[op::REDUCE]] {
+            let (halves, in_order) = both(&big(N, &[(N * 3 / 4, bad)]));
+            assert!(halves.is_err(), "{halves:?}");
+            assert_eq!(halves, in_order);
+        }
+        // A pickle that ends in its first half reads as if the rest were not there.
+        let (halves, in_order) = both(&big(N, &[(N / 4, &[op::STOP]), (N * 3 / 4, &[0xff])]));
+        assert!(halves.is_ok());
+        assert_eq!(halves, in_order);
+    }
+}

@@ -1,0 +1,371 @@
+"""The CS336 reference transformer's memory behaviour, restated by vramscope.
+
+The course's reference is the `cs336-basics` package inside stanford-cs336/assignment2-systems
+(model.py, nn_utils.py, optimizer.py). This file is NOT that code: it is vramscope's own,
+written from the op list in DESIGN.md §4 and issue 21. It performs the same allocating ops,
+in the same order, with the same dtypes under bf16 autocast, and keeps each temporary alive
+exactly as long as the reference's Python does (a local lives until its function returns or
+the name is rebound; an expression's temporaries die when the op that consumed them
+returns). The `del`s below spell those moments out. Parameters are registered in the
+reference's order, because the optimizer visits them in that order.
+
+vramscope's engine (engine/src/model.rs, engine/src/optim.rs) runs the same ops;
+tests/reference_model.rs runs this file under `vramscope py` and the engine at the same
+configurations and holds their peaks, and the sizes alive at each peak, equal.
+
+    python tests/py/cs336_model.py --ctx 128 --precision bf16 --mode train
+
+`--reference` imports `cs336_basics` from the Python path instead of the classes below, to
+hold this file to the real package by hand (see BENCHMARKS.md).
+"""
+
+import argparse
+import contextlib
+import math
+
+import torch
+import torch.nn as nn
+
+try:
+    import vramscope_hook
+except ImportError:
+    vramscope_hook = None
+
+
+def _truncated_normal(rows, cols, std):
+    w = torch.empty(rows, cols)
+    nn.init.trunc_normal_(w, std=std, a=-3 * std, b=3 * std)
+    return nn.Parameter(w)
+
+
+class Linear(nn.Module):
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.weight = _truncated_normal(d_out, d_in, math.sqrt(2 / (d_in + d_out)))
+
+    def forward(self, x):
+        # The reference's einops pattern "... d_in, d_out d_in -> ... d_out", as einops
+        # compacts it for torch.einsum.
+        return torch.einsum("...a,ba->...b", x, self.weight)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab, d):
+        super().__init__()
+        self.weight = _truncated_normal(vocab, d, 1.0)
+
+    def forward(self, tokens):
+        return self.weight[tokens, :]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x32 = x.to(torch.float32)  # the same tensor when x is fp32 already
+        squares = x32.pow(2)
+        mean = squares.mean(-1, keepdim=True)
+        del squares
+        shifted = mean + self.eps
+        del mean
+        inv_rms = torch.rsqrt(shifted)
+        del shifted
+        normed = x32 * inv_rms
+        out = (self.weight * normed).to(dtype)
+        del normed, inv_rms
+        return out
+
+
+class Rope(nn.Module):
+    """One cos/sin table shared by every layer: [2, context, d_head / 2], fp32."""
+
+    def __init__(self, context, d_head, theta=10_000.0):
+        super().__init__()
+        self.register_buffer("table", self._table(context, d_head, theta), persistent=False)
+
+    @staticmethod
+    def _table(context, d_head, theta):
+        steps = torch.arange(0, d_head, 2)
+        exponents = steps / d_head
+        del steps
+        base = torch.tensor(theta)
+        negated = -exponents
+        inv_freq = base**negated
+        del base, negated
+        positions = torch.arange(context)
+        angles = torch.einsum("a,b->ab", positions, inv_freq)
+        del inv_freq
+        cos = torch.cos(angles)
+        sin = torch.sin(angles)
+        table = torch.stack((cos, sin))
+        del exponents, angles, positions, cos, sin
+        return table
+
+    def forward(self, x, pos_ids=None):
+        # Features pair up as (2i, 2i+1): split them into two strided views.
+        *lead, d = x.shape
+        pairs = x.view(*lead, d // 2, 2).permute(-1, *range(len(lead) + 1))
+        even, odd = pairs.unbind(0)
+        cos, sin = self.table[:, : x.size(-2), :].unbind(0)
+        a = cos * even
+        b = sin * odd
+        first = a - b
+        del a, b
+        a = sin * even
+        b = cos * odd
+        second = a + b
+        del a, b
+        out = torch.cat((first, second), dim=-1)
+        del first, second
+        return out
+
+
+def softmax(x, dim=-1):
+    peak = torch.max(x, dim=dim, keepdim=True)[0]
+    shifted = x - peak
+    del peak
+    exps = torch.exp(shifted)
+    total = torch.sum(exps, dim=dim, keepdim=True)
+    probs = exps / total
+    del total, shifted, exps
+    return probs
+
+
+def log_softmax(x, dim=-1):
+    peak = torch.max(x, dim=dim, keepdim=True)[0]
+    shifted = x - peak
+    exps = torch.exp(shifted)
+    total = torch.sum(exps, dim=dim, keepdim=True)
+    del exps
+    log_total = torch.log(total)
+    del total
+    out = shifted - log_total
+    del log_total, shifted, peak
+    return out
+
+
+def cross_entropy(logits, targets):
+    logp = log_softmax(logits)
+    neg = -logp
+    del logp
+    picked = torch.gather(neg, -1, targets.unsqueeze(-1))
+    loss = torch.mean(picked)
+    del picked, neg
+    return loss
+
+
+def attention_core(q, k, v, mask):
+    raw = torch.einsum("...ab,...cb->...ac", q, k)
+    scores = raw / math.sqrt(k.shape[-1])
+    del raw
+    masked = torch.where(mask, scores, float("-inf"))
+    del scores
+    probs = softmax(masked, dim=-1)
+    out = torch.einsum("...ab,...bc->...ac", probs, v)
+    del masked, probs
+    return out
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads, rope):
+        super().__init__()
+        self.heads = heads
+        self.q_proj = Linear(d, d)
+        self.k_proj = Linear(d, d)
+        self.v_proj = Linear(d, d)
+        self.output_proj = Linear(d, d)
+        self.positional_encoder = rope
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.heads
+
+        def split(y):  # [b, t, (h dh)] -> [b, h, t, dh], a view
+            return y.view(b, t, h, d // h).permute(0, 2, 1, 3)
+
+        q = split(self.q_proj(x))
+        k = split(self.k_proj(x))
+        v = split(self.v_proj(x))
+        q = self.positional_encoder(q)
+        k = self.positional_encoder(k)
+        positions = torch.arange(t)
+        mask = (positions.view(t, 1) >= positions.view(1, t))[None]
+        heads_out = attention_core(q, k, v, mask)
+        merged = heads_out.permute(0, 2, 1, 3).reshape(b, t, d).contiguous()
+        del heads_out
+        out = self.output_proj(merged)
+        del q, k, v, positions, mask, merged
+        return out
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d, d_ff):
+        super().__init__()
+        self.w1 = Linear(d, d_ff)
+        self.w2 = Linear(d_ff, d)
+        self.w3 = Linear(d, d_ff)
+
+    def forward(self, x):
+        gate = self.w1(x)
+        sig = torch.sigmoid(gate)
+        silu = gate * sig  # the reference's SiLU: x * sigmoid(x)
+        del sig, gate
+        up = self.w3(x)
+        prod = silu * up
+        del silu, up
+        out = self.w2(prod)
+        del prod
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, d_ff, rope):
+        super().__init__()
+        # Registration order is the reference's: attn, ffn, ln1, ln2.
+        self.attn = Attention(d, heads, rope)
+        self.ffn = SwiGLU(d, d_ff)
+        self.ln1 = RMSNorm(d)
+        self.ln2 = RMSNorm(d)
+
+    def forward(self, x):
+        attn_out = self.attn(self.ln1(x))
+        mid = x + attn_out
+        ffn_out = self.ffn(self.ln2(mid))
+        out = mid + ffn_out
+        del attn_out, mid, ffn_out
+        return out
+
+
+class BasicsTransformerLM(nn.Module):
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta=10_000.0):
+        super().__init__()
+        self.token_embeddings = Embedding(vocab_size, d_model)
+        rope = Rope(context_length, d_model // num_heads, rope_theta)
+        self.positional_encoder = rope
+        self.layers = nn.ModuleList(Block(d_model, num_heads, d_ff, rope) for _ in range(num_layers))
+        self.ln_final = RMSNorm(d_model)
+        self.lm_head = Linear(d_model, vocab_size)
+
+    def forward(self, tokens):
+        embedded = self.token_embeddings(tokens)
+        x = embedded  # the embedding stays referenced until forward returns
+        for layer in self.layers:
+            x = layer(x)
+        x = self.ln_final(x)
+        logits = self.lm_head(x)
+        del x, embedded
+        return logits
+
+
+class AdamW(torch.optim.Optimizer):
+    """The reference's AdamW: new moment tensors every step (the old ones are freed only
+    when the next parameter's moments replace them in its locals), and a zeros_like per
+    moment per step, made even when the state already has one."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    def step(self, closure=None):
+        prev_m = prev_v = None
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad.data
+                state = self.state[p]
+                t = state.get("t", 1)
+                step_size = lr * math.sqrt(1 - b2**t) / (1 - b1**t)
+                decay = lr * wd * p.data
+                p.data -= decay
+                del decay
+                zeros = torch.zeros_like(g)
+                m_before = state.get("m", zeros)
+                del zeros
+                prev_m = m_before  # the previous parameter's old m is freed here
+                zeros = torch.zeros_like(g)
+                v_before = state.get("v", zeros)
+                del zeros
+                prev_v = v_before
+                del m_before, v_before
+                a = b1 * prev_m
+                c = (1 - b1) * g
+                m = a + c
+                del a, c
+                a = b2 * prev_v
+                sq = torch.square(g)
+                c = (1 - b2) * sq
+                del sq
+                v = a + c
+                del a, c
+                scaled = step_size * m
+                root = torch.sqrt(v)
+                denom = root + eps
+                del root
+                update = scaled / denom
+                del scaled, denom
+                p.data -= update
+                del update
+                state["m"] = m
+                state["v"] = v
+                state["t"] = t + 1
+                del m, v
+        del prev_m, prev_v
+        return None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", type=int, default=10_000)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--d-ff", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ctx", type=int, default=128)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--mode", choices=["forward", "train"], default="train")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reference", action="store_true", help="run the cs336_basics package on the Python path instead")
+    a = p.parse_args()
+
+    if a.reference:
+        from cs336_basics.model import BasicsTransformerLM as Model
+        from cs336_basics.nn_utils import cross_entropy as loss_fn
+        from cs336_basics.optimizer import AdamW as Optimizer
+    else:
+        Model, loss_fn, Optimizer = BasicsTransformerLM, cross_entropy, AdamW
+
+    torch.manual_seed(a.seed)
+    model = Model(a.vocab, a.ctx, a.d_model, a.layers, a.heads, a.d_ff)
+    opt = Optimizer(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    train = a.mode == "train"
+    # The engine's step, op for op: fresh tokens and targets, the loss computed from the
+    # logits in one expression (the logits die with it), backward, the optimizer step,
+    # zero_grad(set_to_none=True), then the loss and the batch are dropped.
+    for _ in range(a.steps):
+        tokens = torch.randint(a.vocab, (a.batch, a.ctx))
+        targets = torch.randint(a.vocab, (a.batch, a.ctx))
+        grad = contextlib.nullcontext() if train else torch.no_grad()
+        cast = torch.autocast("cpu", dtype=torch.bfloat16) if a.precision == "bf16" else contextlib.nullcontext()
+        with grad, cast:
+            loss = loss_fn(model(tokens), targets)
+        value = loss.item()
+        if train:
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        elif vramscope_hook is not None:
+            vramscope_hook.step(value)
+        del loss, tokens, targets
+    print(f"ran {a.steps} {a.mode} steps, last loss {value:.3f}")
+
+
+if __name__ == "__main__":
+    main()
