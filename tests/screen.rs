@@ -19,7 +19,7 @@ use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
 use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind, SourceStatus};
 use vramscope::store::ranks::RankSummary;
-use vramscope::store::Store;
+use vramscope::store::{LogKind, Store};
 use vramscope::step_config::{Attention, Mode, Precision, Preset, StepConfig};
 use vramscope::stream::{EngineInfo, KnobChange, OomReport, Report, StepReport};
 
@@ -439,4 +439,22 @@ fn the_device_gauges_follow_the_gpu_this_process_trains_on() {
     let mut cpu = session();
     cpu.ingest_gauges(batch());
     assert_eq!(cpu.gauges.selected_device(), 0);
+}
+
+#[test]
+fn a_trace_without_modules_says_so_and_long_log_lines_wrap() {
+    // What a snapshot trace gives: allocations with no module names anywhere.
+    let mut store = Store::new(1 << 16);
+    store.title = Some("replay of t.pickle".into());
+    store.ingest_batch(Batch {
+        first_seq: 0,
+        events: vec![MemEvent { t_ns: 0, addr: 0x10, size: 96 * MIB, stream: 0, step: 0, scope: 0, action: Act::Alloc, phase: Phase::Other, device: 0, category: Category::Unknown }],
+        ..Default::default()
+    });
+    let long = format!("replay: {}/memory_snapshot.pickle: snapshot trace, 5392 events over 0.25 s END-OF-LINE", "/a/long/path".repeat(8));
+    store.log_line(LogKind::Info, long);
+    let screen = text(&store, &View { log: Some(0), ..View::default() }, 100, 30);
+    assert!(screen.contains("no module recorded"), "{screen}");
+    assert!(!screen.contains("outside any module"), "{screen}");
+    assert!(screen.contains("END-OF-LINE"), "the end of a long line, wrapped:\n{screen}");
 }

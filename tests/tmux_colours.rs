@@ -8,15 +8,20 @@ use std::time::Duration;
 
 use common::tmux::Session;
 
-/// Each character of a captured line with the background it is drawn on ("" = default),
-/// from the SGR codes `capture-pane -e` writes.
-fn cells(line: &str) -> Vec<(char, String)> {
-    let mut out = Vec::new();
+/// Each line of a capture as its characters with the background each is drawn on ("" =
+/// default), from the SGR codes `capture-pane -e` writes. tmux writes a code only where the
+/// colours change, across line ends too, so the state carries from line to line.
+fn cells(capture: &str) -> Vec<Vec<(char, String)>> {
+    let mut lines = vec![Vec::new()];
     let mut bg = String::new();
-    let mut chars = line.chars().peekable();
+    let mut chars = capture.chars().peekable();
     while let Some(c) = chars.next() {
+        if c == '\n' {
+            lines.push(Vec::new());
+            continue;
+        }
         if c != '\x1b' {
-            out.push((c, bg.clone()));
+            lines.last_mut().unwrap().push((c, bg.clone()));
             continue;
         }
         if chars.next() != Some('[') {
@@ -44,14 +49,13 @@ fn cells(line: &str) -> Vec<(char, String)> {
                     }
                     i += n - 1;
                 }
-                code if code.len() == 2 && (code.starts_with('4') || code.starts_with("10")) => bg = code.to_string(),
-                code if code.len() == 3 && code.starts_with("10") => bg = code.to_string(),
+                code if (code.len() == 2 && code.starts_with('4')) || (code.len() == 3 && code.starts_with("10")) => bg = code.to_string(),
                 _ => {}
             }
             i += 1;
         }
     }
-    out
+    lines
 }
 
 #[test]
@@ -67,7 +71,7 @@ fn phases_differ_at_256_colours_and_the_timeline_has_a_peak_and_step_numbers() {
     s.wait_for("the live screen", 120, |sc| sc.contains("active memory"));
     std::thread::sleep(Duration::from_secs(25));
     let captured = s.screen_with_colours();
-    let lines: Vec<Vec<(char, String)>> = captured.lines().map(cells).collect();
+    let lines = cells(&captured);
     let text: Vec<String> = lines.iter().map(|l| l.iter().map(|(c, _)| *c).collect()).collect();
     let screen = text.join("\n");
     // The step axis, and the phase row just above it.
@@ -89,7 +93,7 @@ fn phases_differ_at_256_colours_and_the_timeline_has_a_peak_and_step_numbers() {
 
 #[test]
 fn sgr_backgrounds_are_tracked() {
-    let got = cells("a\x1b[38;5;253;48;5;17mF\x1b[48;2;1;2;3mB\x1b[0mO\x1b[44mZ");
-    let bg: Vec<&str> = got.iter().map(|(_, b)| b.as_str()).collect();
-    assert_eq!(bg, ["", "48;5;17", "48;2;1;2;3", "", "44"]);
+    let got = cells("a\x1b[38;5;253;48;5;17mF\x1b[48;2;1;2;3mB\x1b[0mO\x1b[44mZ\nY");
+    let bg: Vec<Vec<&str>> = got.iter().map(|l| l.iter().map(|(_, b)| b.as_str()).collect()).collect();
+    assert_eq!(bg, [vec!["", "48;5;17", "48;2;1;2;3", "", "44"], vec!["44"]], "the colour carries to the next line");
 }

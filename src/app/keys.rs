@@ -54,7 +54,7 @@ actions! {
     FreezeView, "freeze_view", "f", "freeze the view (keeps ingesting)";
     PanLeft, "pan_left", "left", "pan back in time";
     PanRight, "pan_right", "right", "pan forward in time";
-    GoLive, "go_live", "end", "back to live: follow the newest events";
+    GoLive, "go_live", "end", "back to live: follow the newest steps";
     ZoomIn, "zoom_in", "+", "zoom in";
     ZoomOut, "zoom_out", "-", "zoom out";
     ToggleAxis, "toggle_axis", "x", "x axis: events / time";

@@ -5,6 +5,11 @@
 const MIN_WINDOW: u64 = 64;
 /// A pan moves this fraction of the window, so what was on screen stays in sight.
 const PAN_DIVISOR: u64 = 8;
+/// The window a screen opens with, in history entries.
+const DEFAULT_WINDOW: u64 = 1 << 13;
+/// Until the user zooms, a live window holds at least this many steps (the running one and
+/// those before it), however many events a step makes.
+pub const FIT_STEPS: usize = 3;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct View {
@@ -14,6 +19,8 @@ pub struct View {
     pub right: Option<u64>,
     /// Frozen: the window stays put while the store keeps ingesting.
     pub frozen: bool,
+    /// The window widens to hold the newest `FIT_STEPS` steps (until the user zooms).
+    pub fit: bool,
     pub by_category: bool,
     /// The x axis is time (columns are equal time spans) rather than events.
     pub time_axis: bool,
@@ -33,9 +40,10 @@ pub struct View {
 impl Default for View {
     fn default() -> Self {
         View {
-            window: 1 << 13,
+            window: DEFAULT_WINDOW,
             right: None,
             frozen: false,
+            fit: true,
             by_category: true,
             time_axis: false,
             table_focus: false,
@@ -57,10 +65,12 @@ impl View {
     }
 
     pub fn zoom_in(&mut self) {
+        self.fit = false;
         self.window = (self.window / 2).max(MIN_WINDOW);
     }
 
     pub fn zoom_out(&mut self, start: u64, end: u64) {
+        self.fit = false;
         self.window = (self.window * 2).min((end - start).max(MIN_WINDOW).next_power_of_two());
     }
 
@@ -82,10 +92,20 @@ impl View {
         self.right = if self.frozen { Some(self.right.unwrap_or(end)) } else { None };
     }
 
-    /// Back to following the newest events, unfrozen.
+    /// Back to following the newest events, unfrozen, the window fitted to the newest steps.
     pub fn go_live(&mut self) {
         self.frozen = false;
         self.right = None;
+        self.fit = true;
+    }
+
+    /// While following unzoomed, sizes the window to reach back to `from` (where the
+    /// newest steps began) from `end`: never below the default, in powers of two so the
+    /// scale changes seldom.
+    pub fn fit_steps(&mut self, from: Option<u64>, end: u64) {
+        if let Some(from) = from.filter(|_| self.fit && self.following()) {
+            self.window = end.saturating_sub(from).next_power_of_two().max(DEFAULT_WINDOW);
+        }
     }
 
     pub fn following(&self) -> bool {
@@ -149,6 +169,27 @@ mod tests {
         v.zoom_out(0, 5000);
         v.zoom_out(0, 5000);
         assert_eq!(v.window, 256);
+    }
+
+    #[test]
+    fn the_live_window_fits_the_newest_steps_until_zoomed() {
+        let mut v = View::default();
+        v.fit_steps(None, 50_000);
+        assert_eq!(v.window, DEFAULT_WINDOW, "no steps yet");
+        v.fit_steps(Some(100), 1000);
+        assert_eq!(v.window, DEFAULT_WINDOW, "short steps keep the default");
+        v.fit_steps(Some(10_000), 50_000);
+        assert_eq!(v.window, 1 << 16, "long steps widen it");
+        v.pan(true, 0, 200_000);
+        v.fit_steps(Some(40_000), 200_000);
+        assert_eq!(v.window, 1 << 16, "panned back: the window stays");
+        v.go_live();
+        v.zoom_in();
+        v.fit_steps(Some(10_000), 90_000);
+        assert_eq!(v.window, 1 << 15, "zoomed: the user's window");
+        v.go_live();
+        v.fit_steps(Some(10_000), 90_000);
+        assert_eq!(v.window, 1 << 17, "End fits again");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
+use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
 use crate::event::{Category, Phase};
@@ -567,7 +567,9 @@ fn gauge_lines<'a>(store: &Store, theme: &Theme) -> Vec<Line<'a>> {
 fn allocation_name(store: &Store, a: &LiveAlloc) -> (String, bool) {
     match store.scope_name(a.scope) {
         "" if a.category == Category::Input => ("input batch".into(), true),
-        "" => (format!("outside any module ({})", a.phase.as_str()), true),
+        // A snapshot trace names no modules at all: say so rather than guess.
+        "" if store.scopes.len() <= 1 => ("no module recorded".into(), true),
+        "" => ("outside any module".into(), true),
         s => (s.to_string(), false),
     }
 }
@@ -695,24 +697,20 @@ pub fn render_help<A: Bindable>(f: &mut Frame, area: Rect, keys: &KeyMap<A>, the
 
 /// The help overlay of (key, what it does) rows.
 pub fn render_help_rows(f: &mut Frame, area: Rect, rows: Vec<(String, &'static str)>, theme: &Theme) {
-    let h = (rows.len() as u16 + 4).min(area.height);
     // As wide as its longest row, so no line is cut (unless the terminal is narrower).
     let widest = rows.iter().map(|(_, d)| d.chars().count()).max().unwrap_or(0) as u16;
-    let w = (widest + 12 + 4).max(40).min(area.width);
-    let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
-    f.render_widget(Clear, r);
+    let h = rows.len() as u16 + 2;
     let lines: Vec<Line> = rows
         .into_iter()
         .map(|(k, d)| Line::from(vec![Span::styled(format!("{k:>10}  "), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)), Span::styled(d, Style::default().fg(theme.ui.text))]))
         .collect();
-    f.render_widget(
-        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(" keys (? closes) ", Style::default().fg(theme.ui.title))).style(Style::default().bg(theme.ui.background))),
-        r,
-    );
+    let (r, block) = overlay(f, area, (widest + 12 + 4).max(40), h, " keys (? closes) ".into(), theme);
+    f.render_widget(Paragraph::new(lines).block(block), r);
 }
 
-/// A centred box of `w`×`h` (within `area`), cleared, with a title.
-fn overlay<'a>(f: &mut Frame, area: Rect, w: u16, h: u16, title: String, theme: &Theme) -> (Rect, Block<'a>) {
+/// A centred box of `w`×`h` (within `area`), cleared, with a title: the help, the
+/// inspector and the event log are drawn in one.
+pub fn overlay<'a>(f: &mut Frame, area: Rect, w: u16, h: u16, title: String, theme: &Theme) -> (Rect, Block<'a>) {
     let (w, h) = (w.min(area.width), h.min(area.height));
     let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
     f.render_widget(Clear, r);
@@ -757,22 +755,30 @@ pub fn render_inspector(f: &mut Frame, area: Rect, store: &Store, view: &View, t
 pub fn render_event_log(f: &mut Frame, area: Rect, store: &Store, up: usize, theme: &Theme) {
     let total = store.log.len();
     // As tall as its lines, up to two thirds of the screen.
-    let h = (total.max(1) as u16 + 2).min((area.height * 2 / 3).max(6));
-    let rows = h.saturating_sub(2) as usize;
+    let w = area.width.saturating_sub(4);
+    let inner_w = usize::from(w.saturating_sub(2)).max(1);
+    let line = |l: &LogLine| {
+        let mut spans = vec![Span::styled(format!(" step {:<5} ", l.step), Style::default().fg(theme.ui.dim))];
+        spans.extend(log_spans(l, theme));
+        Line::from(spans)
+    };
+    // Long lines wrap: the newest lines that fit, each as many rows as it wraps to.
+    let most = usize::from((area.height * 2 / 3).max(6).saturating_sub(2));
     let end = total.saturating_sub(up);
-    let lines: Vec<Line> = store
-        .log
-        .range(end.saturating_sub(rows)..end)
-        .map(|l| {
-            let mut spans = vec![Span::styled(format!(" step {:<5} ", l.step), Style::default().fg(theme.ui.dim))];
-            spans.extend(log_spans(l, theme));
-            Line::from(spans)
-        })
-        .collect();
+    let mut lines: Vec<Line> = Vec::new();
+    let mut used = 0;
+    for l in store.log.range(..end).rev() {
+        let l = line(l);
+        let rows = l.width().div_ceil(inner_w).max(1);
+        if used + rows > most && !lines.is_empty() {
+            break;
+        }
+        used += rows;
+        lines.insert(0, l);
+    }
     let shown = if up > 0 { format!(", {up} newer below") } else { String::new() };
     let title = format!(" event log: {total} lines{shown} · ↑↓ scroll · l or esc closes ");
-    let (r, block) = overlay(f, area, area.width.saturating_sub(4), h, title, theme);
-    let empty = lines.is_empty();
-    let para = if empty { Paragraph::new(Span::styled(" nothing logged yet", Style::default().fg(theme.ui.dim))) } else { Paragraph::new(lines) };
-    f.render_widget(para.block(block), r);
+    let (r, block) = overlay(f, area, w, used.max(1) as u16 + 2, title, theme);
+    let para = if lines.is_empty() { Paragraph::new(Span::styled(" nothing logged yet", Style::default().fg(theme.ui.dim))) } else { Paragraph::new(lines) };
+    f.render_widget(para.wrap(Wrap { trim: false }).block(block), r);
 }

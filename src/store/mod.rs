@@ -544,6 +544,22 @@ impl Store {
         out
     }
 
+    /// Where the `n`th newest step began (1: the one running), when the phase marks held
+    /// name that many steps.
+    pub fn newest_steps_start(&self, n: usize) -> Option<u64> {
+        let (mut steps, mut step, mut start) = (0, None, None);
+        for p in self.phases.iter().rev().filter(|p| p.phase != Phase::Other) {
+            if step != Some(p.step) {
+                if steps == n {
+                    break;
+                }
+                (steps, step) = (steps + 1, Some(p.step));
+            }
+            start = Some(p.start);
+        }
+        start.filter(|_| steps == n)
+    }
+
     /// The phase in effect over most of [a, b) (the one at `a` when it is empty).
     pub fn dominant_phase(&self, a: u64, b: u64) -> Phase {
         if b <= a {
@@ -648,6 +664,29 @@ mod tests {
         assert_eq!(s.scope_name(1), "layers.0.attn");
         assert_eq!(s.largest_live(1)[0].scope, 1, "a retag's scope names the allocation");
         assert_eq!(s.lost_events, 0);
+    }
+
+    #[test]
+    fn steps_are_found_from_their_phase_marks() {
+        let mut s = Store::new(1 << 16);
+        // Three steps of 10 events: forward 4, backward 4, optimizer 2; "other" between.
+        let mut b = Batch::default();
+        for step in 0..3u32 {
+            for (at, phase) in [(0, Phase::Forward), (4, Phase::Backward), (8, Phase::Optimizer)] {
+                b.marks.push(PhaseMark { seq: u64::from(step) * 10 + at, t_ns: 0, step, phase });
+            }
+            b.marks.push(PhaseMark { seq: u64::from(step) * 10 + 9, t_ns: 0, step, phase: Phase::Other });
+        }
+        b.events = (0..30).map(|i| ev(Action::Alloc, 0x100 + i, 8, Category::Temporary, Phase::Other)).collect();
+        s.ingest_batch(b);
+        assert_eq!(s.step_starts(0, 30), vec![(0, 0), (10, 1), (20, 2)]);
+        assert_eq!(s.step_starts(5, 30), vec![(10, 1), (20, 2)], "a step begun before the window is not counted");
+        assert_eq!(s.newest_steps_start(1), Some(20));
+        assert_eq!(s.newest_steps_start(3), Some(0));
+        assert_eq!(s.newest_steps_start(4), None, "only three steps");
+        assert_eq!(s.dominant_phase(0, 10), Phase::Forward, "forward and backward hold 4 each: the first wins");
+        assert_eq!(s.dominant_phase(3, 10), Phase::Backward);
+        assert_eq!(s.dominant_phase(12, 12), Phase::Forward, "an empty span: the phase at its start");
     }
 
     #[test]
