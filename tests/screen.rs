@@ -5,19 +5,35 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use ratatui::buffer::Buffer;
+use ratatui::style::Color;
 use vramscope::app::keys::{Action, KeyMap};
+use vramscope::app::live::{handle, Controls};
 use vramscope::app::view::View;
+use vramscope::render::theme::ColorSupport;
+use vramscope::store::ranks::Ranks;
+use vramscope::stream::Incoming;
 use vramscope::event::{Retag, Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
 use vramscope::render::draw_to_buffer;
 use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
 use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind, SourceStatus};
 use vramscope::store::ranks::RankSummary;
-use vramscope::store::Store;
+use vramscope::store::{LogKind, Store};
 use vramscope::step_config::{Attention, Mode, Precision, Preset, StepConfig};
 use vramscope::stream::{EngineInfo, KnobChange, OomReport, Report, StepReport};
 
 const MIB: u64 = 1 << 20;
+const PARAMS: [&str; 8] = [
+    "token_embeddings.weight",
+    "layers.0.attn.q_proj.weight",
+    "layers.0.attn.k_proj.weight",
+    "layers.0.attn.v_proj.weight",
+    "layers.0.attn.output_proj.weight",
+    "layers.0.ffn.w1.weight",
+    "layers.0.ffn.w2.weight",
+    "lm_head.weight",
+];
 
 fn config(ctx: i64, precision: Precision) -> StepConfig {
     StepConfig { model_name: "tiny".into(), dims: Preset::Tiny.dims(), ctx, batch: 4, precision, mode: Mode::Train, attention: Attention::Naive, optimizer: Default::default() }
@@ -50,12 +66,23 @@ fn session() -> Store {
     let mark = |b: &mut Batch, step: u32, phase: Phase| {
         b.marks.push(PhaseMark { seq: seq.get(), t_ns: seq.get() * 1000, step, phase });
     };
-    let mut b = Batch { scopes: vec![(1, "layers.0.attn".into()), (2, "layers.0.ffn".into()), (3, "lm_head".into())], ..Default::default() };
+    // Names as the engine gives them: modules for activations, and through retags the
+    // parameters, their gradients and AdamW's state.
+    let mut scopes: Vec<(u32, String)> = ["layers.0.attn", "layers.0.ffn", "lm_head"].iter().map(|s| s.to_string()).enumerate().map(|(i, s)| (i as u32 + 1, s)).collect();
+    let mut name = |n: String| {
+        let id = scopes.len() as u32 + 1;
+        scopes.push((id, n));
+        id
+    };
+    let params: Vec<(u64, String)> = PARAMS.iter().map(|n| { addr += 4 * MIB; (addr, n.to_string()) }).collect();
+    let param_ids: Vec<u32> = params.iter().map(|(_, n)| name(n.clone())).collect();
+    let grad_ids: Vec<u32> = params.iter().map(|(_, n)| name(format!("grad of {n}"))).collect();
+    let state_ids: Vec<u32> = params.iter().flat_map(|(_, n)| [format!("exp_avg of {n}"), format!("exp_avg_sq of {n}")]).collect::<Vec<_>>().into_iter().map(&mut name).collect();
+    let mut b = Batch { scopes, ..Default::default() };
     ev(&mut b, Act::SegmentAlloc, addr, 192 * MIB, 0, Phase::Other, 0, Category::Unknown);
-    let params: Vec<u64> = (0..8).map(|i| { addr += 4 * MIB; let _ = i; addr }).collect();
-    for p in &params {
+    for ((p, _), id) in params.iter().zip(&param_ids) {
         ev(&mut b, Act::Alloc, *p, 4 * MIB, 0, Phase::Other, 0, Category::Unknown);
-        b.retags.push(Retag { addr: *p, category: Category::Parameter, scope: 0 });
+        b.retags.push(Retag { addr: *p, category: Category::Parameter, scope: *id });
     }
     store.ingest_batch(b);
     for step in 0..2u32 {
@@ -82,14 +109,14 @@ fn session() -> Store {
                 grads.push(addr);
             }
         }
-        b.retags.extend(grads.iter().map(|g| Retag { addr: *g, category: Category::Gradient, scope: 0 }));
+        b.retags.extend(grads.iter().zip(&grad_ids).map(|(g, id)| Retag { addr: *g, category: Category::Gradient, scope: *id }));
         store.ingest_batch(std::mem::take(&mut b));
         mark(&mut b, step, Phase::Optimizer);
         if step == 0 {
-            for _ in 0..16 {
+            for id in &state_ids {
                 addr += 4 * MIB;
                 ev(&mut b, Act::Alloc, addr, 4 * MIB, step, Phase::Optimizer, 0, Category::Temporary);
-                b.retags.push(Retag { addr, category: Category::OptimizerState, scope: 0 });
+                b.retags.push(Retag { addr, category: Category::OptimizerState, scope: *id });
             }
         }
         store.ingest_batch(std::mem::take(&mut b));
@@ -188,9 +215,184 @@ fn help_overlay_is_generated_from_the_key_table() {
     view.help = true;
     let screen = text(&store, &view, 200, 60);
     for a in Action::ALL {
-        assert!(screen.contains(a.help()), "help lacks '{}'", a.help());
+        assert_eq!(screen.contains(a.help()), a.offered(false), "live help and '{}'", a.help());
     }
     insta::assert_snapshot!(screen);
+    // A replay's help is its own: pace and seek, no knobs.
+    let mut replay = with_host(session());
+    replay.title = Some("replay of run.vsrec".into());
+    let screen = text(&replay, &view, 200, 60);
+    for a in Action::ALL {
+        assert_eq!(screen.contains(a.help_for(true)), a.offered(true), "replay help and '{}'", a.help_for(true));
+    }
+}
+
+/// The screen's text and, under it, its colours: each distinct (fg, bg) pair gets a letter,
+/// drawn where it is used, with the legend after.
+fn colours(buf: &Buffer) -> String {
+    const SYMBOLS: &str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let area = buf.area;
+    let mut pairs: Vec<(Color, Color)> = Vec::new();
+    let mut out = String::new();
+    for y in 0..area.height {
+        out += &(0..area.width).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>();
+        out.push('\n');
+    }
+    for y in 0..area.height {
+        for x in 0..area.width {
+            let c = &buf[(x, y)];
+            let i = pairs.iter().position(|p| *p == (c.fg, c.bg)).unwrap_or_else(|| {
+                pairs.push((c.fg, c.bg));
+                pairs.len() - 1
+            });
+            out.push(SYMBOLS.chars().nth(i).expect("fewer colour pairs than symbols"));
+        }
+        out.push('\n');
+    }
+    for (i, (fg, bg)) in pairs.iter().enumerate() {
+        out += &format!("{} fg {fg:?} bg {bg:?}\n", SYMBOLS.chars().nth(i).unwrap());
+    }
+    out
+}
+
+fn draw(store: &Store, view: &View, theme: &Theme, w: u16, h: u16) -> Buffer {
+    draw_to_buffer(w, h, |f| render_live(f, store, &RankSummary::default(), view, &KeyMap::default(), theme))
+}
+
+/// The background of the phase row under the first column where `letter` is drawn.
+fn ribbon_bg(buf: &Buffer, letter: &str) -> Color {
+    let y = (0..buf.area.height).find(|y| (0..buf.area.width).any(|x| buf[(x, *y)].symbol() == "F")).expect("a phase row");
+    let x = (0..buf.area.width).find(|x| buf[(*x, y)].symbol() == letter).unwrap_or_else(|| panic!("no {letter} in the phase row"));
+    buf[(x, y)].bg
+}
+
+#[test]
+fn live_screen_colours_at_256_and_truecolor() {
+    let store = with_host(session());
+    for (depth, name) in [(ColorSupport::Palette256, "live_screen_colours_256"), (ColorSupport::TrueColor, "live_screen_colours_truecolor")] {
+        let theme = Theme::load_at("dark", depth).unwrap();
+        let buf = draw(&store, &whole(&store), &theme, 80, 24);
+        let [f, b, o] = ["F", "B", "O"].map(|l| ribbon_bg(&buf, l));
+        assert!(f != b && b != o && f != o, "{depth:?}: forward {f:?}, backward {b:?}, optimizer {o:?}");
+        if depth == ColorSupport::Palette256 {
+            for c in [f, b, o] {
+                assert!(matches!(c, Color::Indexed(_)), "256 colours draw no RGB: {c:?}");
+            }
+        }
+        insta::assert_snapshot!(name, colours(&buf));
+    }
+    // At 16 colours the phases colour only their row, and still differ there.
+    let theme = Theme::load_at("dark", ColorSupport::Ansi16).unwrap();
+    let buf = draw(&store, &whole(&store), &theme, 80, 24);
+    let [f, b, o] = ["F", "B", "O"].map(|l| ribbon_bg(&buf, l));
+    assert!(f != b && b != o && f != o);
+    let plot_bg = buf[(30, 8)].bg;
+    assert_eq!(plot_bg, theme.ui.background, "the plot itself is not shaded at 16 colours");
+}
+
+#[test]
+fn the_timeline_reads_like_a_chart() {
+    let store = with_host(session());
+    let screen = text(&store, &whole(&store), 120, 36);
+    // Round ticks, step numbers under the phase row, markers saying what they are.
+    for want in ["50 MiB", "100 MiB", "150 MiB", "    step", "K1", "precision→bf16", "S1"] {
+        assert!(screen.contains(want), "'{want}' missing:\n{screen}");
+    }
+    let axis = screen.lines().find(|l| l.contains("    step")).unwrap();
+    let numbers: Vec<&str> = axis.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).collect();
+    assert_eq!(numbers, ["0", "1"], "{axis}");
+    // The peak the timeline labels is the figure the side panel gives.
+    let side = screen.lines().find_map(|l| l.split("peak (all)").nth(1)).unwrap().trim().trim_end_matches('│').trim();
+    assert!(screen.contains(&format!("peak {side}")), "timeline peak vs side panel {side}:\n{screen}");
+    // Every category keeps its legend row, empty or not.
+    for c in Category::ALL {
+        assert!(screen.contains(&c.as_str().replace('_', " ")[..10.min(c.as_str().len())]), "{c:?} left the legend");
+    }
+}
+
+#[test]
+fn a_window_without_the_session_peak_labels_its_own_and_the_time_axis_counts_seconds() {
+    let store = with_host(session());
+    // The first step's forward pass only: the session peak is later.
+    let view = View { window: 40, right: Some(60), ..View::default() };
+    let screen = text(&store, &view, 120, 36);
+    assert!(screen.contains("window peak"), "{screen}");
+    assert!(screen.contains("panned (end: live)"), "{screen}");
+    let view = View { time_axis: true, ..whole(&store) };
+    let screen = text(&store, &view, 120, 36);
+    // Events are a microsecond apart here: the title spans the run, step 1 says when it began.
+    let end = store.history.get(store.history.end() - 1).unwrap().t_ns;
+    let (at, _) = store.step_starts(0, store.history.end())[1];
+    let began = store.history.get(at).unwrap().t_ns;
+    assert!(end > 100_000 && began > 50_000 && began < end, "{began} {end}");
+    assert!(screen.contains(&format!("· 0 µs–{} µs · live", end / 1000)), "time range in the title:\n{screen}");
+    assert!(screen.contains(&format!("1 · {} µs", began / 1000)), "step 1 with the time it began:\n{screen}");
+}
+
+/// Keys through the app's own handler.
+struct NoControls;
+impl Controls for NoControls {
+    fn key(&mut self, a: Action, _: &mut Ranks) -> bool {
+        a == Action::Quit
+    }
+}
+
+#[test]
+fn the_selection_stays_on_its_allocation_and_enter_inspects_it() {
+    let mut ranks = Ranks::with(with_host(session()), 1 << 20);
+    let mut view = whole(ranks.shown());
+    let themes = vec![Theme::load("dark").unwrap(), Theme::load("light").unwrap()];
+    for a in [Action::SelectDown, Action::SelectDown] {
+        assert!(!handle(a, &mut ranks, &mut view, &mut NoControls, &themes));
+    }
+    let chosen = view.selected.expect("a row is selected");
+    let selected_line = |store: &Store, view: &View| {
+        let buf = draw(store, view, &themes[0], 120, 36);
+        let y = (0..36).find(|y| buf[(2, *y)].bg == themes[0].ui.selection).expect("a highlighted row");
+        (0..120).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>()
+    };
+    let before = selected_line(ranks.shown(), &view);
+    assert!(before.contains("exp_avg") || before.contains("weight"), "{before}");
+    // A larger allocation arrives and the rows re-sort: the same allocation stays selected.
+    ranks.ingest(0, Incoming::Batch(Batch {
+        first_seq: ranks.shown().history.end(),
+        events: vec![MemEvent { t_ns: 1, addr: 0x10, size: 64 * MIB, stream: 0, step: 2, scope: 3, action: Act::Alloc, phase: Phase::Forward, device: 0, category: Category::Activation }],
+        ..Default::default()
+    }));
+    assert_eq!(selected_line(ranks.shown(), &view), before);
+    assert_eq!(view.selected, Some(chosen));
+    handle(Action::Inspect, &mut ranks, &mut view, &mut NoControls, &themes);
+    let screen = text(ranks.shown(), &view, 120, 36);
+    let name = before.split_whitespace().find(|w| w.contains("weight")).unwrap();
+    for want in ["allocation (enter closes)", "4.00 MiB (4194304 bytes)", "address", name] {
+        assert!(screen.contains(want), "'{want}' missing from the inspector:\n{screen}");
+    }
+    // The biggest row names what it is by its module.
+    assert!(screen.contains("64.0 MiB") && screen.contains("lm_head"), "{screen}");
+    // t says which theme it switched to.
+    handle(Action::NextTheme, &mut ranks, &mut view, &mut NoControls, &themes);
+    assert_eq!(ranks.shown().log.back().unwrap().text, "theme: light · truecolor (t for the next)");
+}
+
+#[test]
+fn the_event_log_keeps_every_line_and_scrolls() {
+    let mut store = with_host(session());
+    for i in 0..40 {
+        store.ingest_report(Report::Knob(KnobChange { step: 3 + i, knob: "ctx".into(), from: "256".into(), to: format!("{}", 512 + i) }));
+    }
+    let mut ranks = Ranks::with(store, 1 << 20);
+    let mut view = whole(ranks.shown());
+    let themes = vec![Theme::load("dark").unwrap()];
+    handle(Action::EventLog, &mut ranks, &mut view, &mut NoControls, &themes);
+    let screen = text(ranks.shown(), &view, 120, 36);
+    assert!(screen.contains("K41 ctx 256 → 551 from step 42"), "the newest, tagged as its marker:\n{screen}");
+    assert!(!screen.contains("K1 precision fp32 → bf16"), "{screen}");
+    for _ in 0..30 {
+        handle(Action::SelectUp, &mut ranks, &mut view, &mut NoControls, &themes);
+    }
+    let screen = text(ranks.shown(), &view, 120, 36);
+    assert!(screen.contains("K1 precision fp32 → bf16 from step 2"), "scrolled back to the first knob:\n{screen}");
+    assert!(screen.contains("30 newer below"), "{screen}");
 }
 
 #[test]
@@ -237,4 +439,22 @@ fn the_device_gauges_follow_the_gpu_this_process_trains_on() {
     let mut cpu = session();
     cpu.ingest_gauges(batch());
     assert_eq!(cpu.gauges.selected_device(), 0);
+}
+
+#[test]
+fn a_trace_without_modules_says_so_and_long_log_lines_wrap() {
+    // What a snapshot trace gives: allocations with no module names anywhere.
+    let mut store = Store::new(1 << 16);
+    store.title = Some("replay of t.pickle".into());
+    store.ingest_batch(Batch {
+        first_seq: 0,
+        events: vec![MemEvent { t_ns: 0, addr: 0x10, size: 96 * MIB, stream: 0, step: 0, scope: 0, action: Act::Alloc, phase: Phase::Other, device: 0, category: Category::Unknown }],
+        ..Default::default()
+    });
+    let long = format!("replay: {}/memory_snapshot.pickle: snapshot trace, 5392 events over 0.25 s END-OF-LINE", "/a/long/path".repeat(8));
+    store.log_line(LogKind::Info, long);
+    let screen = text(&store, &View { log: Some(0), ..View::default() }, 100, 30);
+    assert!(screen.contains("no module recorded"), "{screen}");
+    assert!(!screen.contains("outside any module"), "{screen}");
+    assert!(screen.contains("END-OF-LINE"), "the end of a long line, wrapped:\n{screen}");
 }

@@ -171,7 +171,11 @@ fn py_draws_the_jobs_phases_s_writes_a_snapshot_pytorch_reads_and_q_stops_the_jo
     s.assert_terminal_restored();
     // The pane's shell names the file too, and may take a moment to go after writing the
     // exit code; the job, left running, would stay for minutes.
-    let running = || !Command::new("pgrep").args(["-f", &format!("{d}/never.json")]).output().unwrap().stdout.is_empty();
+    // So does the tmux server's own command line when this session started the server.
+    let running = || {
+        let pids = Command::new("pgrep").args(["-f", &format!("{d}/never.json")]).output().unwrap().stdout;
+        String::from_utf8_lossy(&pids).split_whitespace().any(|pid| !std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().starts_with("tmux"))
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while running() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));

@@ -112,6 +112,11 @@ fn eight_gpus_sorted_by_pid_with_third_selected() {
 #[test]
 fn selection_and_sort_change_what_is_drawn() {
     let mut state = nvml_state(8, 0);
+    assert!(state.can_sort() && state.can_select());
+    state.help = true;
+    let help = screen_text(&draw(&state, 100, 30));
+    assert!(help.contains("sort processes: memory, util, pid") && help.contains("select a GPU"), "{help}");
+    state.help = false;
     let before = screen_text(&draw(&state, 100, 30));
     assert!(before.contains("GPU 0 · NVIDIA H100"));
     state.move_selection(-1);
@@ -165,7 +170,7 @@ fn host_view_says_why_nvml_is_not_used() {
         }),
         samples,
     });
-    let state = WatchState::new(history, Duration::from_millis(250));
+    let mut state = WatchState::new(history, Duration::from_millis(250));
     let terminal = draw(&state, 100, 30);
     let text = screen_text(&terminal);
     assert_eq!(
@@ -173,7 +178,20 @@ fn host_view_says_why_nvml_is_not_used() {
         1,
         "the reason is shown once"
     );
+    // Nothing to sort or select without GPUs: only the keys that work are offered.
+    assert!(!text.contains("sort") && !text.contains("select"), "{text}");
+    assert!(text.contains("? help"), "{text}");
+    // Each graph's label and value sit on their own line, above its data: the line
+    // above a label is the previous graph's spacer, never its bars.
+    let lines: Vec<&str> = text.lines().skip_while(|l| !l.contains("last 120 samples")).collect();
+    for label in ["│ cpu ", "│ rss "] {
+        let i = lines.iter().position(|l| l.contains(label)).unwrap_or_else(|| panic!("{label} missing:\n{text}"));
+        assert!(!lines[i].contains('█') && !lines[i - 1].contains('█'), "data beside or just above '{label}':\n{text}");
+    }
     insta::assert_snapshot!(terminal.backend());
+    state.help = true;
+    let help = screen_text(&draw(&state, 100, 30));
+    assert!(help.contains("keys (? closes)") && help.contains("quit") && !help.contains("sort processes"), "{help}");
 }
 
 #[test]

@@ -54,12 +54,16 @@ actions! {
     FreezeView, "freeze_view", "f", "freeze the view (keeps ingesting)";
     PanLeft, "pan_left", "left", "pan back in time";
     PanRight, "pan_right", "right", "pan forward in time";
+    GoLive, "go_live", "end", "back to live: follow the newest steps";
     ZoomIn, "zoom_in", "+", "zoom in";
     ZoomOut, "zoom_out", "-", "zoom out";
+    ToggleAxis, "toggle_axis", "x", "x axis: events / time";
     ToggleBands, "toggle_bands", "c", "bands by category / by allocation";
     FocusTable, "focus_table", "tab", "focus the allocations table";
-    SelectUp, "select_up", "up", "table: previous row";
-    SelectDown, "select_down", "down", "table: next row";
+    SelectUp, "select_up", "up", "table: previous row (event log: scroll up)";
+    SelectDown, "select_down", "down", "table: next row (event log: scroll down)";
+    Inspect, "inspect", "enter", "open / close the selected allocation's inspector";
+    EventLog, "event_log", "l", "open / close the event log";
     NextTheme, "next_theme", "t", "next theme";
     NextRank, "next_rank", "R", "show the next rank of a multi-rank job";
     ToggleRecord, "toggle_record", "r", "start / stop recording the session";
@@ -70,6 +74,28 @@ actions! {
     Help, "help", "?", "this help";
     Detach, "detach", "d", "quit, leaving a job vramscope py started running";
     Quit, "quit", "q", "quit (stops a job vramscope started; an attached one runs on)";
+}
+
+impl Action {
+    /// Whether the screen offers this key: a replay cannot turn the knobs, save or record,
+    /// and only a replay has a pace to change or steps to seek.
+    pub fn offered(self, replay: bool) -> bool {
+        use Action::*;
+        match self {
+            SpeedUp | SpeedDown | NextStep | PrevStep => replay,
+            TogglePrecision | CtxHalve | CtxDouble | BatchDown | BatchUp | ToggleMode | ToggleAttention | Snapshot | StepOnce | ToggleRecord | Detach => !replay,
+            _ => true,
+        }
+    }
+
+    /// The help line, in a replay's words where they differ.
+    pub fn help_for(self, replay: bool) -> &'static str {
+        match self {
+            Action::TogglePause if replay => "pause / resume the replay",
+            Action::Quit if replay => "quit",
+            a => a.help(),
+        }
+    }
 }
 
 actions! {
@@ -103,7 +129,7 @@ pub enum KeyError {
     Toml(String),
     #[error("key file: unknown action '{0}' (allowed: {1})")]
     UnknownAction(String, String),
-    #[error("key file: '{key}' cannot be parsed as a key for {action} (use a character, or one of: space, tab, enter, esc, left, right, up, down, backspace, f1..f12)")]
+    #[error("key file: '{key}' cannot be parsed as a key for {action} (use a character, or one of: space, tab, enter, esc, left, right, up, down, backspace, end, home, pageup, pagedown, f1..f12)")]
     BadKey { action: String, key: String },
     #[error("key file: '{key}' is bound to both {first} and {second}")]
     Duplicate { key: String, first: String, second: String },
@@ -135,6 +161,10 @@ impl Key {
             "up" => KeyCode::Up,
             "down" => KeyCode::Down,
             "backspace" => KeyCode::Backspace,
+            "end" => KeyCode::End,
+            "home" => KeyCode::Home,
+            "pageup" => KeyCode::PageUp,
+            "pagedown" => KeyCode::PageDown,
             f if f.len() > 1 && f.starts_with('f') && f[1..].parse::<u8>().is_ok_and(|n| (1..=12).contains(&n)) => {
                 KeyCode::F(f[1..].parse().ok()?)
             }
@@ -168,6 +198,10 @@ impl Key {
             KeyCode::Up => "↑".into(),
             KeyCode::Down => "↓".into(),
             KeyCode::Backspace => "backspace".into(),
+            KeyCode::End => "end".into(),
+            KeyCode::Home => "home".into(),
+            KeyCode::PageUp => "pageup".into(),
+            KeyCode::PageDown => "pagedown".into(),
             KeyCode::F(n) => format!("f{n}"),
             other => format!("{other:?}"),
         };
@@ -259,7 +293,12 @@ impl<A: Bindable> KeyMap<A> {
 
     /// (key label, description) for the help overlay, in table order.
     pub fn help_rows(&self) -> Vec<(String, &'static str)> {
-        self.by_action.iter().map(|(a, k)| (k.label(), a.help())).collect()
+        self.help_rows_with(|a| Some(a.help()))
+    }
+
+    /// The help rows `help` gives a text for, in table order.
+    pub fn help_rows_with(&self, help: impl Fn(A) -> Option<&'static str>) -> Vec<(String, &'static str)> {
+        self.by_action.iter().filter_map(|(a, k)| Some((k.label(), help(*a)?))).collect()
     }
 }
 
@@ -280,6 +319,18 @@ mod tests {
         assert_eq!(k.action(&press(KeyCode::Tab)), Some(Action::FocusTable));
         assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('}'), KeyModifiers::SHIFT)), Some(Action::BatchUp));
         assert_eq!(k.help_rows().len(), Action::ALL.len());
+        assert_eq!(k.action(&press(KeyCode::End)), Some(Action::GoLive));
+        assert_eq!(k.action(&press(KeyCode::Enter)), Some(Action::Inspect));
+        assert_eq!(Key::parse("end").unwrap().label(), "end");
+    }
+
+    #[test]
+    fn live_and_replay_offer_their_own_keys() {
+        assert!(Action::TogglePrecision.offered(false) && !Action::TogglePrecision.offered(true));
+        assert!(Action::NextStep.offered(true) && !Action::NextStep.offered(false));
+        assert!(Action::Help.offered(true) && Action::Help.offered(false));
+        assert_eq!(Action::TogglePause.help_for(true), "pause / resume the replay");
+        assert_eq!(Action::TogglePause.help_for(false), Action::TogglePause.help());
     }
 
     #[test]
@@ -309,7 +360,7 @@ mod tests {
 
     #[test]
     fn ctrl_c_always_quits() {
-        let k = KeyMap::<Action>::from_toml("[keys]\nquit = \"x\"\n").unwrap();
+        let k = KeyMap::<Action>::from_toml("[keys]\nquit = \"Q\"\n").unwrap();
         assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(Action::Quit));
     }
 }

@@ -95,6 +95,8 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metri
     let job = Watched::default();
     let (gauges, gauge_rx) = start_gauges(job.clone());
     let incoming = bridge(source.receiver().clone(), Some(gauge_rx));
+    let mut ranks = ranks;
+    ranks.recording = recorder.as_ref().map(|r| r.path().to_path_buf());
     let mut controls = JobControls { source: &source, kind, recorder, detached: false, said_knobs: false, job, metrics, published: 0 };
     let result = {
         let mut session = TerminalSession::enter()?;
@@ -151,11 +153,12 @@ pub async fn event_loop(
             ev = input.next() => match ev {
                 Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => {
                     if let Some(a) = screen.keys.action(&k) {
-                        if handle(a, &mut ranks, &mut view, controls, screen.themes.len()) {
+                        if handle(a, &mut ranks, &mut view, controls, &screen.themes) {
                             return Ok(());
                         }
-                    } else if view.help {
-                        view.help = false;
+                    } else {
+                        // Any other key (esc) closes an overlay.
+                        view.close_overlay();
                     }
                 }
                 Some(Ok(Event::Resize(..))) => drawn = None,
@@ -180,6 +183,8 @@ pub async fn event_loop(
                 }
                 controls.tick(&mut ranks);
                 let version = ranks.version() + ranks.shown as u64;
+                let shown = ranks.shown();
+                view.fit_steps(shown.newest_steps_start(super::view::FIT_STEPS), shown.history.end());
                 if drawn.as_ref().is_none_or(|(v, w)| *v != version || *w != view) {
                     let theme = &screen.themes[view.theme % screen.themes.len()];
                     let summary = ranks.summary();
@@ -193,21 +198,43 @@ pub async fn event_loop(
 
 /// What a key does: view changes stay here, the rest goes to the source's controls. True
 /// when the screen should close.
-pub fn handle(a: Action, ranks: &mut Ranks, view: &mut View, controls: &mut dyn Controls, theme_count: usize) -> bool {
+pub fn handle(a: Action, ranks: &mut Ranks, view: &mut View, controls: &mut dyn Controls, themes: &[Theme]) -> bool {
     let store = ranks.shown();
     let (start, end) = (store.history.start(), store.history.end());
-    let live = store.live_count();
+    let table_order = || store.live_by_size().iter().map(|l| l.addr).collect::<Vec<u64>>();
     match a {
         Action::FreezeView => view.toggle_freeze(end),
         Action::PanLeft => view.pan(true, start, end),
         Action::PanRight => view.pan(false, start, end),
+        Action::GoLive => view.go_live(),
         Action::ZoomIn => view.zoom_in(),
         Action::ZoomOut => view.zoom_out(start, end),
+        Action::ToggleAxis => view.time_axis = !view.time_axis,
         Action::ToggleBands => view.by_category = !view.by_category,
         Action::FocusTable => view.table_focus = !view.table_focus,
-        Action::SelectUp => view.table_selected = view.table_selected.saturating_sub(1),
-        Action::SelectDown => view.table_selected = (view.table_selected + 1).min(live.saturating_sub(1)),
-        Action::NextTheme => view.theme = (view.theme + 1) % theme_count.max(1),
+        Action::SelectUp | Action::SelectDown => {
+            let down = a == Action::SelectDown;
+            if view.log.is_some() {
+                view.scroll_log(if down { -1 } else { 1 }, store.log.len());
+            } else {
+                view.table_focus = true;
+                view.move_selection(&table_order(), if down { 1 } else { -1 });
+            }
+        }
+        Action::Inspect => {
+            if !view.inspect && view.selected.is_none() {
+                view.move_selection(&table_order(), 0);
+            }
+            view.inspect = !view.inspect && view.selected.is_some();
+            view.table_focus |= view.inspect;
+        }
+        Action::EventLog => view.log = if view.log.is_some() { None } else { Some(0) },
+        Action::NextTheme => {
+            view.theme = (view.theme + 1) % themes.len().max(1);
+            if let Some(t) = themes.get(view.theme) {
+                ranks.shown_mut().log_line(LogKind::Info, format!("theme: {} (t for the next)", t.label()));
+            }
+        }
         Action::NextRank => ranks.next_rank(),
         Action::Help => view.help = !view.help,
         _ => {
@@ -256,14 +283,13 @@ impl JobControls<'_> {
             }
             Err(e) => Err(e),
         };
-        let store = ranks.shown_mut();
         match started {
             Ok(r) => {
-                store.log_line(LogKind::Info, format!("recording to {} (r stops)", path.display()));
-                store.recording = Some(path);
+                ranks.shown_mut().log_line(LogKind::Info, format!("recording to {} (r stops)", path.display()));
+                ranks.recording = Some(path);
                 self.recorder = Some(r);
             }
-            Err(e) => store.log_line(LogKind::Error, format!("cannot record: {e}")),
+            Err(e) => ranks.shown_mut().log_line(LogKind::Error, format!("cannot record: {e}")),
         }
     }
 
@@ -335,9 +361,8 @@ impl Controls for JobControls<'_> {
             Action::StepOnce => self.source.send(&Control::StepOnce),
             Action::ToggleRecord => match self.stop_recording() {
                 Ok(Some(line)) => {
-                    let store = ranks.shown_mut();
-                    store.recording = None;
-                    store.log_line(LogKind::Info, line);
+                    ranks.recording = None;
+                    ranks.shown_mut().log_line(LogKind::Info, line);
                 }
                 Ok(None) => self.start_recording(ranks),
                 Err(e) => store.log_line(LogKind::Error, format!("recording failed: {e:#}")),
@@ -356,10 +381,7 @@ impl Controls for JobControls<'_> {
         }
         if let Some(r) = &mut self.recorder {
             if let Err(e) = r.record(monotonic_ns(), rank, item) {
-                let store = ranks.shown_mut();
-                store.log_line(LogKind::Error, format!("recording stopped: {e}"));
-                store.recording = None;
-                self.recorder = None;
+                self.recording_failed(ranks, e);
             }
         }
     }
@@ -371,14 +393,21 @@ impl Controls for JobControls<'_> {
         }
         if let Some(r) = &mut self.recorder {
             if let Err(e) = r.flush_if_due(monotonic_ns()) {
-                let store = ranks.shown_mut();
-                store.log_line(LogKind::Error, format!("recording stopped: {e}"));
-                store.recording = None;
-                self.recorder = None;
+                self.recording_failed(ranks, e);
             }
         }
     }
 }
+
+impl JobControls<'_> {
+    fn recording_failed(&mut self, ranks: &mut Ranks, e: impl std::fmt::Display) {
+        ranks.shown_mut().log_line(LogKind::Error, format!("recording stopped: {e}"));
+        ranks.recording = None;
+        self.recorder = None;
+    }
+}
+
+
 
 impl Store {
     /// What a recording started now needs first so it replays to this store's state: who

@@ -63,7 +63,7 @@ pub fn run_watch(args: WatchArgs) -> anyhow::Result<()> {
     let result = match &metrics {
         Some(m) if args.headless => serve_only(&mut state, &rx, m),
         _ => {
-            let theme = Theme::load(&args.theme)?.adapted(ColorSupport::detect());
+            let theme = Theme::load_at(&args.theme, ColorSupport::detect()?)?;
             screen_loop(state, &rx, &theme, metrics.as_ref())
         }
     };
@@ -118,11 +118,15 @@ fn screen_loop(
         }
         match event::read()? {
             Event::Key(k) if k.kind == KeyEventKind::Press => match k.code {
-                KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                KeyCode::Char('q') => return Ok(()),
                 KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return Ok(()),
-                KeyCode::Char('s') => state.sort = state.sort.next(),
-                KeyCode::Up => state.move_selection(-1),
-                KeyCode::Down => state.move_selection(1),
+                KeyCode::Char('?') => state.help = !state.help,
+                // Any other key closes the help; esc quits when it is not open.
+                _ if state.help => state.help = false,
+                KeyCode::Esc => return Ok(()),
+                KeyCode::Char('s') if state.can_sort() => state.sort = state.sort.next(),
+                KeyCode::Up if state.can_select() => state.move_selection(-1),
+                KeyCode::Down if state.can_select() => state.move_selection(1),
                 _ => continue,
             },
             Event::Resize(..) => {}

@@ -4,15 +4,16 @@
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
+use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
 use crate::event::{Category, Phase};
 use crate::source::gauges::history::Metric;
 use crate::source::gauges::sample::SourceKind;
-use crate::render::format::bytes;
+use crate::render::axis::{seconds, ByteAxis};
+use crate::render::format::{bytes, fit};
 use crate::store::ranks::RankSummary;
-use crate::store::{Column, LogKind, Marker, Store};
+use crate::store::{Column, LiveAlloc, LogKind, LogLine, Store};
 use crate::app::keys::{Action, Bindable, KeyMap};
 use crate::app::view::View;
 
@@ -53,12 +54,24 @@ pub fn render_live(f: &mut Frame, store: &Store, ranks: &RankSummary, view: &Vie
     let [timeline, side] = Layout::horizontal([Constraint::Min(30), Constraint::Length(side_w)]).areas(middle);
     render_header(f, header, store, ranks, theme);
     render_timeline(f, timeline, store, view, theme);
-    render_side(f, side, store, theme);
+    render_side(f, side, store, view, theme);
     render_table(f, table, store, view, theme);
     render_log(f, log, store, keys, theme);
-    if view.help {
-        render_help(f, area, keys, theme);
+    if view.inspect {
+        render_inspector(f, area, store, view, theme);
     }
+    if let Some(up) = view.log {
+        render_event_log(f, area, store, up, theme);
+    }
+    if view.help {
+        let replay = is_replay(store);
+        render_help_rows(f, area, keys.help_rows_with(|a| a.offered(replay).then(|| a.help_for(replay))), theme);
+    }
+}
+
+/// A replay (it has a title) rather than a running job: its keys differ.
+fn is_replay(store: &Store) -> bool {
+    store.title.is_some()
 }
 
 pub fn render_too_small(f: &mut Frame, area: Rect, theme: &Theme) {
@@ -125,12 +138,17 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSumma
         }
     }
     let last = store.last_step();
-    let mut spans = vec![
-        Span::styled(format!("step {}", last.map(|s| s.step + 1).unwrap_or(0)), val),
+    let mut spans = Vec::new();
+    // Recording stays in sight, first on the line, for as long as it lasts.
+    if let Some(p) = &ranks.recording {
+        spans.extend([Span::styled(format!("● REC {}", p.display()), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD)), sep()]);
+    }
+    spans.extend([
+        Span::styled(format!("step {}", store.step_now()), val),
         sep(),
         Span::styled("phase ", dim),
-        Span::styled(store.current_phase().as_str(), Style::default().fg(theme.ui.accent).bg(theme.phase(store.current_phase()).unwrap_or(theme.ui.background)).add_modifier(Modifier::BOLD)),
-    ];
+        phase_span(store.current_phase(), theme),
+    ]);
     if let Some(s) = last {
         spans.extend([
             sep(),
@@ -149,9 +167,6 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSumma
     if let Some(t) = &store.title {
         spans.extend([sep(), Span::styled(t.clone(), Style::default().fg(theme.ui.accent))]);
     }
-    if let Some(p) = &store.recording {
-        spans.extend([sep(), Span::styled(format!("● REC {}", p.display()), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
-    }
     if store.oom.is_some() {
         spans.extend([sep(), Span::styled("OUT OF MEMORY", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
     } else if store.paused {
@@ -162,17 +177,59 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSumma
     f.render_widget(Paragraph::new(vec![Line::from(line1), Line::from(spans)]), area);
 }
 
-/// Y-axis scale: a round number of bytes above `max`.
-fn nice_ceiling(max: u64) -> u64 {
-    let max = max.max(1 << 20);
-    let mut unit = 1u64 << 20;
-    while unit * 10 < max {
-        unit *= 2;
+/// A phase's name on its own shade, as the phase row draws it.
+fn phase_span(p: Phase, theme: &Theme) -> Span<'static> {
+    match theme.phase(p) {
+        Some(bg) => Span::styled(format!(" {} ", p.as_str()), Style::default().fg(theme.text_on(bg)).bg(bg).add_modifier(Modifier::BOLD)),
+        None => Span::styled(p.as_str(), Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD)),
     }
-    max.div_ceil(unit) * unit
 }
 
 const EIGHTHS: [char; 8] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇'];
+/// Width of the y labels ("0.75 GiB") and the space after them.
+const AXIS_W: u16 = 9;
+
+/// How a band fills its cells: solid, or shaded (neighbouring allocations alternate, so each
+/// band stays distinct in its category's colour), or the summed small allocations.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fill {
+    Solid,
+    Shaded,
+    Summed,
+}
+
+impl Fill {
+    fn glyph(self) -> char {
+        match self {
+            Fill::Solid => '█',
+            Fill::Shaded => '▓',
+            Fill::Summed => '░',
+        }
+    }
+}
+
+/// Column boundaries over [from, to): equal numbers of events, or equal spans of time.
+fn column_bounds(store: &Store, from: u64, to: u64, width: usize, time_axis: bool) -> Vec<u64> {
+    let n = width.max(1) as u64;
+    let span = to - from;
+    let t = |i: u64| store.history.get(i).map(|e| e.t_ns);
+    match (time_axis, t(from), t(to.saturating_sub(1))) {
+        (true, Some(t0), Some(t1)) if t1 > t0 => (0..=n)
+            .map(|k| match k {
+                0 => from,
+                k if k == n => to,
+                k => store.history.index_at_time(t0 + (t1 - t0) * k / n).clamp(from, to),
+            })
+            .collect(),
+        _ => (0..=n).map(|k| from + span * k / n).collect(),
+    }
+}
+
+/// The column (0-based) holding history index `i`.
+fn column_of(bounds: &[u64], i: u64) -> u16 {
+    let k = bounds.partition_point(|b| *b <= i).saturating_sub(1);
+    k.min(bounds.len().saturating_sub(2)) as u16
+}
 
 pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, theme: &Theme) {
     let (from, to) = view.range(store.history.start(), store.history.end());
@@ -182,66 +239,75 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
     } else if view.following() {
         "live"
     } else {
-        "panned"
+        "panned (end: live)"
     };
-    let title = format!(" active memory · {mode} · events {from}–{to} · {state} ");
+    let t = |i: u64| store.history.get(i).map_or(0, |e| e.t_ns);
+    let x_range = if view.time_axis {
+        format!("{}–{}", seconds(t(from)), seconds(t(to.saturating_sub(1))))
+    } else {
+        format!("events {from}–{to}")
+    };
+    let title = format!(" active memory · {mode} · {x_range} · {state} ");
     let block = Block::default()
         .borders(Borders::ALL)
         .border_style(Style::default().fg(theme.ui.border))
         .title(Span::styled(title, Style::default().fg(theme.ui.title)));
     let inner = block.inner(area);
     f.render_widget(block, area);
-    if inner.width < 12 || inner.height < 4 {
+    if inner.width < AXIS_W + 4 || inner.height < 5 {
         return;
     }
-    let axis_w = 9u16;
-    let plot = Rect { x: inner.x + axis_w, y: inner.y, width: inner.width - axis_w, height: inner.height - 1 };
-    let ribbon = Rect { x: plot.x, y: plot.y + plot.height, width: plot.width, height: 1 };
-    let cols = store.history.columns(from, to, plot.width as usize);
-    let span = (to - from).max(1);
+    // The plot, then the phase row and the step axis under it.
+    let plot = Rect { x: inner.x + AXIS_W, y: inner.y, width: inner.width - AXIS_W, height: inner.height - 2 };
+    let ribbon_y = plot.y + plot.height;
+    let axis_y = ribbon_y + 1;
+    let bounds = column_bounds(store, from, to, plot.width as usize, view.time_axis);
+    let cols = store.history.columns_at(&bounds);
+    let phases: Vec<Phase> = bounds.windows(2).map(|w| store.dominant_phase(w[0], w[1])).collect();
     // The device's own reading (NVML) at each column's time: what nvidia-smi would say.
     let device_series = device_used_series(store);
-    let device: Vec<Option<u64>> = (0..cols.len())
-        .map(|x| {
-            let i = (from + span * (x as u64 + 1) / cols.len() as u64).saturating_sub(1);
-            let t = store.history.get(i)?.t_ns;
+    let device: Vec<Option<u64>> = bounds
+        .windows(2)
+        .map(|w| {
+            let t = store.history.get(w[1].saturating_sub(1).max(w[0]))?.t_ns;
             let k = device_series.partition_point(|(st, _)| *st <= t);
             k.checked_sub(1).map(|k| device_series[k].1 as u64)
         })
         .collect();
     let top = cols.iter().map(|c| c.total.max(c.reserved)).chain(device.iter().flatten().copied()).max().unwrap_or(0);
-    let ymax = nice_ceiling(top + top / 10);
-    let buf = f.buffer_mut();
-    // Axis labels at the top edge of the top and middle rows, and zero.
-    for row in [0, plot.height / 2] {
-        let v = ymax * (plot.height - row) as u64 / plot.height as u64;
-        buf.set_string(inner.x, plot.y + row, format!("{:>8}", bytes(v)), Style::default().fg(theme.ui.dim));
+    let rows = u64::from(plot.height);
+    // One row spare above the highest column, for the peak label.
+    let axis = ByteAxis::fit(top + top / rows.max(1), rows);
+    let steps = store.step_starts(from, to);
+    let mut step_col = vec![false; cols.len()];
+    for (i, _) in &steps {
+        step_col[column_of(&bounds, *i) as usize] = true;
     }
-    buf.set_string(inner.x, plot.y + plot.height - 1, format!("{:>8}", "0"), Style::default().fg(theme.ui.dim));
-    let rows = plot.height as u64;
-    let bands_by_column = (!view.by_category).then(|| allocation_bands(store, from, to, &cols, ymax, rows, theme));
+    let buf = f.buffer_mut();
+    let dim = Style::default().fg(theme.ui.dim);
+    for (row, label) in axis.ticks(rows) {
+        buf.set_string(inner.x, plot.y + plot.height - 1 - row as u16, format!("{label:>8}"), dim);
+    }
+    let bands_by_column = (!view.by_category).then(|| allocation_bands(store, &bounds, &cols, &axis, theme));
     for (x, col) in cols.iter().enumerate() {
         let cx = plot.x + x as u16;
-        let col_start = from + span * x as u64 / cols.len() as u64;
-        let phase = store.phase_at(col_start).map(|p| p.phase).unwrap_or(Phase::Other);
-        let shade = theme.phase(phase).unwrap_or(theme.ui.background);
-        // Heights in eighths of a cell.
-        let eighths = |b: u64| (b as u128 * rows as u128 * 8 / ymax.max(1) as u128) as u64;
-        let mut bounds = [(0u64, Category::Unknown); 8];
+        let shade = theme.plot_shade(phases[x]);
+        let mut bounds_by_cat = [(0u64, Category::Unknown); 8];
         let mut acc = 0u64;
         for (i, c) in STACK_ORDER.iter().enumerate() {
             acc += col.cats[*c as usize];
-            bounds[i] = (eighths(acc), *c);
+            bounds_by_cat[i] = (axis.eighths(acc), *c);
         }
-        let h = eighths(col.total);
-        let reserved_row = eighths(col.reserved) / 8;
-        let device_row = device[x].map(|d| eighths(d) / 8);
-        let bands: &[(u64, Color)] = bands_by_column.as_ref().map(|b| b[x].as_slice()).unwrap_or(&[]);
-        let at = |pos: u64| {
+        let h = axis.eighths(col.total);
+        let reserved_row = axis.eighths(col.reserved) / 8;
+        let device_row = device[x].map(|d| axis.eighths(d) / 8);
+        let bands: &[(u64, Color, Fill)] = bands_by_column.as_ref().map(|b| b[x].as_slice()).unwrap_or(&[]);
+        let at = |pos: u64| -> (Color, Fill) {
             if view.by_category {
-                theme.category(bounds.iter().find(|(b, _)| *b > pos).map(|(_, c)| *c).unwrap_or(Category::Unknown))
+                let c = bounds_by_cat.iter().find(|(b, _)| *b > pos).map(|(_, c)| *c).unwrap_or(Category::Unknown);
+                (theme.category(c), Fill::Solid)
             } else {
-                bands.iter().find(|(b, _)| *b > pos).map(|(_, c)| *c).unwrap_or(theme.ui.dim)
+                bands.iter().find(|(b, _, _)| *b > pos).map(|(_, c, g)| (*c, *g)).unwrap_or((theme.chart.small_allocations, Fill::Summed))
             }
         };
         for r in 0..rows {
@@ -249,111 +315,183 @@ pub fn render_timeline(f: &mut Frame, area: Rect, store: &Store, view: &View, th
             let cell = &mut buf[(cx, y)];
             let lo = r * 8;
             if h >= lo + 8 {
-                cell.set_char('█').set_fg(at(lo + 4)).set_bg(shade);
+                let (c, fill) = at(lo + 4);
+                cell.set_char(fill.glyph()).set_fg(c).set_bg(shade);
             } else if h > lo {
-                cell.set_char(EIGHTHS[(h - lo) as usize]).set_fg(at(lo + (h - lo) / 2)).set_bg(shade);
+                cell.set_char(EIGHTHS[(h - lo) as usize]).set_fg(at(lo + (h - lo) / 2).0).set_bg(shade);
             } else if device_row == Some(r) {
                 cell.set_char('┄').set_fg(theme.chart.device_used).set_bg(shade);
             } else if r == reserved_row && col.reserved > 0 {
                 cell.set_char('─').set_fg(theme.chart.reserved).set_bg(shade);
+            } else if step_col[x] {
+                cell.set_char('┊').set_fg(theme.ui.dim).set_bg(shade);
             } else {
                 cell.set_char(' ').set_bg(shade);
             }
         }
-        let letter = match phase {
+        // The phase row: each phase on its own colour, lettered where it begins.
+        let p = phases[x];
+        let ribbon = theme.phase(p).unwrap_or(theme.ui.background);
+        let ch = match p {
+            Phase::Other => ' ',
+            _ if x > 0 && phases[x - 1] == p => '·',
             Phase::Forward => 'F',
             Phase::Backward => 'B',
             Phase::Optimizer => 'O',
             Phase::ZeroGrad => 'Z',
-            Phase::Other => ' ',
         };
-        let prev_phase = (x > 0).then(|| store.phase_at(from + span * (x as u64 - 1) / cols.len() as u64).map(|p| p.phase)).flatten();
-        let ch = if prev_phase != Some(phase) { letter } else { '·' };
-        buf[(cx, ribbon.y)].set_char(if phase == Phase::Other { ' ' } else { ch }).set_fg(theme.ui.text).set_bg(shade);
+        buf[(cx, ribbon_y)].set_char(ch).set_fg(theme.text_on(ribbon)).set_bg(ribbon);
     }
-    // Markers where a knob changed, a snapshot was saved, or memory ran out.
-    for (i, m) in store.markers.iter().filter(|(i, _)| (from..to).contains(i)) {
-        let x = plot.x + ((i - from) * plot.width as u64 / span) as u16;
-        let (ch, color) = match m {
-            Marker::Knob(_) => ('K', theme.ui.accent),
-            Marker::Snapshot(_) => ('S', theme.ui.accent),
-            Marker::Oom(_) => ('!', theme.ui.error),
-        };
-        buf[(x.min(plot.x + plot.width - 1), plot.y)].set_char(ch).set_fg(color).set_style(Style::default().add_modifier(Modifier::BOLD));
-    }
-    // The session peak, if on screen, with its value.
-    let (peak, peak_at) = store.peak;
-    if peak > 0 && (from..to).contains(&peak_at) {
-        let x = plot.x + ((peak_at - from) * plot.width as u64 / span) as u16;
-        let y = plot.y + plot.height.saturating_sub(1 + (peak as u128 * rows as u128 / ymax as u128) as u16).min(plot.height - 1);
-        let y = y.saturating_sub(1).max(plot.y);
-        let label = format!("▼ peak {}", bytes(peak));
-        let lx = x.min(plot.x + plot.width.saturating_sub(label.chars().count() as u16));
-        buf.set_string(lx, y, label, Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD));
+    render_step_axis(buf, inner.x, plot, axis_y, &steps, &bounds, store, view.time_axis, theme);
+    render_markers_and_peak(buf, plot, store, from, to, &bounds, &cols, &axis, theme);
+}
+
+/// The row under the phase row: each step's number where it begins ("step" at the left),
+/// and in time mode the second it began at, where there is room.
+#[allow(clippy::too_many_arguments)]
+fn render_step_axis(buf: &mut ratatui::buffer::Buffer, left: u16, plot: Rect, y: u16, steps: &[(u64, u32)], bounds: &[u64], store: &Store, time_axis: bool, theme: &Theme) {
+    let dim = Style::default().fg(theme.ui.dim);
+    buf.set_string(left, y, format!("{:>8}", "step"), dim);
+    let xs: Vec<u16> = steps.iter().map(|(i, _)| column_of(bounds, *i)).collect();
+    let mut free_from = 0u16;
+    for (k, (i, step)) in steps.iter().enumerate() {
+        let x = xs[k];
+        // A label ends before the next step's column (the last one, before the edge).
+        let limit = xs.get(k + 1).map_or(plot.width + 1, |n| *n);
+        let fits = |t: &String| x + (t.chars().count() as u16) < limit.min(plot.width + 1);
+        let long = if time_axis { format!("{step} · {}", seconds(store.history.get(*i).map_or(0, |e| e.t_ns))) } else { format!("{step}") };
+        let Some(text) = [long, format!("{step}")].into_iter().find(fits) else { continue };
+        if x < free_from {
+            continue;
+        }
+        buf.set_string(plot.x + x, y, &text, Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD));
+        free_from = x + text.chars().count() as u16 + 1;
     }
 }
 
-pub fn render_side(f: &mut Frame, area: Rect, store: &Store, theme: &Theme) {
+/// Markers on the top row, tagged as the log tags them ("K3 ctx→512"), and the peak: the
+/// session's when it is in view (the figure the side panel gives), else the window's.
+#[allow(clippy::too_many_arguments)]
+fn render_markers_and_peak(buf: &mut ratatui::buffer::Buffer, plot: Rect, store: &Store, from: u64, to: u64, bounds: &[u64], cols: &[Column], axis: &ByteAxis, theme: &Theme) {
+    let marks: Vec<(u16, String, String, Color)> = store
+        .markers
+        .iter()
+        // A marker at the newest index (said after the last event) belongs at the right edge.
+        .filter(|m| (from..=to).contains(&m.at))
+        .map(|m| {
+            let color = if matches!(m.marker, crate::store::Marker::Oom(_)) { theme.ui.error } else { theme.ui.accent };
+            (column_of(bounds, m.at), m.tag(), m.marker.label(), color)
+        })
+        .collect();
+    let right = plot.width;
+    // Tags never overlap: each starts after the one before, and from the right edge back
+    // they shift left to stay on screen.
+    let width = |tag: &String| tag.chars().count() as u16;
+    let mut xs: Vec<u16> = Vec::with_capacity(marks.len());
+    for k in 0..marks.len() {
+        let after = k.checked_sub(1).map_or(0, |p| xs[p] + width(&marks[p].1) + 1);
+        xs.push(marks[k].0.max(after));
+    }
+    let mut limit = right;
+    for k in (0..marks.len()).rev() {
+        xs[k] = xs[k].min(limit.saturating_sub(width(&marks[k].1)));
+        limit = xs[k].saturating_sub(1);
+    }
+    // Each tag gets its label after it, or before it where only the left has room.
+    let mut free = 0u16;
+    for (k, (_, tag, label, color)) in marks.iter().enumerate() {
+        let x = xs[k];
+        let next = xs.get(k + 1).copied().unwrap_or(right + 1);
+        let after = format!("{tag} {label}");
+        let (start, text) = if x + width(&after) < next {
+            (x, after)
+        } else if let Some(start) = x.checked_sub(width(label) + 1).filter(|s| *s >= free) {
+            (start, format!("{label} {tag}"))
+        } else {
+            (x, tag.clone())
+        };
+        buf.set_string(plot.x + start, plot.y, fit(&text, (right - start) as usize), Style::default().fg(*color).add_modifier(Modifier::BOLD));
+        free = start + width(&text) + 1;
+    }
+    // The peak: where the highest column is, labelled one row above it.
+    let session = store.peak.1;
+    let (x, total, label) = if store.peak.0 > 0 && (from..to).contains(&session) {
+        let x = column_of(bounds, session);
+        (x, cols.get(x as usize).map_or(store.peak.0, |c| c.total), format!("peak {}", bytes(store.session_peak())))
+    } else {
+        match cols.iter().enumerate().max_by_key(|(i, c)| (c.total, std::cmp::Reverse(*i))) {
+            Some((x, c)) if c.total > 0 => (x as u16, c.total, format!("window peak {}", bytes(c.total))),
+            _ => return,
+        }
+    };
+    let rows = plot.height;
+    let row = (axis.eighths(total).div_ceil(8) as u16).min(rows - 1);
+    let y = plot.y + rows - 1 - row;
+    let style = Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD);
+    let w = label.chars().count() as u16 + 2;
+    // "▼ label" to the right of the peak, or "label ▼" to its left where it would not fit.
+    let (lx, text) = if x + w <= right { (x, format!("▼ {label}")) } else { (x.saturating_sub(w - 1), format!("{label} ▼")) };
+    buf.set_string(plot.x + lx, y, fit(&text, (right - lx) as usize), style);
+    // Marker tags stay readable over the label.
+    if y == plot.y {
+        for (k, (_, tag, _, color)) in marks.iter().enumerate() {
+            buf.set_string(plot.x + xs[k], plot.y, tag, Style::default().fg(*color).add_modifier(Modifier::BOLD));
+        }
+    }
+}
+
+pub fn render_side(f: &mut Frame, area: Rect, store: &Store, view: &View, theme: &Theme) {
     let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(" memory ", Style::default().fg(theme.ui.title)));
     let inner = block.inner(area);
     f.render_widget(block, area);
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<13}"), dim), Span::styled(v, val)]);
-    let last = store.last_step();
+    let swatch = |glyph: &str, c: Color| Span::styled(format!("{glyph} "), Style::default().fg(c));
     let mut lines = vec![
         kv("allocated", bytes(store.history.live_total())),
-        kv("reserved", bytes(store.history.reserved())),
-        kv("peak (step)", last.map(|s| bytes(s.peak_allocated_bytes)).unwrap_or_else(|| "–".into())),
-        kv("peak (all)", bytes(store.peak_allocated().max(store.peak.0))),
-        Line::from(""),
+        Line::from(vec![swatch("─", theme.chart.reserved), Span::styled(format!("{:<11}", "reserved"), dim), Span::styled(bytes(store.history.reserved()), val)]),
+        kv("peak (step)", store.last_step_peak().map(bytes).unwrap_or_else(|| "–".into())),
+        kv("peak (all)", bytes(store.session_peak())),
     ];
     let cats = store.history.category_bytes();
-    // Swatch, label, a space, and room for "1023 MiB".
+    // Swatch, label, a space, and room for "1023 MiB". Every category keeps its row, so the
+    // legend does not jump as one empties.
     let label_w = (inner.width as usize).saturating_sub(2 + 1 + 8).min(16);
     for c in STACK_ORDER.iter().rev() {
-        let b = cats[*c as usize];
-        if b == 0 && *c != Category::Activation {
-            continue;
-        }
         lines.push(Line::from(vec![
-            Span::styled("█ ", Style::default().fg(theme.category(*c))),
+            swatch("█", theme.category(*c)),
             Span::styled(format!("{:<label_w$.label_w$} ", c.as_str().replace('_', " ")), dim),
-            Span::styled(bytes(b), val),
+            Span::styled(bytes(cats[*c as usize]), val),
         ]));
     }
-    lines.push(Line::from(vec![Span::styled("─ ", Style::default().fg(theme.chart.reserved)), Span::styled("reserved", dim)]));
+    if !view.by_category {
+        lines.push(Line::from(vec![Span::styled("█▓", Style::default().fg(theme.ui.text)), Span::styled(" one per allocation", dim)]));
+        lines.push(Line::from(vec![swatch("░", theme.chart.small_allocations), Span::styled("small ones, summed", dim)]));
+    }
     lines.push(Line::from(""));
     lines.extend(gauge_lines(store, theme));
     f.render_widget(Paragraph::new(lines), inner);
 }
 
-/// Per column, the allocation bands stacked in allocation order as memory_viz draws them
-/// (upper bounds in eighths of a cell, with colours). Allocations too small to fill an eighth
-/// of a cell form one summarized band on top, as memory_viz summarizes what it does not draw.
-fn allocation_bands(
-    store: &Store,
-    from: u64,
-    to: u64,
-    cols: &[Column],
-    ymax: u64,
-    rows: u64,
-    theme: &Theme,
-) -> Vec<Vec<(u64, Color)>> {
-    let eighths = |b: u64| (b as u128 * rows as u128 * 8 / ymax.max(1) as u128) as u64;
-    let min_size = (ymax / (rows * 8).max(1)).max(1);
+/// Per column, the allocation bands stacked in allocation order as memory_viz draws them:
+/// (upper bound in eighths of a row, colour, fill). Each band takes its category's colour,
+/// neighbours alternate solid and shaded; allocations too small to fill an eighth of a row
+/// form one summed band on top, as memory_viz summarizes what it does not draw.
+fn allocation_bands(store: &Store, bounds: &[u64], cols: &[Column], axis: &ByteAxis, theme: &Theme) -> Vec<Vec<(u64, Color, Fill)>> {
+    let (from, to) = (bounds[0], bounds[bounds.len() - 1]);
+    let min_size = (axis.step / (axis.rows_per_tick * 8)).max(1);
     let big: Vec<_> = store.spans_in(from, to, min_size).copied().collect();
     let mut by_end: Vec<usize> = (0..big.len()).collect();
     by_end.sort_by_key(|&i| big[i].end.unwrap_or(u64::MAX));
     let (mut next_start, mut next_end) = (0, 0);
     let mut active = std::collections::BTreeSet::new();
-    let span = (to - from).max(1);
     // Sweep the columns left to right, adding allocations as they start and dropping them as
     // they end, so each column costs only what is alive in it.
     cols.iter()
         .enumerate()
         .map(|(x, col)| {
-            let mid = from + span * (2 * x as u64 + 1) / (2 * cols.len() as u64);
+            let mid = bounds[x] + (bounds[x + 1] - bounds[x]) / 2;
             while next_start < big.len() && big[next_start].start <= mid {
                 active.insert(next_start);
                 next_start += 1;
@@ -363,18 +501,16 @@ fn allocation_bands(
                 next_end += 1;
             }
             let mut acc = 0u64;
-            let mut bands: Vec<(u64, Color)> = active
+            let mut bands: Vec<(u64, Color, Fill)> = active
                 .iter()
                 .map(|&i| {
                     acc += big[i].size;
-                    // Neighbours alternate their category's colour with a neutral one so
-                    // each band stays distinct.
-                    let c = if i % 2 == 0 { theme.category(big[i].category) } else { theme.ui.dim };
-                    (eighths(acc), c)
+                    let fill = if i % 2 == 0 { Fill::Solid } else { Fill::Shaded };
+                    (axis.eighths(acc), theme.category(big[i].category), fill)
                 })
                 .collect();
             if col.total > acc {
-                bands.push((eighths(col.total), theme.chart.gauge_empty));
+                bands.push((axis.eighths(col.total), theme.chart.small_allocations, Fill::Summed));
             }
             bands
         })
@@ -425,53 +561,99 @@ fn gauge_lines<'a>(store: &Store, theme: &Theme) -> Vec<Line<'a>> {
     }
 }
 
+/// What an allocation is, in the model's words: a parameter's or optimizer state's name
+/// ("layers.0.attn.q_proj.weight", "exp_avg of …", "grad of …"), or the module it was made
+/// in. The flag says there is no name, only a description.
+fn allocation_name(store: &Store, a: &LiveAlloc) -> (String, bool) {
+    match store.scope_name(a.scope) {
+        "" if a.category == Category::Input => ("input batch".into(), true),
+        // A snapshot trace names no modules at all: say so rather than guess.
+        "" if store.scopes.len() <= 1 => ("no module recorded".into(), true),
+        "" => ("outside any module".into(), true),
+        s => (s.to_string(), false),
+    }
+}
+
+/// The rows the table shows: the largest first, scrolled so the selected one is in sight.
+/// Also the selected row's index among them.
+fn table_rows<'a>(store: &'a Store, view: &View, n: usize) -> (Vec<&'a LiveAlloc>, Option<usize>) {
+    let Some(addr) = view.selected.filter(|_| view.table_focus) else { return (store.largest_live(n), None) };
+    let top = store.largest_live(n);
+    if let Some(i) = top.iter().position(|a| a.addr == addr) {
+        return (top, Some(i));
+    }
+    let all = store.live_by_size();
+    // Still live: scrolled to it. Freed: the row it held.
+    let row = all.iter().position(|a| a.addr == addr).unwrap_or(view.selected_row).min(all.len().saturating_sub(1));
+    let first = (row + 1).saturating_sub(n);
+    let rows: Vec<&LiveAlloc> = all.into_iter().skip(first).take(n).collect();
+    let sel = (!rows.is_empty()).then_some(row - first);
+    (rows, sel)
+}
+
 pub fn render_table(f: &mut Frame, area: Rect, store: &Store, view: &View, theme: &Theme) {
     let n = area.height.saturating_sub(3) as usize;
-    let now_step = store.last_step().map(|s| s.step as u32 + 1).unwrap_or(0);
-    let rows: Vec<Row> = store
-        .largest_live(n)
+    let now_step = store.step_now() as u32;
+    let (rows, selected) = table_rows(store, view, n);
+    let rows: Vec<Row> = rows
         .into_iter()
         .enumerate()
         .map(|(i, a)| {
-            let style = if view.table_focus && i == view.table_selected {
-                Style::default().add_modifier(Modifier::REVERSED)
-            } else {
-                Style::default()
-            };
+            let style = if selected == Some(i) { Style::default().bg(theme.ui.selection).add_modifier(Modifier::BOLD) } else { Style::default() };
+            let (name, described) = allocation_name(store, a);
+            let name_style = if described { Style::default().fg(theme.ui.dim) } else { Style::default().fg(theme.ui.text) };
             Row::new(vec![
                 Cell::from(bytes(a.size)),
-                Cell::from(Span::styled(a.category.as_str(), Style::default().fg(theme.category(a.category)))),
+                Cell::from(Line::from(vec![Span::styled("█ ", Style::default().fg(theme.category(a.category))), Span::raw(a.category.as_str().replace('_', " "))])),
                 Cell::from(a.phase.as_str()),
-                Cell::from(match store.scope_name(a.scope) {
-                    "" => "–".to_string(),
-                    s => s.to_string(),
-                }),
+                Cell::from(Span::styled(name, name_style)),
                 Cell::from(format!("{}", now_step.saturating_sub(a.step))),
             ])
             .style(style)
         })
         .collect();
-    let title = format!(" largest live allocations ({} live){} ", store.live_count(), if view.table_focus { " · focused" } else { "" });
-    let table = Table::new(rows, [Constraint::Length(10), Constraint::Length(16), Constraint::Length(10), Constraint::Min(14), Constraint::Length(5)])
-        .header(Row::new(vec!["size", "category", "phase", "module", "age"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
+    let focus = if view.table_focus { " · ↑↓ select · enter inspect" } else { "" };
+    let title = format!(" largest live allocations ({} live){focus} ", store.live_count());
+    let table = Table::new(rows, [Constraint::Length(10), Constraint::Length(18), Constraint::Length(10), Constraint::Min(14), Constraint::Length(5)])
+        .header(Row::new(vec!["size", "category", "phase", "what", "age"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
+        .style(Style::default().fg(theme.ui.text))
         .block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(if view.table_focus { theme.ui.accent } else { theme.ui.border })).title(Span::styled(title, Style::default().fg(theme.ui.title))));
     f.render_widget(table, area);
+}
+
+/// A log line: its marker tag, if any, then the text in its kind's colour.
+fn log_spans(l: &LogLine, theme: &Theme) -> Vec<Span<'static>> {
+    let color = match l.kind {
+        LogKind::Info => theme.ui.text,
+        LogKind::Warn => theme.ui.warning,
+        LogKind::Error => theme.ui.error,
+    };
+    let mut spans = Vec::new();
+    if let Some(tag) = &l.tag {
+        let c = if l.kind == LogKind::Error { theme.ui.error } else { theme.ui.accent };
+        spans.push(Span::styled(format!("{tag} "), Style::default().fg(c).add_modifier(Modifier::BOLD)));
+    }
+    spans.push(Span::styled(l.text.clone(), Style::default().fg(color)));
+    spans
 }
 
 pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme: &Theme) {
     let line = match store.log.back() {
         Some(l) => {
-            let color = match l.kind {
-                LogKind::Info => theme.ui.text,
-                LogKind::Warn => theme.ui.warning,
-                LogKind::Error => theme.ui.error,
-            };
-            Line::from(Span::styled(l.text.clone(), Style::default().fg(color)))
+            let mut spans = log_spans(l, theme);
+            if store.log.len() > 1 {
+                let more = format!("  ({} the whole log)", keys.key_of(Action::EventLog).label());
+                let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
+                if used + more.chars().count() <= area.width as usize {
+                    spans.push(Span::styled(more, Style::default().fg(theme.ui.dim)));
+                }
+            }
+            Line::from(spans)
         }
         None => Line::from(Span::styled("no events yet", Style::default().fg(theme.ui.dim))),
     };
-    // A replay (it has a title) cannot turn the knobs: its footer names its own keys.
-    let items: &[(Action, &str)] = if store.title.is_some() {
+    // A replay cannot turn the knobs: its footer names its own keys.
+    let items: &[(Action, &str)] = if is_replay(store) {
         &[
             (Action::Help, "help"),
             (Action::TogglePause, "pause"),
@@ -510,19 +692,93 @@ pub fn key_hints<A: Bindable>(keys: &KeyMap<A>, items: &[(A, &str)], theme: &The
 }
 
 pub fn render_help<A: Bindable>(f: &mut Frame, area: Rect, keys: &KeyMap<A>, theme: &Theme) {
-    let rows = keys.help_rows();
-    let h = (rows.len() as u16 + 4).min(area.height);
+    render_help_rows(f, area, keys.help_rows(), theme);
+}
+
+/// The help overlay of (key, what it does) rows.
+pub fn render_help_rows(f: &mut Frame, area: Rect, rows: Vec<(String, &'static str)>, theme: &Theme) {
     // As wide as its longest row, so no line is cut (unless the terminal is narrower).
     let widest = rows.iter().map(|(_, d)| d.chars().count()).max().unwrap_or(0) as u16;
-    let w = (widest + 12 + 4).max(40).min(area.width);
-    let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
-    f.render_widget(Clear, r);
+    let h = rows.len() as u16 + 2;
     let lines: Vec<Line> = rows
         .into_iter()
         .map(|(k, d)| Line::from(vec![Span::styled(format!("{k:>10}  "), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)), Span::styled(d, Style::default().fg(theme.ui.text))]))
         .collect();
-    f.render_widget(
-        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(" keys (? closes) ", Style::default().fg(theme.ui.title))).style(Style::default().bg(theme.ui.background))),
-        r,
-    );
+    let (r, block) = overlay(f, area, (widest + 12 + 4).max(40), h, " keys (? closes) ".into(), theme);
+    f.render_widget(Paragraph::new(lines).block(block), r);
+}
+
+/// A centred box of `w`×`h` (within `area`), cleared, with a title: the help, the
+/// inspector and the event log are drawn in one.
+pub fn overlay<'a>(f: &mut Frame, area: Rect, w: u16, h: u16, title: String, theme: &Theme) -> (Rect, Block<'a>) {
+    let (w, h) = (w.min(area.width), h.min(area.height));
+    let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
+    f.render_widget(Clear, r);
+    let block = Block::default()
+        .borders(Borders::ALL)
+        .border_style(Style::default().fg(theme.ui.accent))
+        .title(Span::styled(title, Style::default().fg(theme.ui.title)))
+        .style(Style::default().bg(theme.ui.background).fg(theme.ui.text));
+    (r, block)
+}
+
+/// The selected allocation: what it is, how big, when and where it was made.
+pub fn render_inspector(f: &mut Frame, area: Rect, store: &Store, view: &View, theme: &Theme) {
+    let dim = Style::default().fg(theme.ui.dim);
+    let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
+    let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!(" {k:<10}"), dim), Span::styled(v, val)]);
+    let lines = match view.selected.and_then(|a| store.live_alloc(a)) {
+        Some(a) => {
+            let (name, _) = allocation_name(store, a);
+            let made = store.made_at(a);
+            let when = made.and_then(|i| store.history.get(i)).map(|e| format!(" · {} into the run", seconds(e.t_ns))).unwrap_or_default();
+            let event = made.map(|i| format!(" (event {i})")).unwrap_or_default();
+            let live = store.history.live_total().max(1);
+            vec![
+                kv("what", name),
+                kv("size", format!("{} ({} bytes)", bytes(a.size), a.size)),
+                Line::from(vec![Span::styled(format!(" {:<10}", "category"), dim), Span::styled("█ ", Style::default().fg(theme.category(a.category))), Span::styled(a.category.as_str().replace('_', " "), val)]),
+                kv("made", format!("step {}, {}{when}{event}", a.step, a.phase.as_str())),
+                kv("age", format!("{} steps", store.step_now().saturating_sub(u64::from(a.step)))),
+                kv("address", format!("{:#x}", a.addr)),
+                kv("share", format!("{:.1}% of the {} allocated now", a.size as f64 * 100.0 / live as f64, bytes(live))),
+            ]
+        }
+        None => vec![Line::from(Span::styled(" freed since it was selected: ↑↓ selects another", dim))],
+    };
+    let w = lines.iter().map(|l| l.width()).max().unwrap_or(0) as u16 + 3;
+    let (r, block) = overlay(f, area, w.max(44), lines.len() as u16 + 2, " allocation (enter closes) ".into(), theme);
+    f.render_widget(Paragraph::new(lines).block(block), r);
+}
+
+/// Every line the log holds, newest at the bottom, scrolled `up` lines back.
+pub fn render_event_log(f: &mut Frame, area: Rect, store: &Store, up: usize, theme: &Theme) {
+    let total = store.log.len();
+    // As tall as its lines, up to two thirds of the screen.
+    let w = area.width.saturating_sub(4);
+    let inner_w = usize::from(w.saturating_sub(2)).max(1);
+    let line = |l: &LogLine| {
+        let mut spans = vec![Span::styled(format!(" step {:<5} ", l.step), Style::default().fg(theme.ui.dim))];
+        spans.extend(log_spans(l, theme));
+        Line::from(spans)
+    };
+    // Long lines wrap: the newest lines that fit, each as many rows as it wraps to.
+    let most = usize::from((area.height * 2 / 3).max(6).saturating_sub(2));
+    let end = total.saturating_sub(up);
+    let mut lines: Vec<Line> = Vec::new();
+    let mut used = 0;
+    for l in store.log.range(..end).rev() {
+        let l = line(l);
+        let rows = l.width().div_ceil(inner_w).max(1);
+        if used + rows > most && !lines.is_empty() {
+            break;
+        }
+        used += rows;
+        lines.insert(0, l);
+    }
+    let shown = if up > 0 { format!(", {up} newer below") } else { String::new() };
+    let title = format!(" event log: {total} lines{shown} · ↑↓ scroll · l or esc closes ");
+    let (r, block) = overlay(f, area, w, used.max(1) as u16 + 2, title, theme);
+    let para = if lines.is_empty() { Paragraph::new(Span::styled(" nothing logged yet", Style::default().fg(theme.ui.dim))) } else { Paragraph::new(lines) };
+    f.render_widget(para.wrap(Wrap { trim: false }).block(block), r);
 }

@@ -1,5 +1,7 @@
 //! Pure drawing functions, one per screen or panel, and the theme they share.
 
+pub mod axis;
+pub mod colour;
 pub mod export;
 pub mod format;
 pub mod live;

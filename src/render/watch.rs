@@ -50,6 +50,8 @@ pub struct WatchState {
     pub history: GaugeHistory,
     pub sort: ProcessSort,
     pub interval: Duration,
+    /// The key list is open.
+    pub help: bool,
 }
 
 impl WatchState {
@@ -58,7 +60,31 @@ impl WatchState {
             history,
             sort: ProcessSort::Memory,
             interval,
+            help: false,
         }
+    }
+
+    /// There are processes to sort (GPUs that list some).
+    pub fn can_sort(&self) -> bool {
+        self.history.latest_devices().iter().any(|d| !d.processes.is_empty())
+    }
+
+    /// There is more than one GPU to select.
+    pub fn can_select(&self) -> bool {
+        self.history.latest_devices().len() > 1
+    }
+
+    /// The keys this screen offers now, as (key, what it does).
+    pub fn keys(&self) -> Vec<(String, &'static str)> {
+        let mut keys = vec![("q".to_string(), "quit")];
+        if self.can_sort() {
+            keys.push(("s".into(), "sort processes: memory, util, pid"));
+        }
+        if self.can_select() {
+            keys.push(("↑ ↓".into(), "select a GPU for the graphs"));
+        }
+        keys.push(("?".into(), "this help"));
+        keys
     }
 
     /// Moves the device selection by `delta` rows, staying within the list.
@@ -124,10 +150,22 @@ pub fn render_watch(frame: &mut Frame, area: Rect, state: &WatchState, theme: &T
             );
         }
     }
+    if state.help {
+        super::live::render_help_rows(frame, area, state.keys(), theme);
+    }
 }
 
 fn render_title(frame: &mut Frame, area: Rect, state: &WatchState, theme: &Theme) {
-    let keys = format!("q quit · s sort: {} · ↑↓ select ", state.sort.as_str());
+    // Only the keys that do something here: no sort without processes, no selection of one GPU.
+    let mut keys = vec!["q quit".to_string()];
+    if state.can_sort() {
+        keys.push(format!("s sort: {}", state.sort.as_str()));
+    }
+    if state.can_select() {
+        keys.push("↑↓ select".into());
+    }
+    keys.push("? help ".into());
+    let keys = keys.join(" · ");
     let left = " vramscope watch";
     let pad = (area.width as usize).saturating_sub(left.chars().count() + keys.chars().count());
     let line = Line::from(vec![
@@ -362,6 +400,8 @@ struct Graph {
     /// Units per graph step (bytes → MiB keeps the u64 bars meaningful).
     scale: f64,
     value: String,
+    /// What a full-height bar is, said beside the value ("of 79.5 GiB").
+    top: String,
 }
 
 fn render_graphs(
@@ -378,12 +418,22 @@ fn render_graphs(
     frame.render_widget(b, area);
     let areas = Layout::vertical(graphs.iter().map(|_| Constraint::Length(rows))).split(inner);
     for (g, a) in graphs.iter().zip(areas.iter()) {
-        let [label, graph, value] = Layout::horizontal([
-            Constraint::Length(8),
-            Constraint::Min(1),
-            Constraint::Length(26),
-        ])
-        .areas(*a);
+        // With room, each graph has its own line for label and value, above its data, so no
+        // graph's data sits beside the next one's label.
+        let (label, graph, value) = if a.height >= 3 {
+            let [head, graph] = Layout::vertical([Constraint::Length(1), Constraint::Min(1)]).areas(*a);
+            let [label, value] = Layout::horizontal([Constraint::Length(8), Constraint::Min(1)]).areas(head);
+            let graph = Rect { x: graph.x + 1, width: graph.width.saturating_sub(2), height: graph.height - 1, ..graph };
+            (label, graph, value)
+        } else {
+            let [label, graph, value] = Layout::horizontal([
+                Constraint::Length(8),
+                Constraint::Min(1),
+                Constraint::Length(26),
+            ])
+            .areas(*a);
+            (label, graph, value)
+        };
         let series = state.history.series(g.metric);
         let keep = series.len().saturating_sub(graph.width as usize);
         let data: Vec<u64> = series[keep..]
@@ -406,7 +456,12 @@ fn render_graphs(
                 .style(Style::new().fg(theme.chart.device_used)),
             graph,
         );
-        frame.render_widget(Paragraph::new(format!(" {}", g.value)), value);
+        let value_line = if a.height >= 3 {
+            Line::from(vec![Span::raw(format!(" {}", g.value)), Span::styled(format!("  · graph top {}", g.top), Style::new().fg(theme.ui.dim))])
+        } else {
+            Line::raw(format!(" {}", g.value))
+        };
+        frame.render_widget(Paragraph::new(value_line), value);
     }
 }
 
@@ -433,6 +488,7 @@ fn render_device_history(
             max: Some(d.mem_total as f64),
             scale: MIB,
             value: format!("{} (peak {})", bytes(d.mem_used), bytes(peak)),
+            top: bytes(d.mem_total),
         },
         Graph {
             label: "util",
@@ -440,6 +496,7 @@ fn render_device_history(
             max: Some(100.0),
             scale: 1.0,
             value: opt(d.gpu_util.map(|u| format!("{u}%"))),
+            top: "100%".into(),
         },
         Graph {
             label: "power",
@@ -447,6 +504,7 @@ fn render_device_history(
             max: d.power_limit_mw.map(|l| l as f64 / 1000.0),
             scale: 1.0,
             value: opt(d.power_mw.map(|p| format!("{:.0} W", p as f64 / 1000.0))),
+            top: d.power_limit_mw.map_or_else(|| "its peak".into(), |l| format!("{} W", l / 1000)),
         },
         Graph {
             label: "temp",
@@ -454,6 +512,7 @@ fn render_device_history(
             max: Some(100.0),
             scale: 1.0,
             value: opt(d.temp_c.map(|t| format!("{t}°C"))),
+            top: "100°C".into(),
         },
     ];
     let title = history_title(state, &format!("GPU {i} · {}", d.name));
@@ -589,6 +648,7 @@ fn render_host(frame: &mut Frame, area: Rect, state: &WatchState, h: &HostSample
             max: Some(h.mem_total as f64),
             scale: MIB,
             value: bytes(h.mem_used),
+            top: bytes(h.mem_total),
         },
         Graph {
             label: "cpu",
@@ -596,6 +656,7 @@ fn render_host(frame: &mut Frame, area: Rect, state: &WatchState, h: &HostSample
             max: Some(100.0),
             scale: 1.0,
             value: format!("{cpu:.1}%"),
+            top: "100%".into(),
         },
         Graph {
             label: "rss",
@@ -603,6 +664,7 @@ fn render_host(frame: &mut Frame, area: Rect, state: &WatchState, h: &HostSample
             max: None,
             scale: MIB,
             value: bytes(h.rss_bytes),
+            top: "its peak".into(),
         },
     ];
     render_graphs(

@@ -92,19 +92,20 @@ pub fn diff(a: (&Snapshot, &Timeline, usize), b: (&Snapshot, &Timeline, usize), 
     groups.sort_by(|x, y| y.bytes.delta.unsigned_abs().cmp(&x.bytes.delta.unsigned_abs()).then_with(|| x.name.cmp(&y.name)));
 
     let (ga, gb) = (peak_groups(sa, ta), peak_groups(sb, tb));
-    let mut changes: Vec<AllocationChange> = Vec::new();
+    // Groups whose frames differ only below the top frame look the same in a row (size and
+    // top frame): they are counted as one, so no two rows read alike.
+    let mut shown: HashMap<(u64, Option<String>), (u64, u64)> = HashMap::new();
     for key in ga.keys().chain(gb.keys().filter(|k| !ga.contains_key(*k))) {
         let (ca, fa) = ga.get(key).cloned().unwrap_or((0, None));
         let (cb, fb) = gb.get(key).cloned().unwrap_or((0, None));
-        if ca != cb {
-            changes.push(AllocationChange {
-                size: key.0,
-                top_frame: fa.or(fb),
-                count: Change::new(ca, cb),
-                bytes: Change::new(ca * key.0, cb * key.0),
-            });
-        }
+        let counts = shown.entry((key.0, fa.or(fb))).or_default();
+        (counts.0, counts.1) = (counts.0 + ca, counts.1 + cb);
     }
+    let mut changes: Vec<AllocationChange> = shown
+        .into_iter()
+        .filter(|(_, (ca, cb))| ca != cb)
+        .map(|((size, top_frame), (ca, cb))| AllocationChange { size, top_frame, count: Change::new(ca, cb), bytes: Change::new(ca * size, cb * size) })
+        .collect();
     changes.sort_by(|x, y| y.bytes.delta.unsigned_abs().cmp(&x.bytes.delta.unsigned_abs()).then(y.size.cmp(&x.size)).then_with(|| x.top_frame.cmp(&y.top_frame)));
     let (mut grew, mut shrank): (Vec<_>, Vec<_>) = changes.into_iter().partition(|c| c.bytes.delta > 0);
     grew.truncate(top);

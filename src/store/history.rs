@@ -123,6 +123,11 @@ impl History {
         index.checked_sub(self.base).and_then(|i| self.entries.get(i as usize))
     }
 
+    /// The first index held whose time is at or after `t_ns` (`end()` when none is).
+    pub fn index_at_time(&self, t_ns: u64) -> u64 {
+        self.base + self.entries.partition_point(|e| e.t_ns < t_ns) as u64
+    }
+
     pub fn category_bytes(&self) -> [u64; 8] {
         self.now.cats
     }
@@ -135,15 +140,24 @@ impl History {
         self.now.total()
     }
 
-    /// Summarises [from, to) into `columns` columns (each the peak of its span).
+    /// Summarises [from, to) into `columns` equal columns (each the peak of its span).
     pub fn columns(&self, from: u64, to: u64, columns: usize) -> Vec<Column> {
-        let from = from.max(self.base);
-        let to = to.min(self.end());
+        let span = to.saturating_sub(from);
+        let bounds: Vec<u64> = (0..=columns as u64).map(|c| from + span * c / columns.max(1) as u64).collect();
+        self.columns_at(&bounds)
+    }
+
+    /// Summarises each span [bounds[c], bounds[c + 1]) (non-decreasing bounds) into a
+    /// column, the peak of its span.
+    pub fn columns_at(&self, bounds: &[u64]) -> Vec<Column> {
+        let columns = bounds.len().saturating_sub(1);
         let mut out = vec![Column::default(); columns];
+        let (Some(&first), Some(&last)) = (bounds.first(), bounds.last()) else { return out };
+        let from = first.max(self.base);
+        let to = last.min(self.end());
         if columns == 0 || from >= to {
             return out;
         }
-        let span = to - from;
         let mut idx = (from - self.base) as usize;
         // State before `idx`: replay from its block's start.
         let mut state = self.blocks[idx / BLOCK].start;
@@ -151,7 +165,7 @@ impl History {
             state.apply(e);
         }
         for (c, col) in out.iter_mut().enumerate() {
-            let end = (from + span * (c as u64 + 1) / columns as u64 - self.base) as usize;
+            let end = (bounds[c + 1].clamp(from, to) - self.base) as usize;
             let mut best: Option<Column> = None;
             let mut offer = |cats: &[u64; 8], total: u64, reserved: u64| match &mut best {
                 Some(b) => {
@@ -239,6 +253,24 @@ mod tests {
         let got = h.columns(1000, 2000, 10);
         let want = naive(&entries[..2000], 20);
         assert_eq!(got.iter().map(|c| c.total).collect::<Vec<_>>(), want[10..].to_vec());
+        // Uneven spans (a time axis): each column is the peak of its own span.
+        let bounds = [0u64, 10, 10, 700, 3000, 10_000];
+        let mut s = State::default();
+        let totals: Vec<u64> = entries.iter().map(|e| { s.apply(e); s.total() }).collect();
+        let got: Vec<u64> = h.columns_at(&bounds).iter().map(|c| c.total).collect();
+        assert_eq!(got[0], totals[..10].iter().copied().max().unwrap());
+        assert_eq!(got[1], totals[9], "an empty span shows the state it sits in");
+        assert_eq!(got[2], totals[10..700].iter().copied().max().unwrap());
+        assert_eq!(got[4], totals[3000..].iter().copied().max().unwrap());
+    }
+
+    #[test]
+    fn index_at_time_finds_the_first_entry_at_or_after() {
+        let mut h = History::new(1 << 12);
+        for t in [0, 10, 10, 20, 35] {
+            h.push(Entry { t_ns: t, ..alloc(Category::Activation, 1) });
+        }
+        assert_eq!([0, 5, 10, 11, 35, 99].map(|t| h.index_at_time(t)), [0, 1, 1, 3, 4, 5]);
     }
 
     #[test]

@@ -16,6 +16,9 @@ use crate::stream::{EngineInfo, Incoming, KnobChange, OomReport, Report, StepRep
 
 pub use history::{Column, Entry, History};
 
+/// Event log lines kept.
+const LOG_LINES: usize = 1000;
+
 /// One allocation's lifetime on the history axis, for the by-allocation view.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AllocSpan {
@@ -39,12 +42,55 @@ pub struct LiveAlloc {
     span: usize,
 }
 
-/// Something worth a marker on the timeline, at a history index.
+/// Something worth a marker on the timeline.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Marker {
     Knob(KnobChange),
     Snapshot(PathBuf),
     Oom(OomReport),
+}
+
+impl Marker {
+    /// K, S or !: what the timeline draws.
+    pub fn letter(&self) -> char {
+        match self {
+            Marker::Knob(_) => 'K',
+            Marker::Snapshot(_) => 'S',
+            Marker::Oom(_) => '!',
+        }
+    }
+
+    fn kind(&self) -> usize {
+        match self {
+            Marker::Knob(_) => 0,
+            Marker::Snapshot(_) => 1,
+            Marker::Oom(_) => 2,
+        }
+    }
+
+    /// A few words beside the marker: which knob went where, or what happened.
+    pub fn label(&self) -> String {
+        match self {
+            Marker::Knob(k) => format!("{}→{}", k.knob, k.to),
+            Marker::Snapshot(_) => "snapshot".into(),
+            Marker::Oom(_) => "out of memory".into(),
+        }
+    }
+}
+
+/// A marker at a history index, numbered per kind from 1 ("K3" is the third knob change),
+/// the tag the event log gives the same line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mark {
+    pub at: u64,
+    pub marker: Marker,
+    pub number: u32,
+}
+
+impl Mark {
+    pub fn tag(&self) -> String {
+        format!("{}{}", self.marker.letter(), self.number)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -65,6 +111,10 @@ pub enum LogKind {
 pub struct LogLine {
     pub kind: LogKind,
     pub text: String,
+    /// The step running when it was said.
+    pub step: u64,
+    /// The timeline marker it goes with ("K3").
+    pub tag: Option<String>,
 }
 
 pub struct Store {
@@ -76,7 +126,9 @@ pub struct Store {
     pruned_at: u64,
     /// Phase changes by history index, oldest first.
     pub phases: VecDeque<PhaseSpan>,
-    pub markers: VecDeque<(u64, Marker)>,
+    pub markers: VecDeque<Mark>,
+    /// Markers made so far, per kind (numbers them).
+    marks_made: [u32; 3],
     pub steps: VecDeque<StepReport>,
     pub scopes: Vec<String>,
     pub info: Option<EngineInfo>,
@@ -87,8 +139,6 @@ pub struct Store {
     pub log: VecDeque<LogLine>,
     pub paused: bool,
     pub finished: bool,
-    /// The recording being written, shown until it stops.
-    pub recording: Option<PathBuf>,
     pub oom: Option<OomReport>,
     /// Out-of-memory errors so far.
     pub ooms: u64,
@@ -97,6 +147,12 @@ pub struct Store {
     next_seq: Option<u64>,
     /// Highest live total seen, with its history index.
     pub peak: (u64, u64),
+    /// Highest live total of each step, by the step its events carry, oldest first.
+    step_peaks: VecDeque<(u32, u64)>,
+    /// Highest allocated bytes any step report gave.
+    reported_peak: u64,
+    /// A step report said the producer dropped events.
+    reported_drops: bool,
     /// Bumped on every change, so screens redraw only when something changed.
     pub version: u64,
     step_cap: usize,
@@ -111,6 +167,7 @@ impl Store {
             pruned_at: 0,
             phases: VecDeque::new(),
             markers: VecDeque::new(),
+            marks_made: [0; 3],
             steps: VecDeque::new(),
             scopes: vec![String::new()],
             info: None,
@@ -120,12 +177,14 @@ impl Store {
             log: VecDeque::new(),
             paused: false,
             finished: false,
-            recording: None,
             oom: None,
             ooms: 0,
             lost_events: 0,
             next_seq: None,
             peak: (0, 0),
+            step_peaks: VecDeque::new(),
+            reported_peak: 0,
+            reported_drops: false,
             version: 0,
             step_cap: 100_000,
         }
@@ -219,6 +278,15 @@ impl Store {
         if total > self.peak.0 {
             self.peak = (total, self.history.end() - 1);
         }
+        match self.step_peaks.back_mut() {
+            Some((step, peak)) if *step == e.step => *peak = (*peak).max(total),
+            _ => {
+                if self.step_peaks.len() == self.step_cap {
+                    self.step_peaks.pop_front();
+                }
+                self.step_peaks.push_back((e.step, total));
+            }
+        }
     }
 
     fn retag(&mut self, Retag { addr, category: to, scope }: Retag) {
@@ -244,7 +312,7 @@ impl Store {
         while self.phases.len() > 1 && self.phases[1].start <= index {
             self.phases.pop_front();
         }
-        while self.markers.front().is_some_and(|(i, _)| *i < index) {
+        while self.markers.front().is_some_and(|m| m.at < index) {
             self.markers.pop_front();
         }
         // Spans that ended before the history start can go (only when the history itself
@@ -309,7 +377,7 @@ impl Store {
                 self.info = Some(info);
             }
             Report::Knob(k) => {
-                self.log_line(LogKind::Info, format!("{} {} → {} from step {}", k.knob, k.from, k.to, k.step));
+                let text = format!("{} {} → {} from step {}", k.knob, k.from, k.to, k.step);
                 if let Some(info) = &mut self.info {
                     if let Some(c) = &mut info.config {
                         crate::step_config::apply_knob(c, &k.knob, &k.to);
@@ -319,27 +387,26 @@ impl Store {
                         None => info.knobs.push(crate::stream::Knob { name: k.knob.clone(), value: k.to.clone() }),
                     }
                 }
-                self.markers.push_back((here, Marker::Knob(k)));
+                self.mark(here, Marker::Knob(k), LogKind::Info, text);
             }
             Report::Step(s) => {
                 if self.steps.len() == self.step_cap {
                     self.steps.pop_front();
                 }
+                self.reported_peak = self.reported_peak.max(s.peak_allocated_bytes);
+                self.reported_drops |= s.dropped_events > 0;
                 self.steps.push_back(s);
             }
             Report::SnapshotSaved { step, path } => {
-                self.log_line(LogKind::Info, format!("snapshot of step {step} saved: {}", path.display()));
-                self.markers.push_back((here, Marker::Snapshot(path)));
+                let text = format!("snapshot of step {step} saved: {}", path.display());
+                self.mark(here, Marker::Snapshot(path), LogKind::Info, text);
             }
             Report::SnapshotFailed { step, error } => {
                 self.log_line(LogKind::Error, format!("snapshot of step {step} failed: {error}"))
             }
             Report::Oom(o) => {
-                self.log_line(
-                    LogKind::Error,
-                    format!("out of memory at step {} ({}): {} — lower ctx with [ and resume with space", o.step, o.phase.as_str(), o.message),
-                );
-                self.markers.push_back((here, Marker::Oom(o.clone())));
+                let text = format!("out of memory at step {} ({}): {} — lower ctx with [ and resume with space", o.step, o.phase.as_str(), o.message);
+                self.mark(here, Marker::Oom(o.clone()), LogKind::Error, text);
                 self.oom = Some(o);
                 self.ooms += 1;
             }
@@ -356,10 +423,23 @@ impl Store {
     }
 
     pub fn log_line(&mut self, kind: LogKind, text: String) {
-        if self.log.len() == 1000 {
+        self.push_log(LogLine { kind, text, step: self.step_now(), tag: None });
+    }
+
+    fn push_log(&mut self, line: LogLine) {
+        if self.log.len() == LOG_LINES {
             self.log.pop_front();
         }
-        self.log.push_back(LogLine { kind, text });
+        self.log.push_back(line);
+    }
+
+    /// A numbered marker at history index `at`, and its line in the log with the same tag.
+    fn mark(&mut self, at: u64, marker: Marker, kind: LogKind, text: String) {
+        let n = &mut self.marks_made[marker.kind()];
+        *n += 1;
+        let mark = Mark { at, marker, number: *n };
+        self.push_log(LogLine { kind, text, step: self.step_now(), tag: Some(mark.tag()) });
+        self.markers.push_back(mark);
     }
 
     /// An alloc event for every live allocation, in the order they were made.
@@ -416,6 +496,107 @@ impl Store {
         self.steps.back()
     }
 
+    /// The step running now: the one after the last reported, or the latest a phase mark
+    /// names (a snapshot trace reports no steps).
+    pub fn step_now(&self) -> u64 {
+        let reported = self.last_step().map_or(0, |s| s.step + 1);
+        reported.max(self.phases.back().map_or(0, |p| u64::from(p.step)))
+    }
+
+    /// Whether every allocator event reached the store (no gaps, no drops reported).
+    pub fn events_complete(&self) -> bool {
+        self.lost_events == 0 && !self.reported_drops
+    }
+
+    /// The session's peak of live bytes, as the timeline draws it; when events were lost,
+    /// the step reports' exact figure if higher.
+    pub fn session_peak(&self) -> u64 {
+        if self.events_complete() && self.peak.0 > 0 {
+            self.peak.0
+        } else {
+            self.peak.0.max(self.reported_peak)
+        }
+    }
+
+    /// Peak live bytes of the last reported step, by the same measure as `session_peak`.
+    pub fn last_step_peak(&self) -> Option<u64> {
+        let last = self.last_step()?;
+        let drawn = self.step_peaks.iter().rev().find(|(s, _)| u64::from(*s) == last.step).map(|(_, p)| *p);
+        Some(match drawn {
+            Some(p) if self.events_complete() => p,
+            p => p.unwrap_or(0).max(last.peak_allocated_bytes),
+        })
+    }
+
+    /// Where each step begins in [from, to), with its number: the first phase mark of a
+    /// step that is not "other".
+    pub fn step_starts(&self, from: u64, to: u64) -> Vec<(u64, u32)> {
+        let first = self.phases.partition_point(|p| p.start < from);
+        // The step in effect before the window, so a step that began earlier is not counted.
+        let mut prev = self.phases.range(..first).rev().find(|p| p.phase != Phase::Other).map(|p| p.step);
+        let mut out = Vec::new();
+        for p in self.phases.range(first..).take_while(|p| p.start < to).filter(|p| p.phase != Phase::Other) {
+            if prev != Some(p.step) {
+                out.push((p.start, p.step));
+                prev = Some(p.step);
+            }
+        }
+        out
+    }
+
+    /// Where the `n`th newest step began (1: the one running), when the phase marks held
+    /// name that many steps.
+    pub fn newest_steps_start(&self, n: usize) -> Option<u64> {
+        let (mut steps, mut step, mut start) = (0, None, None);
+        for p in self.phases.iter().rev().filter(|p| p.phase != Phase::Other) {
+            if step != Some(p.step) {
+                if steps == n {
+                    break;
+                }
+                (steps, step) = (steps + 1, Some(p.step));
+            }
+            start = Some(p.start);
+        }
+        start.filter(|_| steps == n)
+    }
+
+    /// The phase in effect over most of [a, b) (the one at `a` when it is empty).
+    pub fn dominant_phase(&self, a: u64, b: u64) -> Phase {
+        if b <= a {
+            return self.phase_at(a).map_or(Phase::Other, |p| p.phase);
+        }
+        let mut held = [0u64; 5];
+        let k = self.phases.partition_point(|p| p.start <= a);
+        let before = k.checked_sub(1).map_or(Phase::Other, |i| self.phases[i].phase);
+        let mut at = a;
+        let mut phase = before;
+        for p in self.phases.range(k..).take_while(|p| p.start < b) {
+            held[phase as usize] += p.start - at;
+            (at, phase) = (p.start, p.phase);
+        }
+        held[phase as usize] += b - at;
+        // The first phase holding the most, in time order of Phase::ALL.
+        let best = held.iter().copied().max().unwrap_or(0);
+        Phase::ALL.into_iter().find(|p| held[*p as usize] == best).unwrap_or(Phase::Other)
+    }
+
+    /// The live allocation at `addr`.
+    pub fn live_alloc(&self, addr: u64) -> Option<&LiveAlloc> {
+        self.live.get(&addr)
+    }
+
+    /// The history index where a live allocation was made.
+    pub fn made_at(&self, a: &LiveAlloc) -> Option<u64> {
+        self.spans.get(a.span).filter(|s| s.addr == a.addr).map(|s| s.start)
+    }
+
+    /// Every live allocation, largest first (the allocations table's order).
+    pub fn live_by_size(&self) -> Vec<&LiveAlloc> {
+        let mut v: Vec<&LiveAlloc> = self.live.values().collect();
+        v.sort_by(|a, b| b.size.cmp(&a.size).then(a.addr.cmp(&b.addr)));
+        v
+    }
+
     /// The phase in effect at history index `i`.
     pub fn phase_at(&self, i: u64) -> Option<PhaseSpan> {
         let k = self.phases.partition_point(|p| p.start <= i);
@@ -426,10 +607,6 @@ impl Store {
         self.phases.back().map(|p| p.phase).unwrap_or(Phase::Other)
     }
 
-    /// The peak memory of the whole session so far (from exact step reports when any).
-    pub fn peak_allocated(&self) -> u64 {
-        self.steps.iter().map(|s| s.peak_allocated_bytes).max().unwrap_or(0)
-    }
 }
 
 /// The NVML index of the device where the job's process (`pid`; before jobs said their
@@ -487,6 +664,29 @@ mod tests {
         assert_eq!(s.scope_name(1), "layers.0.attn");
         assert_eq!(s.largest_live(1)[0].scope, 1, "a retag's scope names the allocation");
         assert_eq!(s.lost_events, 0);
+    }
+
+    #[test]
+    fn steps_are_found_from_their_phase_marks() {
+        let mut s = Store::new(1 << 16);
+        // Three steps of 10 events: forward 4, backward 4, optimizer 2; "other" between.
+        let mut b = Batch::default();
+        for step in 0..3u32 {
+            for (at, phase) in [(0, Phase::Forward), (4, Phase::Backward), (8, Phase::Optimizer)] {
+                b.marks.push(PhaseMark { seq: u64::from(step) * 10 + at, t_ns: 0, step, phase });
+            }
+            b.marks.push(PhaseMark { seq: u64::from(step) * 10 + 9, t_ns: 0, step, phase: Phase::Other });
+        }
+        b.events = (0..30).map(|i| ev(Action::Alloc, 0x100 + i, 8, Category::Temporary, Phase::Other)).collect();
+        s.ingest_batch(b);
+        assert_eq!(s.step_starts(0, 30), vec![(0, 0), (10, 1), (20, 2)]);
+        assert_eq!(s.step_starts(5, 30), vec![(10, 1), (20, 2)], "a step begun before the window is not counted");
+        assert_eq!(s.newest_steps_start(1), Some(20));
+        assert_eq!(s.newest_steps_start(3), Some(0));
+        assert_eq!(s.newest_steps_start(4), None, "only three steps");
+        assert_eq!(s.dominant_phase(0, 10), Phase::Forward, "forward and backward hold 4 each: the first wins");
+        assert_eq!(s.dominant_phase(3, 10), Phase::Backward);
+        assert_eq!(s.dominant_phase(12, 12), Phase::Forward, "an empty span: the phase at its start");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! one on screen, and how they compare: per-rank peak and the skew between ranks.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use crate::stream::Incoming;
 
@@ -12,6 +13,8 @@ pub struct Ranks {
     /// The rank on screen.
     pub shown: u32,
     history_cap: usize,
+    /// The recording being written, shown until it stops, whichever rank is on screen.
+    pub recording: Option<PathBuf>,
 }
 
 /// What the screen shows of a job's ranks besides the one it draws.
@@ -21,13 +24,14 @@ pub struct RankSummary {
     pub count: usize,
     pub peaks: Vec<RankPeak>,
     pub skew: Option<f64>,
+    pub recording: Option<PathBuf>,
 }
 
 /// One rank's line in the comparison.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankPeak {
     pub rank: u32,
-    /// Highest allocated bytes of any step so far.
+    /// The rank's session peak (`Store::session_peak`).
     pub peak: u64,
 }
 
@@ -38,7 +42,7 @@ impl Ranks {
 
     /// Rank 0 already holding `store` (a replay's title and log, a test's screen).
     pub fn with(store: Store, history_cap: usize) -> Ranks {
-        Ranks { stores: BTreeMap::from([(0, store)]), shown: 0, history_cap }
+        Ranks { stores: BTreeMap::from([(0, store)]), shown: 0, history_cap, recording: None }
     }
 
     /// Routes an item: device gauges are the machine's and go to every rank.
@@ -93,7 +97,7 @@ impl Ranks {
 
     /// Each rank's peak, rank order.
     pub fn peaks(&self) -> Vec<RankPeak> {
-        self.stores.iter().map(|(r, s)| RankPeak { rank: *r, peak: s.peak_allocated() }).collect()
+        self.stores.iter().map(|(r, s)| RankPeak { rank: *r, peak: s.session_peak() }).collect()
     }
 
     /// Highest peak over lowest, across ranks that have finished a step (None below two).
@@ -104,7 +108,7 @@ impl Ranks {
     }
 
     pub fn summary(&self) -> RankSummary {
-        RankSummary { shown: self.shown, count: self.count(), peaks: self.peaks(), skew: self.skew() }
+        RankSummary { shown: self.shown, count: self.count(), peaks: self.peaks(), skew: self.skew(), recording: self.recording.clone() }
     }
 
     /// Every rank has finished streaming.
@@ -150,9 +154,9 @@ mod tests {
         r.ingest(1, step(1, 150));
         assert_eq!(r.peaks(), vec![RankPeak { rank: 0, peak: 100 }, RankPeak { rank: 1, peak: 150 }]);
         assert_eq!(r.skew(), Some(1.5));
-        assert_eq!(r.shown().peak_allocated(), 100);
+        assert_eq!(r.shown().session_peak(), 100);
         r.next_rank();
-        assert_eq!((r.shown, r.shown().peak_allocated()), (1, 150));
+        assert_eq!((r.shown, r.shown().session_peak()), (1, 150));
         r.next_rank();
         assert_eq!(r.shown, 0, "wraps");
         assert!(!r.finished());

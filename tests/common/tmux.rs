@@ -34,6 +34,11 @@ impl Session {
         tmux(&["capture-pane", "-p", "-t", &self.name])
     }
 
+    /// The screen with its colours, as SGR escape codes.
+    pub fn screen_with_colours(&self) -> String {
+        tmux(&["capture-pane", "-p", "-e", "-t", &self.name])
+    }
+
     pub fn keys(&self, keys: &str) {
         tmux(&["send-keys", "-t", &self.name, keys]);
     }
