@@ -22,6 +22,18 @@ pub fn bytes(b: u64) -> String {
 
 /// A bar of `width` cells, filled in proportion to `frac` (clamped to 0..=1), with
 /// eighth-cell resolution at its edge.
+/// A span of time in the unit that shows it: "2.345 s", "12.50 ms", "412 µs".
+pub fn duration(secs: f64) -> String {
+    let a = secs.abs();
+    if a >= 1.0 {
+        format!("{secs:.3} s")
+    } else if a >= 1e-3 {
+        format!("{:.2} ms", secs * 1e3)
+    } else {
+        format!("{:.0} µs", secs * 1e6)
+    }
+}
+
 pub fn bar(frac: f64, width: usize) -> (String, String) {
     const EIGHTHS: [char; 8] = [' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'];
     let eighths = (frac.clamp(0.0, 1.0) * (width * 8) as f64).round() as usize;

@@ -6,13 +6,13 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, Wrap};
+use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::app::snapshot_loading::Loading;
 use crate::app::snapshot_viewer::{Panel, Tab, ViewerData, ViewerUi, DETAIL_STEPS};
-use crate::render::format::{bar, bytes, fit};
+use crate::render::format::{bar, bytes, duration, fit};
 use crate::report::snapshot_summary::{allocation_info, event_time, frame_label, ShownFrame};
 use crate::report::whatif::{oom_outcome, self_check_sentence, setting_label};
 use crate::snapshot::timeline::{DetailView, Timeline};
@@ -387,7 +387,7 @@ pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewe
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<11}"), dim), Span::styled(v, val)]);
     let secs = |e: Option<usize>| e.and_then(|e| rel_seconds(data, e));
     let time = match (secs(a.start_event), secs(a.end_event)) {
-        (Some(s), Some(e)) => format!("t+{s:.3}–{e:.3} s ({:.3} s)", e - s),
+        (Some(s), Some(e)) => format!("t+{s:.3}–{e:.3} s ({})", duration(e - s)),
         (Some(s), None) => format!("t+{s:.3} s – end"),
         (None, Some(e)) => format!("start – t+{e:.3} s"),
         (None, None) => "whole trace".into(),
@@ -461,14 +461,7 @@ pub fn render_footer(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
 /// A report's box over the views, centred: `width` × `height` at most (borders
 /// included); returns the inside.
 fn panel_frame(f: &mut Frame, area: Rect, (width, height): (u16, u16), title: String, theme: &Theme) -> Rect {
-    let (w, h) = (width.min(area.width), height.min(area.height));
-    let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
-    f.render_widget(Clear, r);
-    let block = Block::default()
-        .borders(Borders::ALL)
-        .border_style(Style::default().fg(theme.ui.accent))
-        .title(Span::styled(title, Style::default().fg(theme.ui.title)))
-        .style(Style::default().bg(theme.ui.background));
+    let (r, block) = crate::render::live::overlay(f, area, width, height, title, theme);
     let inner = block.inner(r);
     f.render_widget(block, r);
     inner

@@ -15,7 +15,7 @@ pub fn step_line(r: &StepReport) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "{}step {:>3}  {} {} ctx {} batch {}{} | peak {} ({}) | reserved {} | {:.3} s | {:.0} tok/s{}",
+        "{}step {:>3}  {} {} ctx {} batch {}{} | peak {} ({}) | reserved {} | {} | {:.0} tok/s{}",
         r.rank.map(|k| format!("rank {k} ")).unwrap_or_default(),
         r.step,
         r.mode,
@@ -26,7 +26,7 @@ pub fn step_line(r: &StepReport) -> String {
         bytes(r.peak_allocated_bytes),
         phases,
         bytes(r.reserved_bytes),
-        r.step_time_s,
+        crate::render::format::duration(r.step_time_s),
         r.tokens_per_s,
         if r.dropped_events > 0 { format!(" | dropped {} events", r.dropped_events) } else { String::new() }
     )
@@ -62,7 +62,11 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
             Report::Step(mut r) => {
                 let i = info.get(&rank);
                 if json {
-                    writeln!(out, "{}", serde_json::to_string(&r)?)?;
+                    // One write per line: a job sharing this stdout cannot land inside it
+                    // (a pipe keeps writes of up to 4 KiB whole).
+                    let mut line = serde_json::to_string(&r)?;
+                    line.push('\n');
+                    out.write_all(line.as_bytes())?;
                 } else {
                     if let Some(i) = i.filter(|_| said.insert(rank)) {
                         say_who(out, i)?;

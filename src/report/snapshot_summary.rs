@@ -492,6 +492,8 @@ pub struct SnapshotSummary {
     pub peak_active_bytes: u64,
     pub peak_active_event: usize,
     pub peak_active_time_us: Option<i64>,
+    /// The first trace entry's `time_us`, which the text gives the peak's time from.
+    pub trace_start_time_us: Option<i64>,
     /// Highest reserved (segment) bytes over the trace on `device`.
     pub peak_reserved_bytes: u64,
     pub reserved_bytes: u64,
@@ -531,6 +533,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
         peak_active_bytes: tl.peak_bytes,
         peak_active_event: tl.peak_index,
         peak_active_time_us: event_time(snap, tl, device, tl.peak_index),
+        trace_start_time_us: snap.trace(device).first().map(|e| e.time_us),
         peak_reserved_bytes: reserved.peak,
         reserved_bytes: totals.reserved,
         allocated_bytes: totals.allocated,
@@ -553,7 +556,10 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
 /// The summary as lines for a terminal.
 pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary) -> std::io::Result<()> {
     use crate::render::format::bytes;
-    let at = s.peak_active_time_us.map(|t| format!(", time_us {t}")).unwrap_or_default();
+    let at = match (s.peak_active_time_us, s.trace_start_time_us) {
+        (Some(t), Some(t0)) => format!(", {} into the trace", crate::render::format::duration((t - t0) as f64 / 1e6)),
+        _ => String::new(),
+    };
     writeln!(out, "{name} · {} of {}", s.device_name, s.devices)?;
     for w in &s.warnings {
         writeln!(out, "warning: {w}")?;
