@@ -46,12 +46,16 @@ fn served_names(body: &str) -> BTreeSet<String> {
     body.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).map(|l| l.split(['{', ' ']).next().unwrap().to_string()).collect()
 }
 
-/// The address the process says it serves metrics on.
-fn metrics_addr(stderr: &mut impl BufRead) -> SocketAddr {
+/// The address the process says it serves metrics on. Its stderr is read on to the end
+/// on a thread: closed, the process's next line would fail.
+fn metrics_addr(stderr: std::process::ChildStderr) -> SocketAddr {
+    let mut stderr = std::io::BufReader::new(stderr);
     let mut line = String::new();
     while stderr.read_line(&mut line).unwrap() > 0 {
         if let Some(rest) = line.split("metrics at http://").nth(1) {
-            return rest.split('/').next().unwrap().parse().unwrap();
+            let addr = rest.split('/').next().unwrap().parse().unwrap();
+            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+            return addr;
         }
         line.clear();
     }
@@ -73,7 +77,7 @@ fn prometheus_stores_what_the_job_reports() {
             .spawn()
             .unwrap(),
     );
-    let addr = metrics_addr(&mut std::io::BufReader::new(job.0.stderr.take().unwrap()));
+    let addr = metrics_addr(job.0.stderr.take().unwrap());
     let mut out = std::io::BufReader::new(job.0.stdout.take().unwrap());
     let mut steps: Vec<serde_json::Value> = Vec::new();
     while steps.len() < 3 {
@@ -127,7 +131,7 @@ fn every_dashboard_query_names_a_metric_the_endpoint_serves() {
             .spawn()
             .unwrap(),
     );
-    let addr = metrics_addr(&mut std::io::BufReader::new(job.0.stderr.take().unwrap()));
+    let addr = metrics_addr(job.0.stderr.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(120);
     let finished_a_step = |body: &str| body.lines().any(|l| l.starts_with("vramscope_steps_total{") && !l.ends_with(" 0"));
     let served = loop {
@@ -148,7 +152,7 @@ fn every_dashboard_query_names_a_metric_the_endpoint_serves() {
             .spawn()
             .unwrap(),
     );
-    let waddr = metrics_addr(&mut std::io::BufReader::new(watch.0.stderr.take().unwrap()));
+    let waddr = metrics_addr(watch.0.stderr.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let names = get(waddr, "/metrics").map(|b| served_names(&b)).unwrap_or_default();
