@@ -200,7 +200,20 @@ mod tests {
         let pid = job.id();
         let rss_of = |pid: u32| parse_rss(&std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap()).unwrap();
         let mut reader = HostReader::open(Watched::of(&[pid])).unwrap();
-        let Gauges::Host(h) = reader.sample().unwrap() else { unreachable!("host") };
+        // Just spawned, the child may still be between fork and exec: sample once it runs
+        // `sleep` and its RSS holds still around the reading.
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap().trim() != "sleep" {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let h = (0..100)
+            .find_map(|_| {
+                let before = rss_of(pid);
+                let Gauges::Host(h) = reader.sample().unwrap() else { unreachable!("host") };
+                let settled = before == rss_of(pid);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                settled.then_some(h)
+            })
+            .expect("the child's RSS settles");
         assert_eq!(h.rss_bytes, rss_of(pid), "the job's RSS");
         assert!(h.rss_bytes < rss_of(std::process::id()), "`sleep` is smaller than this test binary");
         job.kill().unwrap();
