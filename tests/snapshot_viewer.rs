@@ -5,7 +5,7 @@
 mod common;
 
 use common::vramscope;
-use common::viewer::{screen, text};
+use common::viewer::{screen, screen_buffer, text};
 
 use vramscope::app::keys::{KeyMap, ViewAction};
 use vramscope::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
@@ -325,4 +325,50 @@ fn a_snapshot_of_another_gpu_opens_on_its_device() {
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((&d["peak_active_bytes"]["delta"], &d["peak_reserved_bytes"]["delta"]), (&serde_json::json!(0), &serde_json::json!(0)));
     assert!(d["peak_active_bytes"]["a"].as_u64().unwrap() > 0);
+}
+
+/// MAGMA27 with categories the way a profiler-fed writer records them: logits-sized
+/// blocks activations, mid-sized ones parameters, the rest temporaries.
+fn categorized() -> ViewerData {
+    let mut snap = common::load(common::MAGMA27);
+    for e in &mut snap.device_traces[0] {
+        let c = match e.size {
+            s if s >= 64 << 20 => "activation",
+            s if s >= 1 << 20 => "parameter",
+            _ => "temporary",
+        };
+        e.category = Some(c.into());
+    }
+    ViewerData::new("categorized.pickle".into(), snap, 0)
+}
+
+/// The colours of the timeline's bands (full-block cells inside the plot).
+fn band_colours(buf: &ratatui::buffer::Buffer) -> std::collections::BTreeSet<String> {
+    let area = buf.area;
+    (4..area.height - 4).flat_map(|y| (11..area.width - 2).map(move |x| (x, y))).filter(|&p| buf[p].symbol() == "█").map(|p| format!("{:?}", buf[p].fg)).collect()
+}
+
+#[test]
+fn the_timeline_colours_by_category_or_by_allocation() {
+    let theme = Theme::load("dark").unwrap();
+    let mut d = categorized();
+    let buf = screen_buffer(&mut d, &[], &theme, 160, 40);
+    let s = text(&buf);
+    assert!(s.contains("by category (c: by allocation)") && s.contains("█ activation"), "{s}");
+    // Each category one colour: the bands take exactly the colours of the categories drawn.
+    let want: std::collections::BTreeSet<String> = ["activation", "parameter", "temporary", "unknown"]
+        .iter()
+        .map(|n| format!("{:?}", theme.category(vramscope::event::Category::parse(n).unwrap())))
+        .collect();
+    // The selected band (accent, peak colour under the cursor) aside.
+    let mut got = band_colours(&buf);
+    got.retain(|c| *c != format!("{:?}", theme.ui.accent) && *c != format!("{:?}", theme.chart.peak));
+    assert!(got.len() >= 2 && got.is_subset(&want), "{got:?} not within {want:?}");
+    // By allocation, neighbours differ: more colours than categories.
+    let buf = screen_buffer(&mut d, &[ViewAction::ColourBy], &theme, 160, 40);
+    assert!(text(&buf).contains("by allocation (c: by category)"));
+    assert!(band_colours(&buf).len() > want.len(), "{:?}", band_colours(&buf));
+    // A file without categories says why it colours by allocation, and stays so.
+    let s = screen(&mut magma(), &[ViewAction::ColourBy]);
+    assert!(s.contains("by allocation (no categories in the file)"), "{s}");
 }

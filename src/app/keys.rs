@@ -112,6 +112,7 @@ actions! {
     DetailMore, "detail_more", "]", "detail: more allocations drawn one by one";
     JumpToPeak, "jump_to_peak", "p", "move the cursor to the peak";
     Inspect, "inspect", "enter", "open / close the allocation inspector";
+    ColourBy, "colour_by", "c", "timeline: colour by category / by allocation";
     AllFrames, "all_frames", "f", "inspector: all frames / collapsed frames";
     Sort, "sort", "s", "largest list: next sort order";
     Search, "search", "/", "largest list: search frames or address";

@@ -250,6 +250,9 @@ pub struct ViewerUi {
     /// Selected band at the cursor, counted from the top drawn band.
     pub band: usize,
     pub inspector: bool,
+    /// Timeline bands in their category's colour (else each allocation its own); only
+    /// when the file names categories.
+    pub by_category: bool,
     pub all_frames: bool,
     pub sort: SortBy,
     /// Largest list: the applied filter, and the text being typed when searching.
@@ -274,6 +277,7 @@ impl ViewerUi {
             cursor: data.tl.peak_index,
             band: 0,
             inspector: false,
+            by_category: has_categories(&data.tl),
             all_frames: false,
             sort: SortBy::Size,
             filter: String::new(),
@@ -408,6 +412,7 @@ pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_cou
             ui.band = 0;
         }
         ViewAction::Inspect => ui.inspector = !ui.inspector,
+        ViewAction::ColourBy => ui.by_category = !ui.by_category && has_categories(&data.tl),
         ViewAction::AllFrames => ui.all_frames = !ui.all_frames,
         ViewAction::Sort => {
             ui.sort = match ui.sort {

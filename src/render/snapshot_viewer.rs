@@ -12,8 +12,9 @@ use ratatui::Frame;
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::app::snapshot_loading::Loading;
 use crate::app::snapshot_viewer::{Panel, Tab, ViewerData, ViewerUi, DETAIL_STEPS};
+use crate::event::Category;
 use crate::render::format::{bar, bytes, duration, fit};
-use crate::report::snapshot_summary::{allocation_info, event_time, frame_label, ShownFrame};
+use crate::report::snapshot_summary::{allocation_info, event_time, frame_label, has_categories, ShownFrame};
 use crate::report::whatif::{oom_outcome, self_check_sentence, setting_label};
 use crate::snapshot::timeline::{DetailView, Timeline};
 use crate::snapshot::ReadPass;
@@ -124,8 +125,14 @@ fn rel_seconds(data: &ViewerData, event: usize) -> Option<f64> {
 
 pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
     let tl = &data.tl;
-    let title = format!(
-        " active memory timeline · actions {}–{} of {} · detail {}% ({} of {} drawn, rest summarized) ",
+    let toggle = keys.key_of(ViewAction::ColourBy).label();
+    let (colouring, why) = match (ui.by_category, has_categories(tl)) {
+        (true, _) => ("by category", format!(" ({toggle}: by allocation)")),
+        (false, true) => ("by allocation", format!(" ({toggle}: by category)")),
+        (false, false) => ("by allocation", " (no categories in the file)".to_string()),
+    };
+    let window = format!(
+        "actions {}–{} of {} · detail {}% ({} of {} drawn, rest summarized)",
         ui.from,
         ui.to,
         tl.total_events,
@@ -133,6 +140,11 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         data.drawn(),
         tl.allocations.len()
     );
+    let mut title = format!(" active memory timeline · {colouring}{why} · {window} ");
+    // On a narrow box the colouring loses its explanation before the window is cut.
+    if title.chars().count() + 2 > area.width as usize {
+        title = format!(" active memory timeline · {colouring} · {window} ");
+    }
     let Some(plot) = plot_frame(f, area, title, theme) else { return };
     let (ribbon_y, status_y) = (plot.y + plot.height, plot.y + plot.height + 1);
     let dim = Style::default().fg(theme.ui.dim);
@@ -153,7 +165,8 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     let span = ui.to - ui.from;
     let cursor_x = ((ui.cursor.saturating_sub(ui.from)) * cols / span.max(1)).min(cols - 1);
     let selected = ui.selected(data);
-    draw_plot(f.buffer_mut(), plot, tl, &data.detail, PlotView { from: ui.from, to: ui.to, cursor_x: Some(cursor_x), selected }, theme);
+    let view = PlotView { from: ui.from, to: ui.to, cursor_x: Some(cursor_x), selected, by_category: ui.by_category };
+    draw_plot(f.buffer_mut(), plot, tl, &data.detail, view, theme);
     let buf = f.buffer_mut();
     // Annotation markers on the ribbon (START ▶, END ◀), the cursor under them.
     for m in data.marks() {
@@ -188,7 +201,33 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     });
     let oom = if data.ooms().iter().any(|&(_, e)| e == ui.cursor) { " · out of memory just before" } else { "" };
     let status = format!("action {}{when} · active {}{phase}{oom}{}", ui.cursor, bytes(total), sel.unwrap_or_default());
-    buf.set_string(plot.x, status_y, fit(&status, plot.width as usize), Style::default().fg(theme.ui.text));
+    let status = fit(&status, plot.width as usize);
+    buf.set_string(plot.x, status_y, &status, Style::default().fg(theme.ui.text));
+    if ui.by_category {
+        draw_legend(buf, plot, status_y, status.chars().count(), tl, theme);
+    }
+}
+
+/// The colour of each of the timeline's category names (names torch.profiler does not
+/// use take the unknown category's).
+fn category_colours(tl: &Timeline, theme: &Theme) -> Vec<Color> {
+    tl.categories.iter().map(|n| theme.category(Category::parse(n).unwrap_or(Category::Unknown))).collect()
+}
+
+/// "█ name" for each category on the timeline, right-aligned on row `y` after the
+/// status's `used` columns when it fits there.
+fn draw_legend(buf: &mut Buffer, plot: Rect, y: u16, used: usize, tl: &Timeline, theme: &Theme) {
+    let colours = category_colours(tl, theme);
+    let mut spans = Vec::new();
+    for (name, colour) in tl.categories.iter().zip(colours) {
+        spans.push(Span::styled(" █ ", Style::default().fg(colour)));
+        spans.push(Span::styled(name.replace('_', " "), Style::default().fg(theme.ui.dim)));
+    }
+    let line = Line::from(spans);
+    let width = line.width();
+    if used + 2 + width <= plot.width as usize {
+        buf.set_line(plot.x + plot.width - width as u16, y, &line, width as u16);
+    }
 }
 
 /// The timeline's box titled `title`: the plot area inside it, leaving the axis on the
@@ -206,6 +245,8 @@ struct PlotView {
     to: usize,
     cursor_x: Option<usize>,
     selected: Option<u32>,
+    /// Bands in their category's colour, else each allocation in one of the palette's.
+    by_category: bool,
 }
 
 /// The stacked bands of the view's actions in `plot` (one column per bucket, peak of
@@ -214,7 +255,8 @@ fn draw_plot(buf: &mut Buffer, plot: Rect, tl: &Timeline, detail: &DetailView, v
     let dim = Style::default().fg(theme.ui.dim);
     let axis_x = plot.x - AXIS_WIDTH;
     let cols = plot.width as usize;
-    let PlotView { from, to, cursor_x, selected } = view;
+    let PlotView { from, to, cursor_x, selected, by_category } = view;
+    let by_category = by_category.then(|| category_colours(tl, theme));
     let stacks = tl.stacks(detail, from, to, cols);
     let top = stacks.iter().map(|c| c.summarized.1).max().unwrap_or(0);
     let ymax = nice_ceiling(top + top / 20);
@@ -235,7 +277,10 @@ fn draw_plot(buf: &mut Buffer, plot: Rect, tl: &Timeline, detail: &DetailView, v
             match col.bands.get(k) {
                 Some(b) if Some(b.alloc) == selected && Some(x) == cursor_x => theme.chart.peak,
                 Some(b) if Some(b.alloc) == selected => theme.ui.accent,
-                Some(b) => theme.categories[b.alloc as usize % theme.categories.len()],
+                Some(b) => match &by_category {
+                    Some(colours) => colours[tl.allocations[b.alloc as usize].category as usize],
+                    None => theme.categories[b.alloc as usize % theme.categories.len()],
+                },
                 None => theme.ui.dim,
             }
         };
@@ -632,7 +677,10 @@ pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewAction>, the
     let title = format!(" active memory timeline · {events} actions read so far · blocks alive throughout are added when loaded ");
     if let Some(plot) = plot_frame(f, body, title, theme) {
         match l.timeline().filter(|tl| tl.total_events > 0) {
-            Some(tl) => draw_plot(f.buffer_mut(), plot, tl, &l.detail, PlotView { from: 0, to: tl.total_events, cursor_x: None, selected: None }, theme),
+            Some(tl) => {
+                let view = PlotView { from: 0, to: tl.total_events, cursor_x: None, selected: None, by_category: has_categories(tl) };
+                draw_plot(f.buffer_mut(), plot, tl, &l.detail, view, theme)
+            }
             None => f.render_widget(Paragraph::new(format!("{what}…")).style(dim), plot),
         }
         let note = "the other views, the inspector and search open once the file is loaded";
