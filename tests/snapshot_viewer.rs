@@ -372,3 +372,16 @@ fn the_timeline_colours_by_category_or_by_allocation() {
     let s = screen(&mut magma(), &[ViewAction::ColourBy]);
     assert!(s.contains("by allocation (no categories in the file)"), "{s}");
 }
+
+#[test]
+fn the_largest_list_has_a_category_column() {
+    let s = screen(&mut categorized(), &[ViewAction::NextTab]);
+    let head = s.lines().find(|l| l.contains("requested")).unwrap();
+    assert!(head.contains("category"), "{s}");
+    // The logits-sized block is an activation.
+    let row = |n: &str| s.lines().find(|l| l.starts_with(&format!("│{n} "))).unwrap().to_string();
+    assert!(row("1").contains("█ activation") && row("1").contains("forward (model.py:39)"), "{s}");
+    // Without categories there is no column saying unknown on every row.
+    let s = screen(&mut magma(), &[ViewAction::NextTab]);
+    assert!(!s.contains("category") && !s.contains("unknown"), "{s}");
+}

@@ -320,6 +320,8 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
     let tl = &data.tl;
     let visible = area.height.saturating_sub(3) as usize;
     let first = ui.row.saturating_sub(visible.saturating_sub(1));
+    // A category column when the file names categories (else every row would say unknown).
+    let colours = has_categories(tl).then(|| category_colours(tl, theme));
     let rows: Vec<Row> = ui
         .rows
         .iter()
@@ -330,14 +332,17 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
             let a = &tl.allocations[id as usize];
             let style = if i == ui.row { Style::default().bg(theme.ui.selection).add_modifier(Modifier::BOLD) } else { Style::default() };
             let start = (!a.alive_at_start).then_some(a.start);
-            Row::new(vec![
-                Cell::from(format!("{}", i + 1)),
-                Cell::from(bytes(a.size)),
+            let mut cells = vec![Cell::from(format!("{}", i + 1)), Cell::from(bytes(a.size))];
+            if let Some(colours) = &colours {
+                let c = a.category as usize;
+                cells.push(Cell::from(Line::from(vec![Span::styled("█ ", Style::default().fg(colours[c])), Span::raw(tl.categories[c].replace('_', " "))])));
+            }
+            cells.extend([
                 Cell::from(format!("0x{:x}", a.addr)),
                 Cell::from(lifetime(start, a.end)),
                 Cell::from(crate::report::snapshot_summary::top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into())),
-            ])
-            .style(style)
+            ]);
+            Row::new(cells).style(style)
         })
         .collect();
     let filter = match (&ui.typing, ui.filter.as_str()) {
@@ -346,8 +351,16 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
         (None, f) => format!(" · matching '{f}'"),
     };
     let title = format!(" largest allocations · {} of {} · by {}{filter} ", ui.rows.len(), tl.allocations.len(), ui.sort.name());
-    let table = Table::new(rows, [Constraint::Length(7), Constraint::Length(10), Constraint::Length(16), Constraint::Length(15), Constraint::Min(20)])
-        .header(Row::new(vec!["#", "requested", "address", "alive (actions)", "top frame"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
+    let mut widths = vec![Constraint::Length(7), Constraint::Length(10)];
+    let mut header = vec!["#", "requested"];
+    if colours.is_some() {
+        widths.push(Constraint::Length(17));
+        header.push("category");
+    }
+    widths.extend([Constraint::Length(16), Constraint::Length(15), Constraint::Min(20)]);
+    header.extend(["address", "alive (actions)", "top frame"]);
+    let table = Table::new(rows, widths)
+        .header(Row::new(header).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
         .block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title))));
     f.render_widget(table, area);
 }
