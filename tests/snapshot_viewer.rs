@@ -385,3 +385,32 @@ fn the_largest_list_has_a_category_column() {
     let s = screen(&mut magma(), &[ViewAction::NextTab]);
     assert!(!s.contains("category") && !s.contains("unknown"), "{s}");
 }
+
+#[test]
+fn the_inspector_shows_python_frames_first_and_scrolls() {
+    use ViewAction::*;
+    let mut d = ViewerData::open(&common::fixture_path(common::KKAITLYN), None).unwrap();
+    // The top band at the peak with frames (blocks older than the trace have none).
+    let mut keys = vec![Inspect];
+    let side = |s: &str| -> Vec<String> { s.lines().map(|l| l.chars().skip(112).collect::<String>()).collect() };
+    while side(&screen(&mut d, &keys)).iter().any(|l| l.contains("(none recorded)")) {
+        keys.insert(0, SelectDown);
+        assert!(keys.len() < 40, "no band with frames at the peak");
+    }
+    let s = screen(&mut d, &keys);
+    // The inspector is the right-hand 48 columns.
+    let side = side(&s);
+    let header = side.iter().position(|l| l.contains("frames (collapsed; f toggles)")).expect("frames header");
+    assert!(side[header + 1].contains(".py:"), "the user's Python line first:\n{}", side.join("\n"));
+    assert!(side.iter().any(|l| l.contains("native frames (f shows them)")), "{}", side.join("\n"));
+    assert!(!side.iter().any(|l| l.contains("at::") || l.contains("c10::")), "{}", side.join("\n"));
+    insta::assert_snapshot!(side[header - 7..].join("\n"));
+    // Unfolded, the frames run past the box: the title says where, and the keys scroll.
+    let with = |more: &[ViewAction]| [keys.as_slice(), more].concat();
+    let s = screen(&mut d, &with(&[AllFrames]));
+    assert!(s.contains(" allocation 1–35/182 (pageup/pagedown) ") && !s.contains("native frames (f"), "{s}");
+    let scrolled = screen(&mut d, &with(&[AllFrames, InspectorDown, InspectorDown]));
+    assert!(scrolled.contains(" allocation 11–45/182 "), "{scrolled}");
+    let back = screen(&mut d, &with(&[AllFrames, InspectorDown, InspectorDown, InspectorUp, InspectorUp, InspectorUp]));
+    assert_eq!(back, s);
+}

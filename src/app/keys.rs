@@ -113,7 +113,9 @@ actions! {
     JumpToPeak, "jump_to_peak", "p", "move the cursor to the peak";
     Inspect, "inspect", "enter", "open / close the allocation inspector";
     ColourBy, "colour_by", "c", "timeline: colour by category / by allocation";
-    AllFrames, "all_frames", "f", "inspector: all frames / collapsed frames";
+    AllFrames, "all_frames", "f", "inspector: all frames / Python frames first";
+    InspectorUp, "inspector_up", "pageup", "inspector: scroll up";
+    InspectorDown, "inspector_down", "pagedown", "inspector: scroll down";
     Sort, "sort", "s", "largest list: next sort order";
     Search, "search", "/", "largest list: search frames or address";
     NextDevice, "next_device", "d", "next device";

@@ -39,8 +39,7 @@ pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &Key
         return;
     }
     // A warning or note about the file takes a header line each (two at most).
-    let header_lines = 2 + data.notes().len().min(2) as u16;
-    let [header, body, footer] = Layout::vertical([Constraint::Length(header_lines), Constraint::Min(8), Constraint::Length(1)]).areas(area);
+    let [header, body, footer] = Layout::vertical([Constraint::Length(header_height(data)), Constraint::Min(8), Constraint::Length(1)]).areas(area);
     render_header(f, header, data, ui, theme);
     let (main, side) = if ui.inspector {
         let [m, s] = Layout::horizontal([Constraint::Min(30), Constraint::Length(INSPECTOR_WIDTH)]).areas(body);
@@ -431,19 +430,46 @@ pub fn render_categories(f: &mut Frame, area: Rect, data: &ViewerData, theme: &T
     f.render_widget(Paragraph::new(lines), inner);
 }
 
+/// Rows of the header above the views: two, and a line per note (two at most).
+fn header_height(data: &ViewerData) -> u16 {
+    2 + data.notes().len().min(2) as u16
+}
+
+/// How many rows the inspector's text runs past its box on a `size` screen.
+pub fn inspector_overflow(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme, size: ratatui::layout::Size) -> usize {
+    let rows = size.height.saturating_sub(header_height(data) + 1 + 2) as usize;
+    let text = Paragraph::new(inspector_lines(data, ui, keys, theme)).wrap(Wrap { trim: false });
+    text.line_count(INSPECTOR_WIDTH - 2).saturating_sub(rows)
+}
+
 pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
-    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(" allocation ", Style::default().fg(theme.ui.title)));
-    let inner = block.inner(area);
-    f.render_widget(block, area);
+    let text = Paragraph::new(inspector_lines(data, ui, keys, theme)).wrap(Wrap { trim: false });
+    let inner_w = area.width.saturating_sub(2);
+    let (total, rows) = (text.line_count(inner_w), area.height.saturating_sub(2) as usize);
+    let scroll = ui.inspector_scroll.min(total.saturating_sub(rows));
+    // Taller than its box: the title says which rows show and how to see the rest.
+    let title = if total > rows {
+        let (up, down) = (keys.key_of(ViewAction::InspectorUp).label(), keys.key_of(ViewAction::InspectorDown).label());
+        format!(" allocation {}–{}/{total} ({up}/{down}) ", scroll + 1, (scroll + rows).min(total))
+    } else {
+        " allocation ".to_string()
+    };
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(title, Style::default().fg(theme.ui.title)));
+    f.render_widget(text.scroll((scroll as u16, 0)).block(block), area);
+}
+
+/// What the inspector says about the selected allocation: its figures, then its frames,
+/// Python first with the native ones folded into a line unless all are asked for.
+fn inspector_lines(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) -> Vec<Line<'static>> {
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let Some(id) = ui.selected(data) else {
-        f.render_widget(Paragraph::new("nothing selected: move the cursor onto a band, or pick a row").style(dim).wrap(Wrap { trim: true }), inner);
-        return;
+        return vec![Line::from(Span::styled("nothing selected: move the cursor onto a band, or pick a row", dim))];
     };
     let a = allocation_info(&data.snap, &data.tl, data.device, id, ui.all_frames);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<11}"), dim), Span::styled(v, val)]);
     let secs = |e: Option<usize>| e.and_then(|e| rel_seconds(data, e));
+    let all = keys.key_of(ViewAction::AllFrames).label();
     let time = match (secs(a.start_event), secs(a.end_event)) {
         (Some(s), Some(e)) => format!("t+{s:.3}–{e:.3} s ({})", duration(e - s)),
         (Some(s), None) => format!("t+{s:.3} s – end"),
@@ -471,26 +497,35 @@ pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewe
         lines.push(kv("metadata", m.clone()));
     }
     let how = if ui.all_frames { "all" } else { "collapsed" };
-    lines.push(Line::from(Span::styled(format!("frames ({how}; {} toggles):", keys.key_of(ViewAction::AllFrames).label()), dim)));
-    push_frames(&mut lines, &a.frames, dim);
+    lines.push(Line::from(Span::styled(format!("frames ({how}; {all} toggles):"), dim)));
+    push_frames(&mut lines, &a.frames, !ui.all_frames, &all, dim);
     if a.frames.is_empty() {
         lines.push(Line::from(Span::styled("  (none recorded)", dim)));
     }
     if !a.forward_frames.is_empty() {
         lines.push(Line::from(Span::styled("made in backward for the forward op at:", dim)));
-        push_frames(&mut lines, &a.forward_frames, dim);
+        push_frames(&mut lines, &a.forward_frames, !ui.all_frames, &all, dim);
     }
-    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+    lines
 }
 
 /// Frames as inspector lines, each FX node (generated code) on the line below its frame.
-fn push_frames(lines: &mut Vec<Line<'_>>, frames: &[ShownFrame], dim: Style) {
-    for fr in frames {
+/// `fold`: the Python frames, then one line counting the native ones (shown as they are
+/// when there is no Python frame); `all` is the key that unfolds them.
+fn push_frames(lines: &mut Vec<Line<'static>>, frames: &[ShownFrame], fold: bool, all: &str, dim: Style) {
+    let python = frames.iter().filter(|f| f.is_python()).count();
+    let fold = fold && python > 0;
+    for fr in frames.iter().filter(|f| !fold || f.is_python()) {
         let rep = if fr.repeats > 1 { format!(" ×{}", fr.repeats) } else { String::new() };
         lines.push(Line::from(Span::raw(format!("  {}{rep}", frame_label(&fr.name, &fr.filename, fr.line)))));
         if let Some(fx) = &fr.fx {
             lines.push(Line::from(Span::styled(format!("    fx {fx}"), dim)));
         }
+    }
+    let native = frames.len() - python;
+    if fold && native > 0 {
+        let s = if native == 1 { "" } else { "s" };
+        lines.push(Line::from(Span::styled(format!("  +{native} native frame{s} ({all} shows them)"), dim)));
     }
 }
 

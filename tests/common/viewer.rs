@@ -3,7 +3,7 @@
 use vramscope::app::keys::{KeyMap, ViewAction};
 use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
 use vramscope::render::draw_to_buffer;
-use vramscope::render::snapshot_viewer::{plot_columns, render_viewer};
+use vramscope::render::snapshot_viewer::{inspector_overflow, plot_columns, render_viewer};
 use vramscope::render::theme::Theme;
 
 pub fn text(buf: &ratatui::buffer::Buffer) -> String {
@@ -24,6 +24,8 @@ pub fn screen_buffer(data: &mut ViewerData, keys_pressed: &[ViewAction], theme: 
     let mut ui = ViewerUi::new(data);
     ui.columns = plot_columns(width, false);
     for a in keys_pressed {
+        // As the loop does before each frame it draws.
+        ui.inspector_overflow = inspector_overflow(data, &ui, &keys, theme, ratatui::layout::Size::new(width, height));
         handle(*a, data, &mut ui, 1);
         ui.columns = plot_columns(width, ui.inspector);
     }
