@@ -414,3 +414,18 @@ fn the_inspector_shows_python_frames_first_and_scrolls() {
     let back = screen(&mut d, &with(&[AllFrames, InspectorDown, InspectorDown, InspectorUp, InspectorUp, InspectorUp]));
     assert_eq!(back, s);
 }
+
+#[test]
+fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
+    let theme = Theme::load("dark").unwrap();
+    let s = text(&screen_buffer(&mut magma(), &[ViewAction::Help], &theme, 80, 24));
+    let keys = KeyMap::<ViewAction>::default();
+    // Every key and every word of every description is on screen whole.
+    for (key, help) in keys.help_rows() {
+        assert!(s.contains(&key), "{key}:\n{s}");
+        for word in help.split_whitespace() {
+            assert!(s.split(|c: char| c.is_whitespace() || c == '│').any(|w| w == word), "'{word}' of '{help}':\n{s}");
+        }
+    }
+    insta::assert_snapshot!(s);
+}
