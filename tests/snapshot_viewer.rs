@@ -429,3 +429,22 @@ fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
     }
     insta::assert_snapshot!(s);
 }
+
+#[test]
+fn viewer_colours_at_256_and_truecolor() {
+    use vramscope::event::Category;
+    use vramscope::render::theme::ColorSupport;
+    for (depth, name) in [(ColorSupport::Palette256, "viewer_colours_256"), (ColorSupport::TrueColor, "viewer_colours_truecolor")] {
+        let theme = Theme::load_at("dark", depth).unwrap();
+        let buf = screen_buffer(&mut categorized(), &[], &theme, 80, 24);
+        // The categories drawn stay apart at this depth, and 256 colours draw no RGB.
+        let [a, p, t] = [Category::Activation, Category::Parameter, Category::Temporary].map(|c| theme.category(c));
+        assert!(a != p && p != t && a != t, "{depth:?}: {a:?} {p:?} {t:?}");
+        if depth == ColorSupport::Palette256 {
+            let area = buf.area;
+            let rgb = (0..area.height).flat_map(|y| (0..area.width).map(move |x| (x, y))).find(|&c| matches!(buf[c].fg, ratatui::style::Color::Rgb(..)) || matches!(buf[c].bg, ratatui::style::Color::Rgb(..)));
+            assert_eq!(rgb, None, "256 colours draw no RGB");
+        }
+        insta::assert_snapshot!(name, common::colour_capture::colours(&buf));
+    }
+}
