@@ -437,6 +437,9 @@ fn header_height(data: &ViewerData) -> u16 {
 
 /// How many rows the inspector's text runs past its box on a `size` screen.
 pub fn inspector_overflow(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme, size: ratatui::layout::Size) -> usize {
+    if !ui.inspector {
+        return 0;
+    }
     let rows = size.height.saturating_sub(header_height(data) + 1 + 2) as usize;
     let text = Paragraph::new(inspector_lines(data, ui, keys, theme)).wrap(Wrap { trim: false });
     text.line_count(INSPECTOR_WIDTH - 2).saturating_sub(rows)
