@@ -2,6 +2,8 @@
 //! are deterministic), at 80×24 and 200×60, with keys applied through the same handler
 //! the app uses.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -15,6 +17,7 @@ use vramscope::store::ranks::Ranks;
 use vramscope::stream::Incoming;
 use vramscope::event::{Retag, Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
 use vramscope::render::draw_to_buffer;
+use common::colour_capture::colours;
 use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
 use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind, SourceStatus};
@@ -227,33 +230,6 @@ fn help_overlay_is_generated_from_the_key_table() {
     }
 }
 
-/// The screen's text and, under it, its colours: each distinct (fg, bg) pair gets a letter,
-/// drawn where it is used, with the legend after.
-fn colours(buf: &Buffer) -> String {
-    const SYMBOLS: &str = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    let area = buf.area;
-    let mut pairs: Vec<(Color, Color)> = Vec::new();
-    let mut out = String::new();
-    for y in 0..area.height {
-        out += &(0..area.width).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>();
-        out.push('\n');
-    }
-    for y in 0..area.height {
-        for x in 0..area.width {
-            let c = &buf[(x, y)];
-            let i = pairs.iter().position(|p| *p == (c.fg, c.bg)).unwrap_or_else(|| {
-                pairs.push((c.fg, c.bg));
-                pairs.len() - 1
-            });
-            out.push(SYMBOLS.chars().nth(i).expect("fewer colour pairs than symbols"));
-        }
-        out.push('\n');
-    }
-    for (i, (fg, bg)) in pairs.iter().enumerate() {
-        out += &format!("{} fg {fg:?} bg {bg:?}\n", SYMBOLS.chars().nth(i).unwrap());
-    }
-    out
-}
 
 fn draw(store: &Store, view: &View, theme: &Theme, w: u16, h: u16) -> Buffer {
     draw_to_buffer(w, h, |f| render_live(f, store, &RankSummary::default(), view, &KeyMap::default(), theme))

@@ -5,7 +5,7 @@
 mod common;
 
 use common::vramscope;
-use common::viewer::{screen, text};
+use common::viewer::{screen, screen_buffer, text};
 
 use vramscope::app::keys::{KeyMap, ViewAction};
 use vramscope::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
@@ -325,4 +325,126 @@ fn a_snapshot_of_another_gpu_opens_on_its_device() {
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((&d["peak_active_bytes"]["delta"], &d["peak_reserved_bytes"]["delta"]), (&serde_json::json!(0), &serde_json::json!(0)));
     assert!(d["peak_active_bytes"]["a"].as_u64().unwrap() > 0);
+}
+
+/// MAGMA27 with categories the way a profiler-fed writer records them: logits-sized
+/// blocks activations, mid-sized ones parameters, the rest temporaries.
+fn categorized() -> ViewerData {
+    let mut snap = common::load(common::MAGMA27);
+    for e in &mut snap.device_traces[0] {
+        let c = match e.size {
+            s if s >= 64 << 20 => "activation",
+            s if s >= 1 << 20 => "parameter",
+            _ => "temporary",
+        };
+        e.category = Some(c.into());
+    }
+    ViewerData::new("categorized.pickle".into(), snap, 0)
+}
+
+/// The colours of the timeline's bands (full-block cells inside the plot).
+fn band_colours(buf: &ratatui::buffer::Buffer) -> std::collections::BTreeSet<String> {
+    let area = buf.area;
+    (4..area.height - 4).flat_map(|y| (11..area.width - 2).map(move |x| (x, y))).filter(|&p| buf[p].symbol() == "█").map(|p| format!("{:?}", buf[p].fg)).collect()
+}
+
+#[test]
+fn the_timeline_colours_by_category_or_by_allocation() {
+    let theme = Theme::load("dark").unwrap();
+    let mut d = categorized();
+    let buf = screen_buffer(&mut d, &[], &theme, 160, 40);
+    let s = text(&buf);
+    assert!(s.contains("by category (c: by allocation)") && s.contains("█ activation"), "{s}");
+    // Each category one colour: the bands take exactly the colours of the categories drawn.
+    let want: std::collections::BTreeSet<String> = ["activation", "parameter", "temporary", "unknown"]
+        .iter()
+        .map(|n| format!("{:?}", theme.category(vramscope::event::Category::parse(n).unwrap())))
+        .collect();
+    // The selected band (accent, peak colour under the cursor) aside.
+    let mut got = band_colours(&buf);
+    got.retain(|c| *c != format!("{:?}", theme.ui.accent) && *c != format!("{:?}", theme.chart.peak));
+    assert!(got.len() >= 2 && got.is_subset(&want), "{got:?} not within {want:?}");
+    // By allocation, neighbours differ: more colours than categories.
+    let buf = screen_buffer(&mut d, &[ViewAction::ColourBy], &theme, 160, 40);
+    assert!(text(&buf).contains("by allocation (c: by category)"));
+    assert!(band_colours(&buf).len() > want.len(), "{:?}", band_colours(&buf));
+    // A file without categories says why it colours by allocation, and stays so.
+    let s = screen(&mut magma(), &[ViewAction::ColourBy]);
+    assert!(s.contains("by allocation (no categories in the file)"), "{s}");
+}
+
+#[test]
+fn the_largest_list_has_a_category_column() {
+    let s = screen(&mut categorized(), &[ViewAction::NextTab]);
+    let head = s.lines().find(|l| l.contains("requested")).unwrap();
+    assert!(head.contains("category"), "{s}");
+    // The logits-sized block is an activation.
+    let row = |n: &str| s.lines().find(|l| l.starts_with(&format!("│{n} "))).unwrap().to_string();
+    assert!(row("1").contains("█ activation") && row("1").contains("forward (model.py:39)"), "{s}");
+    // Without categories there is no column saying unknown on every row.
+    let s = screen(&mut magma(), &[ViewAction::NextTab]);
+    assert!(!s.contains("category") && !s.contains("unknown"), "{s}");
+}
+
+#[test]
+fn the_inspector_shows_python_frames_first_and_scrolls() {
+    use ViewAction::*;
+    let mut d = ViewerData::open(&common::fixture_path(common::KKAITLYN), None).unwrap();
+    // The top band at the peak with frames (blocks older than the trace have none).
+    let mut keys = vec![Inspect];
+    let side = |s: &str| -> Vec<String> { s.lines().map(|l| l.chars().skip(112).collect::<String>()).collect() };
+    while side(&screen(&mut d, &keys)).iter().any(|l| l.contains("(none recorded)")) {
+        keys.insert(0, SelectDown);
+        assert!(keys.len() < 40, "no band with frames at the peak");
+    }
+    let s = screen(&mut d, &keys);
+    // The inspector is the right-hand 48 columns.
+    let side = side(&s);
+    let header = side.iter().position(|l| l.contains("frames (collapsed; f toggles)")).expect("frames header");
+    assert!(side[header + 1].contains(".py:"), "the user's Python line first:\n{}", side.join("\n"));
+    assert!(side.iter().any(|l| l.contains("native frames (f shows them)")), "{}", side.join("\n"));
+    assert!(!side.iter().any(|l| l.contains("at::") || l.contains("c10::")), "{}", side.join("\n"));
+    insta::assert_snapshot!(side[header - 7..].join("\n"));
+    // Unfolded, the frames run past the box: the title says where, and the keys scroll.
+    let with = |more: &[ViewAction]| [keys.as_slice(), more].concat();
+    let s = screen(&mut d, &with(&[AllFrames]));
+    assert!(s.contains(" allocation 1–35/182 (pageup/pagedown) ") && !s.contains("native frames (f"), "{s}");
+    let scrolled = screen(&mut d, &with(&[AllFrames, InspectorDown, InspectorDown]));
+    assert!(scrolled.contains(" allocation 11–45/182 "), "{scrolled}");
+    let back = screen(&mut d, &with(&[AllFrames, InspectorDown, InspectorDown, InspectorUp, InspectorUp, InspectorUp]));
+    assert_eq!(back, s);
+}
+
+#[test]
+fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
+    let theme = Theme::load("dark").unwrap();
+    let s = text(&screen_buffer(&mut magma(), &[ViewAction::Help], &theme, 80, 24));
+    let keys = KeyMap::<ViewAction>::default();
+    // Every key and every word of every description is on screen whole.
+    for (key, help) in keys.help_rows() {
+        assert!(s.contains(&key), "{key}:\n{s}");
+        for word in help.split_whitespace() {
+            assert!(s.split(|c: char| c.is_whitespace() || c == '│').any(|w| w == word), "'{word}' of '{help}':\n{s}");
+        }
+    }
+    insta::assert_snapshot!(s);
+}
+
+#[test]
+fn viewer_colours_at_256_and_truecolor() {
+    use vramscope::event::Category;
+    use vramscope::render::theme::ColorSupport;
+    for (depth, name) in [(ColorSupport::Palette256, "viewer_colours_256"), (ColorSupport::TrueColor, "viewer_colours_truecolor")] {
+        let theme = Theme::load_at("dark", depth).unwrap();
+        let buf = screen_buffer(&mut categorized(), &[], &theme, 80, 24);
+        // The categories drawn stay apart at this depth, and 256 colours draw no RGB.
+        let [a, p, t] = [Category::Activation, Category::Parameter, Category::Temporary].map(|c| theme.category(c));
+        assert!(a != p && p != t && a != t, "{depth:?}: {a:?} {p:?} {t:?}");
+        if depth == ColorSupport::Palette256 {
+            let area = buf.area;
+            let rgb = (0..area.height).flat_map(|y| (0..area.width).map(move |x| (x, y))).find(|&c| matches!(buf[c].fg, ratatui::style::Color::Rgb(..)) || matches!(buf[c].bg, ratatui::style::Color::Rgb(..)));
+            assert_eq!(rgb, None, "256 colours draw no RGB");
+        }
+        insta::assert_snapshot!(name, common::colour_capture::colours(&buf));
+    }
 }

@@ -112,7 +112,10 @@ actions! {
     DetailMore, "detail_more", "]", "detail: more allocations drawn one by one";
     JumpToPeak, "jump_to_peak", "p", "move the cursor to the peak";
     Inspect, "inspect", "enter", "open / close the allocation inspector";
-    AllFrames, "all_frames", "f", "inspector: all frames / collapsed frames";
+    ColourBy, "colour_by", "c", "timeline: colour by category / by allocation";
+    AllFrames, "all_frames", "f", "inspector: all frames / Python frames first";
+    InspectorUp, "inspector_up", "pageup", "inspector: scroll up";
+    InspectorDown, "inspector_down", "pagedown", "inspector: scroll down";
     Sort, "sort", "s", "largest list: next sort order";
     Search, "search", "/", "largest list: search frames or address";
     NextDevice, "next_device", "d", "next device";

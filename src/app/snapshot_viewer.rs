@@ -13,7 +13,7 @@ use crossterm::event::{self, Event, KeyCode, KeyEventKind};
 use crate::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
 use crate::app::terminal::TerminalSession;
 use crate::app::keys::{KeyMap, ViewAction};
-use crate::render::snapshot_viewer::{plot_columns, render_loading, render_viewer};
+use crate::render::snapshot_viewer::{inspector_overflow, plot_columns, render_loading, render_viewer};
 use crate::render::theme::Theme;
 use crate::report::oom::{oom_marks, oom_reports, OomReport};
 use crate::report::whatif::{default_configs, recorded_config, whatif, Whatif};
@@ -63,6 +63,8 @@ pub fn check_device(path: &Path, snap: &Snapshot, device: usize) -> anyhow::Resu
 pub const DETAIL_STEPS: [f64; 9] = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0];
 /// memory_viz draws this many allocations one by one by default.
 const DEFAULT_DRAWN: usize = 15_000;
+/// Lines the inspector scrolls per key press.
+const INSPECTOR_SCROLL: usize = 5;
 /// Narrowest zoom, in timeline actions.
 const MIN_WINDOW: usize = 16;
 
@@ -250,6 +252,12 @@ pub struct ViewerUi {
     /// Selected band at the cursor, counted from the top drawn band.
     pub band: usize,
     pub inspector: bool,
+    /// Inspector lines scrolled past, and the most there are to scroll (as last drawn).
+    pub inspector_scroll: usize,
+    pub inspector_overflow: usize,
+    /// Timeline bands in their category's colour (else each allocation its own); only
+    /// when the file names categories.
+    pub by_category: bool,
     pub all_frames: bool,
     pub sort: SortBy,
     /// Largest list: the applied filter, and the text being typed when searching.
@@ -274,6 +282,9 @@ impl ViewerUi {
             cursor: data.tl.peak_index,
             band: 0,
             inspector: false,
+            inspector_scroll: 0,
+            inspector_overflow: 0,
+            by_category: has_categories(&data.tl),
             all_frames: false,
             sort: SortBy::Size,
             filter: String::new(),
@@ -378,6 +389,10 @@ impl ViewerUi {
 /// What a key does to the UI (and the detail level or device of the data).
 pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_count: usize) {
     let total = data.tl.total_events;
+    // Another allocation, or its frames shown another way, is read from its top.
+    if !matches!(a, ViewAction::InspectorUp | ViewAction::InspectorDown | ViewAction::Help | ViewAction::NextTheme) {
+        ui.inspector_scroll = 0;
+    }
     match a {
         ViewAction::NextTab => {
             let i = Tab::ALL.iter().position(|t| *t == ui.tab).unwrap_or(0);
@@ -408,6 +423,9 @@ pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_cou
             ui.band = 0;
         }
         ViewAction::Inspect => ui.inspector = !ui.inspector,
+        ViewAction::InspectorUp => ui.inspector_scroll = ui.inspector_scroll.min(ui.inspector_overflow).saturating_sub(INSPECTOR_SCROLL),
+        ViewAction::InspectorDown => ui.inspector_scroll = (ui.inspector_scroll + INSPECTOR_SCROLL).min(ui.inspector_overflow),
+        ViewAction::ColourBy => ui.by_category = !ui.by_category && has_categories(&data.tl),
         ViewAction::AllFrames => ui.all_frames = !ui.all_frames,
         ViewAction::Sort => {
             ui.sort = match ui.sort {
@@ -563,6 +581,7 @@ fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut Vi
         if dirty {
             let width = session.terminal.size()?.width;
             ui.columns = plot_columns(width, ui.inspector);
+            ui.inspector_overflow = inspector_overflow(data, ui, keys, &themes[ui.theme % themes.len()], session.terminal.size()?);
             session.terminal.draw(|f| render_viewer(f, data, ui, keys, &themes[ui.theme % themes.len()]))?;
             dirty = false;
         }

@@ -12,8 +12,9 @@ use ratatui::Frame;
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::app::snapshot_loading::Loading;
 use crate::app::snapshot_viewer::{Panel, Tab, ViewerData, ViewerUi, DETAIL_STEPS};
+use crate::event::Category;
 use crate::render::format::{bar, bytes, duration, fit};
-use crate::report::snapshot_summary::{allocation_info, event_time, frame_label, ShownFrame};
+use crate::report::snapshot_summary::{allocation_info, event_time, frame_label, has_categories, ShownFrame};
 use crate::report::whatif::{oom_outcome, self_check_sentence, setting_label};
 use crate::snapshot::timeline::{DetailView, Timeline};
 use crate::snapshot::ReadPass;
@@ -38,8 +39,7 @@ pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &Key
         return;
     }
     // A warning or note about the file takes a header line each (two at most).
-    let header_lines = 2 + data.notes().len().min(2) as u16;
-    let [header, body, footer] = Layout::vertical([Constraint::Length(header_lines), Constraint::Min(8), Constraint::Length(1)]).areas(area);
+    let [header, body, footer] = Layout::vertical([Constraint::Length(header_height(data)), Constraint::Min(8), Constraint::Length(1)]).areas(area);
     render_header(f, header, data, ui, theme);
     let (main, side) = if ui.inspector {
         let [m, s] = Layout::horizontal([Constraint::Min(30), Constraint::Length(INSPECTOR_WIDTH)]).areas(body);
@@ -124,8 +124,14 @@ fn rel_seconds(data: &ViewerData, event: usize) -> Option<f64> {
 
 pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
     let tl = &data.tl;
-    let title = format!(
-        " active memory timeline · actions {}–{} of {} · detail {}% ({} of {} drawn, rest summarized) ",
+    let toggle = keys.key_of(ViewAction::ColourBy).label();
+    let (colouring, why) = match (ui.by_category, has_categories(tl)) {
+        (true, _) => ("by category", format!(" ({toggle}: by allocation)")),
+        (false, true) => ("by allocation", format!(" ({toggle}: by category)")),
+        (false, false) => ("by allocation", " (no categories in the file)".to_string()),
+    };
+    let window = format!(
+        "actions {}–{} of {} · detail {}% ({} of {} drawn, rest summarized)",
         ui.from,
         ui.to,
         tl.total_events,
@@ -133,6 +139,11 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         data.drawn(),
         tl.allocations.len()
     );
+    let mut title = format!(" active memory timeline · {colouring}{why} · {window} ");
+    // On a narrow box the colouring loses its explanation before the window is cut.
+    if title.chars().count() + 2 > area.width as usize {
+        title = format!(" active memory timeline · {colouring} · {window} ");
+    }
     let Some(plot) = plot_frame(f, area, title, theme) else { return };
     let (ribbon_y, status_y) = (plot.y + plot.height, plot.y + plot.height + 1);
     let dim = Style::default().fg(theme.ui.dim);
@@ -153,7 +164,8 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     let span = ui.to - ui.from;
     let cursor_x = ((ui.cursor.saturating_sub(ui.from)) * cols / span.max(1)).min(cols - 1);
     let selected = ui.selected(data);
-    draw_plot(f.buffer_mut(), plot, tl, &data.detail, PlotView { from: ui.from, to: ui.to, cursor_x: Some(cursor_x), selected }, theme);
+    let view = PlotView { from: ui.from, to: ui.to, cursor_x: Some(cursor_x), selected, by_category: ui.by_category };
+    draw_plot(f.buffer_mut(), plot, tl, &data.detail, view, theme);
     let buf = f.buffer_mut();
     // Annotation markers on the ribbon (START ▶, END ◀), the cursor under them.
     for m in data.marks() {
@@ -188,7 +200,33 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     });
     let oom = if data.ooms().iter().any(|&(_, e)| e == ui.cursor) { " · out of memory just before" } else { "" };
     let status = format!("action {}{when} · active {}{phase}{oom}{}", ui.cursor, bytes(total), sel.unwrap_or_default());
-    buf.set_string(plot.x, status_y, fit(&status, plot.width as usize), Style::default().fg(theme.ui.text));
+    let status = fit(&status, plot.width as usize);
+    buf.set_string(plot.x, status_y, &status, Style::default().fg(theme.ui.text));
+    if ui.by_category {
+        draw_legend(buf, plot, status_y, status.chars().count(), tl, theme);
+    }
+}
+
+/// The colour of each of the timeline's category names (names torch.profiler does not
+/// use take the unknown category's).
+fn category_colours(tl: &Timeline, theme: &Theme) -> Vec<Color> {
+    tl.categories.iter().map(|n| theme.category(Category::parse(n).unwrap_or(Category::Unknown))).collect()
+}
+
+/// "█ name" for each category on the timeline, right-aligned on row `y` after the
+/// status's `used` columns when it fits there.
+fn draw_legend(buf: &mut Buffer, plot: Rect, y: u16, used: usize, tl: &Timeline, theme: &Theme) {
+    let colours = category_colours(tl, theme);
+    let mut spans = Vec::new();
+    for (name, colour) in tl.categories.iter().zip(colours) {
+        spans.push(Span::styled(" █ ", Style::default().fg(colour)));
+        spans.push(Span::styled(name.replace('_', " "), Style::default().fg(theme.ui.dim)));
+    }
+    let line = Line::from(spans);
+    let width = line.width();
+    if used + 2 + width <= plot.width as usize {
+        buf.set_line(plot.x + plot.width - width as u16, y, &line, width as u16);
+    }
 }
 
 /// The timeline's box titled `title`: the plot area inside it, leaving the axis on the
@@ -206,6 +244,8 @@ struct PlotView {
     to: usize,
     cursor_x: Option<usize>,
     selected: Option<u32>,
+    /// Bands in their category's colour, else each allocation in one of the palette's.
+    by_category: bool,
 }
 
 /// The stacked bands of the view's actions in `plot` (one column per bucket, peak of
@@ -214,7 +254,8 @@ fn draw_plot(buf: &mut Buffer, plot: Rect, tl: &Timeline, detail: &DetailView, v
     let dim = Style::default().fg(theme.ui.dim);
     let axis_x = plot.x - AXIS_WIDTH;
     let cols = plot.width as usize;
-    let PlotView { from, to, cursor_x, selected } = view;
+    let PlotView { from, to, cursor_x, selected, by_category } = view;
+    let by_category = by_category.then(|| category_colours(tl, theme));
     let stacks = tl.stacks(detail, from, to, cols);
     let top = stacks.iter().map(|c| c.summarized.1).max().unwrap_or(0);
     let ymax = nice_ceiling(top + top / 20);
@@ -235,7 +276,10 @@ fn draw_plot(buf: &mut Buffer, plot: Rect, tl: &Timeline, detail: &DetailView, v
             match col.bands.get(k) {
                 Some(b) if Some(b.alloc) == selected && Some(x) == cursor_x => theme.chart.peak,
                 Some(b) if Some(b.alloc) == selected => theme.ui.accent,
-                Some(b) => theme.categories[b.alloc as usize % theme.categories.len()],
+                Some(b) => match &by_category {
+                    Some(colours) => colours[tl.allocations[b.alloc as usize].category as usize],
+                    None => theme.categories[b.alloc as usize % theme.categories.len()],
+                },
                 None => theme.ui.dim,
             }
         };
@@ -275,6 +319,8 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
     let tl = &data.tl;
     let visible = area.height.saturating_sub(3) as usize;
     let first = ui.row.saturating_sub(visible.saturating_sub(1));
+    // A category column when the file names categories (else every row would say unknown).
+    let colours = has_categories(tl).then(|| category_colours(tl, theme));
     let rows: Vec<Row> = ui
         .rows
         .iter()
@@ -285,14 +331,17 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
             let a = &tl.allocations[id as usize];
             let style = if i == ui.row { Style::default().bg(theme.ui.selection).add_modifier(Modifier::BOLD) } else { Style::default() };
             let start = (!a.alive_at_start).then_some(a.start);
-            Row::new(vec![
-                Cell::from(format!("{}", i + 1)),
-                Cell::from(bytes(a.size)),
+            let mut cells = vec![Cell::from(format!("{}", i + 1)), Cell::from(bytes(a.size))];
+            if let Some(colours) = &colours {
+                let c = a.category as usize;
+                cells.push(Cell::from(Line::from(vec![Span::styled("█ ", Style::default().fg(colours[c])), Span::raw(tl.categories[c].replace('_', " "))])));
+            }
+            cells.extend([
                 Cell::from(format!("0x{:x}", a.addr)),
                 Cell::from(lifetime(start, a.end)),
                 Cell::from(crate::report::snapshot_summary::top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into())),
-            ])
-            .style(style)
+            ]);
+            Row::new(cells).style(style)
         })
         .collect();
     let filter = match (&ui.typing, ui.filter.as_str()) {
@@ -301,8 +350,16 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
         (None, f) => format!(" · matching '{f}'"),
     };
     let title = format!(" largest allocations · {} of {} · by {}{filter} ", ui.rows.len(), tl.allocations.len(), ui.sort.name());
-    let table = Table::new(rows, [Constraint::Length(7), Constraint::Length(10), Constraint::Length(16), Constraint::Length(15), Constraint::Min(20)])
-        .header(Row::new(vec!["#", "requested", "address", "alive (actions)", "top frame"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
+    let mut widths = vec![Constraint::Length(7), Constraint::Length(10)];
+    let mut header = vec!["#", "requested"];
+    if colours.is_some() {
+        widths.push(Constraint::Length(17));
+        header.push("category");
+    }
+    widths.extend([Constraint::Length(16), Constraint::Length(15), Constraint::Min(20)]);
+    header.extend(["address", "alive (actions)", "top frame"]);
+    let table = Table::new(rows, widths)
+        .header(Row::new(header).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
         .block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title))));
     f.render_widget(table, area);
 }
@@ -373,19 +430,49 @@ pub fn render_categories(f: &mut Frame, area: Rect, data: &ViewerData, theme: &T
     f.render_widget(Paragraph::new(lines), inner);
 }
 
+/// Rows of the header above the views: two, and a line per note (two at most).
+fn header_height(data: &ViewerData) -> u16 {
+    2 + data.notes().len().min(2) as u16
+}
+
+/// How many rows the inspector's text runs past its box on a `size` screen.
+pub fn inspector_overflow(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme, size: ratatui::layout::Size) -> usize {
+    if !ui.inspector {
+        return 0;
+    }
+    let rows = size.height.saturating_sub(header_height(data) + 1 + 2) as usize;
+    let text = Paragraph::new(inspector_lines(data, ui, keys, theme)).wrap(Wrap { trim: false });
+    text.line_count(INSPECTOR_WIDTH - 2).saturating_sub(rows)
+}
+
 pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
-    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(" allocation ", Style::default().fg(theme.ui.title)));
-    let inner = block.inner(area);
-    f.render_widget(block, area);
+    let text = Paragraph::new(inspector_lines(data, ui, keys, theme)).wrap(Wrap { trim: false });
+    let inner_w = area.width.saturating_sub(2);
+    let (total, rows) = (text.line_count(inner_w), area.height.saturating_sub(2) as usize);
+    let scroll = ui.inspector_scroll.min(total.saturating_sub(rows));
+    // Taller than its box: the title says which rows show and how to see the rest.
+    let title = if total > rows {
+        let (up, down) = (keys.key_of(ViewAction::InspectorUp).label(), keys.key_of(ViewAction::InspectorDown).label());
+        format!(" allocation {}–{}/{total} ({up}/{down}) ", scroll + 1, (scroll + rows).min(total))
+    } else {
+        " allocation ".to_string()
+    };
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.accent)).title(Span::styled(title, Style::default().fg(theme.ui.title)));
+    f.render_widget(text.scroll((scroll as u16, 0)).block(block), area);
+}
+
+/// What the inspector says about the selected allocation: its figures, then its frames,
+/// Python first with the native ones folded into a line unless all are asked for.
+fn inspector_lines(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) -> Vec<Line<'static>> {
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let Some(id) = ui.selected(data) else {
-        f.render_widget(Paragraph::new("nothing selected: move the cursor onto a band, or pick a row").style(dim).wrap(Wrap { trim: true }), inner);
-        return;
+        return vec![Line::from(Span::styled("nothing selected: move the cursor onto a band, or pick a row", dim))];
     };
     let a = allocation_info(&data.snap, &data.tl, data.device, id, ui.all_frames);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<11}"), dim), Span::styled(v, val)]);
     let secs = |e: Option<usize>| e.and_then(|e| rel_seconds(data, e));
+    let all = keys.key_of(ViewAction::AllFrames).label();
     let time = match (secs(a.start_event), secs(a.end_event)) {
         (Some(s), Some(e)) => format!("t+{s:.3}–{e:.3} s ({})", duration(e - s)),
         (Some(s), None) => format!("t+{s:.3} s – end"),
@@ -413,26 +500,35 @@ pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewe
         lines.push(kv("metadata", m.clone()));
     }
     let how = if ui.all_frames { "all" } else { "collapsed" };
-    lines.push(Line::from(Span::styled(format!("frames ({how}; {} toggles):", keys.key_of(ViewAction::AllFrames).label()), dim)));
-    push_frames(&mut lines, &a.frames, dim);
+    lines.push(Line::from(Span::styled(format!("frames ({how}; {all} toggles):"), dim)));
+    push_frames(&mut lines, &a.frames, !ui.all_frames, &all, dim);
     if a.frames.is_empty() {
         lines.push(Line::from(Span::styled("  (none recorded)", dim)));
     }
     if !a.forward_frames.is_empty() {
         lines.push(Line::from(Span::styled("made in backward for the forward op at:", dim)));
-        push_frames(&mut lines, &a.forward_frames, dim);
+        push_frames(&mut lines, &a.forward_frames, !ui.all_frames, &all, dim);
     }
-    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
+    lines
 }
 
 /// Frames as inspector lines, each FX node (generated code) on the line below its frame.
-fn push_frames(lines: &mut Vec<Line<'_>>, frames: &[ShownFrame], dim: Style) {
-    for fr in frames {
+/// `fold`: the Python frames, then one line counting the native ones (shown as they are
+/// when there is no Python frame); `all` is the key that unfolds them.
+fn push_frames(lines: &mut Vec<Line<'static>>, frames: &[ShownFrame], fold: bool, all: &str, dim: Style) {
+    let python = frames.iter().filter(|f| f.is_python()).count();
+    let fold = fold && python > 0;
+    for fr in frames.iter().filter(|f| !fold || f.is_python()) {
         let rep = if fr.repeats > 1 { format!(" ×{}", fr.repeats) } else { String::new() };
         lines.push(Line::from(Span::raw(format!("  {}{rep}", frame_label(&fr.name, &fr.filename, fr.line)))));
         if let Some(fx) = &fr.fx {
             lines.push(Line::from(Span::styled(format!("    fx {fx}"), dim)));
         }
+    }
+    let native = frames.len() - python;
+    if fold && native > 0 {
+        let s = if native == 1 { "" } else { "s" };
+        lines.push(Line::from(Span::styled(format!("  +{native} native frame{s} ({all} shows them)"), dim)));
     }
 }
 
@@ -632,7 +728,10 @@ pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewAction>, the
     let title = format!(" active memory timeline · {events} actions read so far · blocks alive throughout are added when loaded ");
     if let Some(plot) = plot_frame(f, body, title, theme) {
         match l.timeline().filter(|tl| tl.total_events > 0) {
-            Some(tl) => draw_plot(f.buffer_mut(), plot, tl, &l.detail, PlotView { from: 0, to: tl.total_events, cursor_x: None, selected: None }, theme),
+            Some(tl) => {
+                let view = PlotView { from: 0, to: tl.total_events, cursor_x: None, selected: None, by_category: has_categories(tl) };
+                draw_plot(f.buffer_mut(), plot, tl, &l.detail, view, theme)
+            }
             None => f.render_widget(Paragraph::new(format!("{what}…")).style(dim), plot),
         }
         let note = "the other views, the inspector and search open once the file is loaded";

@@ -52,6 +52,14 @@ fn fx_label(fx: &[(String, String)]) -> Option<String> {
     (!s.trim().is_empty()).then(|| s.trim().to_string())
 }
 
+impl ShownFrame {
+    /// Python code (a `.py` file, or generated code such as `<eval_with_key>.3`), as
+    /// against C++/native frames.
+    pub fn is_python(&self) -> bool {
+        self.filename.ends_with(".py") || self.filename.starts_with('<')
+    }
+}
+
 /// A stack's frames, innermost first; noise dropped unless `all`, consecutive repeats
 /// merged.
 pub fn shown_frames(snap: &Snapshot, stack: StackId, all: bool) -> Vec<ShownFrame> {
