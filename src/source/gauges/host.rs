@@ -200,20 +200,19 @@ mod tests {
         let pid = job.id();
         let rss_of = |pid: u32| parse_rss(&std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap()).unwrap();
         let mut reader = HostReader::open(Watched::of(&[pid])).unwrap();
-        // Just spawned, the child may still be between fork and exec: sample once it runs
-        // `sleep` and its RSS holds still around the reading.
-        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap().trim() != "sleep" {
-            std::thread::sleep(std::time::Duration::from_millis(5));
+        // Just spawned, the child may still be exec'ing and loading its libraries, its RSS
+        // growing: sample once it sleeps with an RSS that held still for 100 ms.
+        let status = || std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let mut last = 0;
+        for _ in 0..200 {
+            let now = rss_of(pid);
+            if now == last && status().contains("State:\tS") {
+                break;
+            }
+            last = now;
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        let h = (0..100)
-            .find_map(|_| {
-                let before = rss_of(pid);
-                let Gauges::Host(h) = reader.sample().unwrap() else { unreachable!("host") };
-                let settled = before == rss_of(pid);
-                std::thread::sleep(std::time::Duration::from_millis(20));
-                settled.then_some(h)
-            })
-            .expect("the child's RSS settles");
+        let Gauges::Host(h) = reader.sample().unwrap() else { unreachable!("host") };
         assert_eq!(h.rss_bytes, rss_of(pid), "the job's RSS");
         assert!(h.rss_bytes < rss_of(std::process::id()), "`sleep` is smaller than this test binary");
         job.kill().unwrap();
