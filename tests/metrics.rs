@@ -54,7 +54,12 @@ fn metrics_addr(stderr: std::process::ChildStderr) -> SocketAddr {
     while stderr.read_line(&mut line).unwrap() > 0 {
         if let Some(rest) = line.split("metrics at http://").nth(1) {
             let addr = rest.split('/').next().unwrap().parse().unwrap();
-            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+            std::thread::spawn(move || {
+                // Passed on, so a failing test shows what the process said.
+                for l in stderr.lines().map_while(Result::ok) {
+                    eprintln!("[vramscope] {l}");
+                }
+            });
             return addr;
         }
         line.clear();
@@ -62,8 +67,14 @@ fn metrics_addr(stderr: std::process::ChildStderr) -> SocketAddr {
     panic!("no metrics address said");
 }
 
+/// Tests that run a job take turns: with two jobs at once on a loaded 2-core CI machine
+/// the `py` job once printed no step before it ended (its stderr is passed on if it
+/// happens again).
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn prometheus_stores_what_the_job_reports() {
+    let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     let t = tempfile::tempdir().unwrap();
     vramscope::channel::dir::ensure_private_dir(&t.path().join("sockets")).unwrap();
     let mut job = Killed(
@@ -122,6 +133,7 @@ fn prometheus_stores_what_the_job_reports() {
 
 #[test]
 fn every_dashboard_query_names_a_metric_the_endpoint_serves() {
+    let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     // What a job and the host gauges serve.
     let mut job = Killed(
         Command::new(assert_cmd::cargo::cargo_bin("vramscope"))
