@@ -100,7 +100,7 @@ fn view_behind_the_loading_screen_opens_and_a_truncated_file_fails_cleanly() {
     // `--loading-screen-after 0` draws the loading screen however fast the file reads.
     let cmd = format!("{bin} view {} --loading-screen-after 0; echo $? > {d}/exit", long.display());
     let s = Session::start("vramscope-e2e-load", &cmd);
-    s.wait_for("the loaded viewer", 60, |sc| sc.contains("active memory timeline · actions") && sc.contains("detail "));
+    s.wait_for("the loaded viewer", 60, |sc| sc.contains("active memory timeline · ") && sc.contains(" · actions ") && sc.contains("detail "));
     s.keys("q");
     assert_eq!(wait_file(&dir.path().join("exit"), 20).trim(), "0", "exit code");
     let bytes = std::fs::read(&long).unwrap();
