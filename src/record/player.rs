@@ -12,7 +12,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::io::Read;
 
 use crate::event::{Batch, Phase};
-use crate::input::{self, Input, Opened};
+use crate::input::{self, Input};
+use crate::snapshot::ReadError;
 use crate::source::job::Fed;
 use crate::stream::chunk::{has_magic, ChunkReader};
 use crate::stream::codec::Record;
@@ -118,21 +119,23 @@ impl Script {
     pub fn open(path: &Path) -> Result<Script, RecordError> {
         let opened = input::open(path, 8).map_err(RecordError::io(path))?;
         let head = opened.head(8).map_err(RecordError::io(path))?;
-        let Opened { input, name } = opened;
-        let is_pickle = head.first() == Some(&0x80);
-        if !has_magic(&head) && !is_pickle {
+        let name = opened.name.clone();
+        if !has_magic(&head) && head.first() != Some(&0x80) {
             return Err(RecordError::NotARecording(name));
         }
-        let kind = match input {
+        let kind = match opened.input {
             Input::File(_, p) if has_magic(&head) => Kind::Recording(Recording::open(&p)?),
-            Input::File(_, p) => Kind::Trace(Trace::new(trace_items(&crate::snapshot::reader::read_snapshot_file(&p)?))),
             Input::Stream { head, rest } if has_magic(&head) => {
                 let r: Box<dyn Read + Send> = Box::new(std::io::Cursor::new(head).chain(rest));
                 Kind::Stream(ChunkReader::new(r).map_err(|source| RecordError::Stream { name: name.clone(), source })?)
             }
-            Input::Stream { head, rest } => {
-                let bytes = Opened::read_stream(head, rest, &name).map_err(RecordError::io(path))?;
-                Kind::Trace(Trace::new(trace_items(&crate::snapshot::reader::read_snapshot(&bytes)?)))
+            // A snapshot pickle, read as `view` reads it.
+            _ => {
+                let snap = crate::snapshot::reader::read_snapshot_opened(opened, path, &mut |_| {}).map_err(|e| match e {
+                    ReadError::Io { path, err } => RecordError::Io { path, source: err },
+                    e => e.into(),
+                })?;
+                Kind::Trace(Trace::new(trace_items(&snap)))
             }
         };
         Ok(Script { kind, name, next: 0, stream_end: None })

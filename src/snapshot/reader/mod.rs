@@ -83,11 +83,21 @@ pub fn read_snapshot_file_observed(
     path: &Path,
     observe: &mut dyn FnMut(&ReadProgress<'_>),
 ) -> Result<Snapshot, ReadError> {
+    let opened = crate::input::open(path, 2).map_err(|err| ReadError::Io { path: path.to_path_buf(), err })?;
+    read_snapshot_opened(opened, path, observe)
+}
+
+/// Reads a snapshot from what `crate::input::open(path, …)` opened (a stream's head
+/// already read): `read_snapshot_file_observed` after the open.
+pub fn read_snapshot_opened(
+    opened: crate::input::Opened,
+    path: &Path,
+    observe: &mut dyn FnMut(&ReadProgress<'_>),
+) -> Result<Snapshot, ReadError> {
     let io = |err| ReadError::Io {
         path: path.to_path_buf(),
         err,
     };
-    let opened = crate::input::open(path, 2).map_err(io)?;
     let (head, rest) = match opened.input {
         crate::input::Input::File(file, _) => {
             if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
