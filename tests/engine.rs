@@ -49,6 +49,9 @@ fn every_alloc_is_freed_or_still_live_and_the_sum_is_the_live_total() {
     assert_eq!(live.values().sum::<u64>(), last.live_bytes, "sum of unfreed allocations = live total");
     assert_eq!(last.category_bytes.values().sum::<u64>(), last.live_bytes);
     assert_eq!(store_of(&run).history.live_total(), last.live_bytes, "the store agrees");
+    // The viewer joined after the model was built: it still learns the segments made then,
+    // so the screen's reserved is the allocator's, never below what is allocated.
+    assert_eq!(store_of(&run).history.reserved(), last.reserved_bytes, "the screen's reserved is the allocator's");
     // What stays live between steps: parameters, gradients are freed by zero_grad,
     // optimizer state stays.
     assert!(last.category_bytes.contains_key("parameter"));

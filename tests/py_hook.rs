@@ -362,3 +362,90 @@ fn a_job_started_on_its_own_takes_knobs_pause_and_snapshots_and_survives_detach_
     assert_eq!(live.values().sum::<u64>(), report.live_bytes, "a viewer that attaches mid-run agrees with the job");
     assert!(job.wait().unwrap().success(), "the job finished");
 }
+
+/// Runs `tests/py/hook_lifecycle.py CASE` with the hook importable (as
+/// `python -m vramscope_hook` has it); its JSON line and its stderr.
+fn lifecycle(case: &str, t: &tempfile::TempDir) -> (serde_json::Value, String) {
+    let out = Command::new(python())
+        .arg(script("hook_lifecycle.py"))
+        .arg(case)
+        .env("PYTHONPATH", repo_root().join("python"))
+        .env("VRAMSCOPE_HOOK_CORE", repo_root().join("target/release/libvramscope_hook.so"))
+        .env("VRAMSCOPE_SOCKET_DIR", sockets(t))
+        .env("VRAMSCOPE_SNAPSHOT_DIR", t.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string());
+    assert!(out.status.success(), "{case}: {stdout}{stderr}");
+    let line = stdout.lines().rfind(|l| l.starts_with('{')).unwrap_or_else(|| panic!("{case}: no JSON line: {stdout}{stderr}"));
+    (serde_json::from_str(line).unwrap(), stderr)
+}
+
+#[test]
+fn the_hook_attaches_to_cuda_when_the_job_initialises_it_and_not_before() {
+    let t = tempfile::tempdir().unwrap();
+    let (out, stderr) = lifecycle("cuda-order", &t);
+    // Queued on torch's lazy init, not run: nothing initialised CUDA or made a context.
+    assert_eq!(out["queued"], 1, "{out}");
+    assert_eq!(out["inits"], serde_json::json!([]), "{out}");
+    // Until then the job's CPU tensors are recorded (a CPU job on a GPU machine is watched)...
+    assert_eq!(out["recording_before"], true, "{out}");
+    // ...and from CUDA init on they are not: a CUDA job's CPU tensors are not device memory.
+    assert_eq!(out["recording_after"], false, "{out}");
+    // The callback reached the real attach, which looks at the allocator itself: here,
+    // with no GPU, CUDA's caching allocator was never initialised, and it says so.
+    assert!(stderr.contains("not following CUDA memory") && stderr.contains("not initialised yet"), "{stderr}");
+}
+
+#[test]
+fn a_forked_worker_records_nothing_and_leaves_the_jobs_session_alone() {
+    let t = tempfile::tempdir().unwrap();
+    let (out, stderr) = lifecycle("fork", &t);
+    assert_eq!(out["child"]["pending"], 0, "nothing buffered for a drain that never comes: {out}");
+    assert_eq!(out["child"]["active"], false, "{out}");
+    assert_eq!(out["child_status"], 0, "the child exits cleanly, its atexit included: {out} {stderr}");
+    assert_eq!(out["parent_active"], true, "{out}");
+}
+
+#[test]
+fn the_shims_buffer_is_bounded_and_counts_what_it_drops() {
+    let t = tempfile::tempdir().unwrap();
+    let (out, _) = lifecycle("bound", &t);
+    assert_eq!(out["pending"], 1 << 20, "{out}");
+    assert!(out["dropped"].as_u64().unwrap() >= 64 * 256, "{out}");
+}
+
+#[test]
+fn processes_the_job_starts_do_not_load_the_hook() {
+    let t = tempfile::tempdir().unwrap();
+    let out = vramscope()
+        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+        .args(["py", "--headless", "--snapshot-dir"])
+        .arg(t.path())
+        .arg(script("hook_lifecycle.py"))
+        .arg("children")
+        .assert()
+        .success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    let line = stdout.lines().rfind(|l| l.starts_with("{\"self_active\"")).unwrap_or_else(|| panic!("{stdout}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["self_active"], true, "{v}");
+    assert_eq!(v["child"], serde_json::json!({"hook_env": null, "active": false}), "{v}");
+}
+
+#[test]
+fn a_job_dying_of_an_oom_the_allocator_never_saw_says_so() {
+    let t = tempfile::tempdir().unwrap();
+    let out = vramscope()
+        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+        .args(["py", "--headless", "--snapshot-dir"])
+        .arg(t.path())
+        .arg(script("hook_lifecycle.py"))
+        .arg("cublas-oom")
+        .assert()
+        .failure();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(stdout.contains("out of memory at step 0") && stdout.contains("CUBLAS_STATUS_ALLOC_FAILED"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("Traceback"), "the job's own traceback still reaches the user: {stderr}");
+}

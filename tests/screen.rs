@@ -146,9 +146,11 @@ fn session() -> Store {
 /// NVML readings every 10 events' worth of time: the device holds reserved memory plus a
 /// CUDA context the allocator never sees.
 fn with_gpu(mut store: Store) -> Store {
+    let bus = "00000000:18:00.0";
     if let Some(info) = &mut store.info {
         info.device = "cuda:0".into();
         info.cuda = true;
+        info.pci_bus_id = Some(bus.into());
     }
     let end = store.history.end();
     let samples = (0..end / 10)
@@ -160,7 +162,7 @@ fn with_gpu(mut store: Store) -> Store {
                 gauges: Gauges::Devices(vec![DeviceSample {
                     index: 0, name: "NVIDIA H100 80GB HBM3".into(), mem_used: used, mem_total: 80 << 30, mem_free: (80 << 30) - used,
                     gpu_util: Some(97), mem_util: Some(40), temp_c: Some(61), power_mw: Some(512_000), power_limit_mw: Some(700_000),
-                    sm_clock_mhz: Some(1980), mem_clock_mhz: Some(2619), processes: Vec::new(),
+                    sm_clock_mhz: Some(1980), mem_clock_mhz: Some(2619), processes: Vec::new(), pci_bus_id: Some(bus.into()),
                 }]),
             }
         })
@@ -401,6 +403,7 @@ fn the_device_gauges_follow_the_gpu_this_process_trains_on() {
     let gpu = |index: u32, processes: Vec<ProcessSample>| DeviceSample {
         index, name: format!("GPU {index}"), mem_used: 0, mem_total: 80 << 30, mem_free: 80 << 30, gpu_util: None, mem_util: None,
         temp_c: None, power_mw: None, power_limit_mw: None, sm_clock_mhz: None, mem_clock_mhz: None, processes,
+        pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + index * 0x10)),
     };
     let batch = || GaugeBatch {
         first_seq: 0,
@@ -408,6 +411,9 @@ fn the_device_gauges_follow_the_gpu_this_process_trains_on() {
         samples: vec![GaugeSample { t_ns: 0, gauges: Gauges::Devices(vec![gpu(0, vec![ours(300 * MIB)]), gpu(1, Vec::new()), gpu(2, vec![ours(30 << 30)])]) }],
     };
     let mut store = with_gpu(session());
+    if let Some(info) = &mut store.info {
+        info.pci_bus_id = None;
+    }
     assert_eq!(store.gauges.selected_device(), 0, "before NVML lists the process: the CUDA ordinal");
     store.ingest_gauges(batch());
     assert_eq!(store.gauges.selected_device(), 2);
@@ -415,6 +421,31 @@ fn the_device_gauges_follow_the_gpu_this_process_trains_on() {
     let mut cpu = session();
     cpu.ingest_gauges(batch());
     assert_eq!(cpu.gauges.selected_device(), 0);
+
+    // In a container NVML lists the host's PIDs, never the job's, and under
+    // CUDA_VISIBLE_DEVICES=1 the job's cuda:0 is NVML's device 1: its PCI bus id finds it.
+    let hidden = || GaugeBatch {
+        first_seq: 0,
+        status: None,
+        samples: vec![GaugeSample { t_ns: 0, gauges: Gauges::Devices((0..3).map(|i| gpu(i, Vec::new())).collect()) }],
+    };
+    let mut boxed = with_gpu(session());
+    let mut info = boxed.info.clone().unwrap();
+    info.pci_bus_id = Some("0000:28:00.0".into());
+    boxed.ingest_report(Report::Started(info));
+    boxed.ingest_gauges(hidden());
+    assert_eq!(boxed.gauges.selected_device(), 1);
+    assert!(!boxed.log.iter().any(|l| l.text.contains("does not list")), "matched, nothing to say");
+    // With neither a bus id nor the process listed, the screen says it cannot tell.
+    let mut unknown = with_gpu(session());
+    if let Some(info) = &mut unknown.info {
+        info.pci_bus_id = None;
+    }
+    unknown.ingest_gauges(hidden());
+    let said: Vec<&str> = unknown.log.iter().map(|l| l.text.as_str()).filter(|t| t.contains("does not list the job's process")).collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    unknown.ingest_gauges(hidden());
+    assert_eq!(unknown.log.iter().filter(|l| l.text.contains("does not list")).count(), 1, "said once");
 }
 
 #[test]

@@ -10,8 +10,9 @@ use vramscope::event::Phase;
 use vramscope::producer::raw::{CudaStats, RawEvent};
 use vramscope::producer::session::Capture;
 
-/// Called with the requested bytes when an allocation fails, before the error unwinds.
-type OomCallback = extern "C" fn(u64);
+/// Called with the device (`CPU_DEVICE` for the CPU) and the requested bytes when an
+/// allocation fails, before the error unwinds.
+type OomCallback = extern "C" fn(u8, u64);
 
 extern "C" {
     fn vs_install_cpu_allocator() -> c_int;
@@ -22,14 +23,17 @@ extern "C" {
     fn vs_clock_zero_ns() -> u64;
     fn vs_drain(out: *mut RawEvent, cap: usize) -> usize;
     fn vs_pending() -> usize;
+    fn vs_dropped() -> u64;
     fn vs_set_oom_callback(cb: Option<OomCallback>);
     fn vs_autocast(device_type: c_int, enabled: bool) -> c_int;
     fn vs_last_error() -> *const c_char;
     fn vs_clear_grad(t: *const torch_sys::C_tensor);
     fn vs_cuda_compiled() -> c_int;
-    fn vs_cuda_attach(history_entries: i64) -> c_int;
+    fn vs_cuda_init() -> c_int;
+    fn vs_cuda_attach() -> c_int;
+    fn vs_cuda_record_history(entries: i64) -> c_int;
+    fn vs_cuda_pci_bus_id(device: c_int, out: *mut c_char, len: usize) -> c_int;
     fn vs_cuda_stats(device: c_int, out: *mut CudaStats) -> c_int;
-    fn vs_cuda_reset_peaks(device: c_int) -> c_int;
     fn vs_cuda_empty_cache() -> c_int;
     fn vs_cuda_snapshot(out: *mut *mut c_char, len: *mut usize) -> c_int;
     fn vs_free(p: *mut std::ffi::c_void);
@@ -76,17 +80,19 @@ pub fn discard_pending() {
     Shim.drain(&mut v);
 }
 
-static OOM_HANDLER: OnceLock<Box<dyn Fn(u64) + Send + Sync>> = OnceLock::new();
+type OomHandler = Box<dyn Fn(u8, u64) + Send + Sync>;
 
-extern "C" fn on_oom(requested: u64) {
+static OOM_HANDLER: OnceLock<OomHandler> = OnceLock::new();
+
+extern "C" fn on_oom(device: u8, requested: u64) {
     if let Some(h) = OOM_HANDLER.get() {
-        h(requested);
+        h(device, requested);
     }
 }
 
-/// Runs `handler` on the allocating thread when an allocation fails, before the error
-/// reaches the training code (set once per process).
-pub fn set_oom_handler(handler: Box<dyn Fn(u64) + Send + Sync>) {
+/// Runs `handler` with the device and the requested bytes when an allocation fails, before
+/// the error reaches the training code (set once per process).
+pub fn set_oom_handler(handler: OomHandler) {
     if OOM_HANDLER.set(handler).is_ok() {
         unsafe { vs_set_oom_callback(Some(on_oom)) }
     }
@@ -120,8 +126,21 @@ pub fn cuda_version() -> Option<String> {
     (!v.is_empty()).then_some(v)
 }
 
-pub fn cuda_attach(history_entries: i64) -> Result<(), ShimError> {
-    check(unsafe { vs_cuda_attach(history_entries) })
+/// Lazy CUDA init, as the first CUDA tensor does it: the caching allocator's per-device
+/// allocators exist afterwards, so trackers can attach to them.
+pub fn cuda_init() -> Result<(), ShimError> {
+    check(unsafe { vs_cuda_init() })
+}
+
+/// Attaches the trace tracker and OOM observers to every device's caching allocator.
+/// Fails (saying why) before lazy CUDA init, where it would see nothing.
+pub fn cuda_attach() -> Result<(), ShimError> {
+    check(unsafe { vs_cuda_attach() })
+}
+
+/// Has PyTorch keep its own trace of `entries` (its snapshot then carries it).
+pub fn cuda_record_history(entries: i64) -> Result<(), ShimError> {
+    check(unsafe { vs_cuda_record_history(entries) })
 }
 
 pub fn cuda_empty_cache() -> Result<(), ShimError> {
@@ -160,8 +179,15 @@ impl Capture for Shim {
         Ok(s)
     }
 
-    fn cuda_reset_peaks(&self, device: u8) -> Result<(), String> {
-        check(unsafe { vs_cuda_reset_peaks(device as c_int) }).map_err(|e| e.0)
+    fn dropped(&self) -> u64 {
+        unsafe { vs_dropped() }
+    }
+
+    fn cuda_pci_bus_id(&self, device: u8) -> Option<String> {
+        let mut buf = [0 as c_char; 32];
+        check(unsafe { vs_cuda_pci_bus_id(device as c_int, buf.as_mut_ptr(), buf.len()) }).ok()?;
+        // SAFETY: the shim wrote a NUL-terminated string into `buf`.
+        Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
     }
 
     fn cuda_snapshot(&self) -> Result<Vec<u8>, String> {
@@ -172,5 +198,31 @@ impl Capture for Shim {
         let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec();
         unsafe { vs_free(p.cast()) };
         Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cuda_tracker_refuses_to_attach_before_cuda_initialises() {
+        if !cuda_compiled() {
+            // A build without CUDA says so instead.
+            let e = cuda_attach().unwrap_err().0;
+            assert!(e.contains("built without CUDA") && e.contains("nvidia-cuda-crt"), "{e}");
+            return;
+        }
+        if tch::Cuda::is_available() {
+            eprintln!("skipped: a GPU is present; `vramscope selftest` proves the attach order there");
+            return;
+        }
+        // PyTorch's allocator forwards trackers only to the per-device allocators lazy CUDA
+        // init has made: attached before it, a tracker would silently see nothing.
+        let e = cuda_attach().unwrap_err().0;
+        assert!(e.contains("not initialised yet"), "{e}");
+        // Without a GPU, the init that would make them fails with the driver's own reason.
+        let e = cuda_init().unwrap_err().0;
+        assert!(!e.is_empty());
     }
 }

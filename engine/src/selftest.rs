@@ -7,7 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use vramscope::event::Phase;
-use vramscope::producer::raw::{CudaStats, RawEvent, RAW_ALLOC, RAW_FREE};
+use vramscope::event::Action;
+use vramscope::producer::raw::{CudaStats, RawEvent, CPU_DEVICE, RAW_ALLOC, RAW_FREE};
 use vramscope::producer::session::{Capture, Session};
 use vramscope::producer::tracker::Backend;
 use vramscope::selftest::evidence::{Evidence, Figures, NvmlFigures, OomFigures, RawRecord};
@@ -55,6 +56,30 @@ struct Log {
 pub struct RecordingShim {
     log: Arc<Mutex<Log>>,
     fault: Option<Fault>,
+    /// The CUDA device under test; None on CPU.
+    cuda: Option<u8>,
+}
+
+/// What an event is to the fault: an allocation or a free of the memory under test, as
+/// the tracker counts them (on CUDA a free is FREE_REQUESTED, action 2 there being
+/// FREE_COMPLETED; other devices' and CPU events never reach its figures).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Counted {
+    Alloc,
+    Free,
+}
+
+fn counted(e: &RawEvent, cuda: Option<u8>) -> Option<Counted> {
+    let (device, free) = match cuda {
+        Some(d) => (d, Action::FreeRequested as u8),
+        None => (CPU_DEVICE, RAW_FREE),
+    };
+    match e.action {
+        _ if e.device != device => None,
+        RAW_ALLOC => Some(Counted::Alloc),
+        a if a == free => Some(Counted::Free),
+        _ => None,
+    }
 }
 
 /// The evidence kept so far, shared with the loop.
@@ -74,10 +99,39 @@ struct NvmlReading {
     own: Option<u64>,
 }
 
+impl Log {
+    /// Keeps `events` as evidence and returns them as the tracker is to get them: spoiled
+    /// by the fault, when it hits one of them.
+    fn keep(&mut self, events: &[RawEvent], fault: Option<Fault>, cuda: Option<u8>) -> Vec<RawEvent> {
+        let mut fed = Vec::with_capacity(events.len());
+        for &e in events {
+            self.raw.push(RawRecord { action: e.action, addr: e.addr, size: e.size, device: e.device });
+            match counted(&e, cuda) {
+                Some(Counted::Alloc) => {
+                    self.allocs += 1;
+                    if fault == Some(Fault::AllocSize) && self.allocs == FAULT_AT {
+                        fed.push(RawEvent { size: e.size + 512, ..e });
+                        continue;
+                    }
+                }
+                Some(Counted::Free) => {
+                    self.frees += 1;
+                    if fault == Some(Fault::DropFree) && self.frees == FAULT_AT {
+                        continue;
+                    }
+                }
+                None => {}
+            }
+            fed.push(e);
+        }
+        fed
+    }
+}
+
 pub fn recording(fault: Option<Fault>, cuda: Option<u8>) -> (RecordingShim, Recorder) {
     let log = Arc::new(Mutex::new(Log::default()));
     let nvml_baseline = cuda.map(|n| Ok((nvml_reading(n)?, Shim.cuda_stats(n)?.reserved)));
-    (RecordingShim { log: log.clone(), fault }, Recorder { log, fault, nvml_baseline })
+    (RecordingShim { log: log.clone(), fault, cuda }, Recorder { log, fault, nvml_baseline })
 }
 
 impl Capture for RecordingShim {
@@ -89,24 +143,8 @@ impl Capture for RecordingShim {
         let start = out.len();
         Shim.drain(out);
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        let mut spoiled = Vec::with_capacity(out.len() - start);
-        for e in out.drain(start..) {
-            log.raw.push(RawRecord { action: e.action, addr: e.addr, size: e.size, device: e.device });
-            let mut fed = Some(e);
-            if e.action == RAW_ALLOC {
-                log.allocs += 1;
-                if self.fault == Some(Fault::AllocSize) && log.allocs == FAULT_AT {
-                    fed = Some(RawEvent { size: e.size + 512, ..e });
-                }
-            } else if e.action == RAW_FREE {
-                log.frees += 1;
-                if self.fault == Some(Fault::DropFree) && log.frees == FAULT_AT {
-                    fed = None;
-                }
-            }
-            spoiled.extend(fed);
-        }
-        out.extend(spoiled);
+        let drained: Vec<RawEvent> = out.drain(start..).collect();
+        out.extend(log.keep(&drained, self.fault, self.cuda));
     }
 
     fn set_tags(&self, step: u32, phase: Phase) {
@@ -117,8 +155,12 @@ impl Capture for RecordingShim {
         Shim.cuda_stats(device)
     }
 
-    fn cuda_reset_peaks(&self, device: u8) -> Result<(), String> {
-        Shim.cuda_reset_peaks(device)
+    fn dropped(&self) -> u64 {
+        Shim.dropped()
+    }
+
+    fn cuda_pci_bus_id(&self, device: u8) -> Option<String> {
+        Shim.cuda_pci_bus_id(device)
     }
 
     fn cuda_snapshot(&self) -> Result<Vec<u8>, String> {
@@ -227,4 +269,59 @@ pub fn cuda_unavailable(n: u8) -> Option<Evidence> {
 pub fn write(path: &Path, ev: &Evidence) -> anyhow::Result<()> {
     let json = serde_json::to_vec(ev)?;
     vramscope::selftest::check::write_atomic(path, &json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramscope::producer::tracker::Tracker;
+
+    /// A CUDA training stream as the trace tracker hands it over: CPU events and another
+    /// device's interleaved with device 0's alloc, free_requested, free_completed.
+    fn cuda_stream(n: u64) -> Vec<RawEvent> {
+        let ev = |action: Action, addr: u64, device: u8| RawEvent { action: action as u8, addr, size: 4096, device, ..RawEvent::default() };
+        let mut v = Vec::new();
+        for i in 0..n {
+            let addr = 0x7f00_0000 + i * 4096;
+            v.push(RawEvent { action: RAW_ALLOC, addr: 0x1000 + i, size: 64, device: CPU_DEVICE, ..RawEvent::default() });
+            v.push(ev(Action::Alloc, addr, 0));
+            v.push(ev(Action::Alloc, addr, 1));
+            v.push(ev(Action::FreeRequested, addr, 0));
+            v.push(ev(Action::FreeCompleted, addr, 0));
+            v.push(RawEvent { action: RAW_FREE, addr: 0x1000 + i, device: CPU_DEVICE, ..RawEvent::default() });
+        }
+        v
+    }
+
+    /// What the tracker of device 0 is left holding after the (spoiled) stream.
+    fn tracked(fault: Option<Fault>) -> (usize, u64) {
+        let mut log = Log::default();
+        let fed: Vec<RawEvent> = log.keep(&cuda_stream(80), fault, Some(0)).into_iter().filter(|e| e.device == 0).collect();
+        let mut t = Tracker::new(Backend::Cuda { device: 0 }, 1 << 12);
+        t.ingest(&fed);
+        assert_eq!((log.allocs, log.frees), (80, 80), "only device 0's allocs and free_requested count");
+        (t.live_count(), t.active_bytes)
+    }
+
+    #[test]
+    fn the_fault_spoils_what_the_cuda_tracker_counts() {
+        assert_eq!(tracked(None), (0, 0));
+        // The negative control must show: one free lost leaves one allocation live...
+        assert_eq!(tracked(Some(Fault::DropFree)), (1, 4096));
+        // ...and one allocation 512 B larger leaves 512 B the frees do not return.
+        let mut log = Log::default();
+        let fed = log.keep(&cuda_stream(80), Some(Fault::AllocSize), Some(0));
+        let grown: Vec<&RawEvent> = fed.iter().filter(|e| e.size == 4096 + 512).collect();
+        assert_eq!(grown.len(), 1);
+        assert_eq!((grown[0].device, grown[0].action), (0, Action::Alloc as u8));
+    }
+
+    #[test]
+    fn on_cpu_the_fault_counts_the_cpu_wrapper_events() {
+        let mut log = Log::default();
+        let fed = log.keep(&cuda_stream(80), Some(Fault::DropFree), None);
+        assert_eq!((log.allocs, log.frees), (80, 80));
+        assert_eq!(fed.len(), 80 * 6 - 1);
+        assert!(fed.iter().filter(|e| e.device == CPU_DEVICE && e.action == RAW_FREE).count() == 79);
+    }
 }

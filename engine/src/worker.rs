@@ -52,11 +52,18 @@ pub fn resolve_device(choice: DeviceChoice) -> anyhow::Result<Device> {
         DeviceChoice::Cuda(n) => {
             let count = if tch::Cuda::is_available() { tch::Cuda::device_count() } else { 0 };
             check_cuda_ordinal(n, count)?;
+            anyhow::ensure!(capture::cuda_compiled(), "--device cuda:{n}: {NO_CUDA_CAPTURE} (or train on --device cpu)");
             Ok(Device::Cuda(n as usize))
         }
+        // A GPU whose memory this build cannot follow is not used: the CPU trains, and the
+        // header says why (see Worker::new).
+        DeviceChoice::Auto if !capture::cuda_compiled() => Ok(Device::Cpu),
         DeviceChoice::Auto => Ok(Device::cuda_if_available()),
     }
 }
+
+/// Why a build cannot follow a GPU's memory.
+const NO_CUDA_CAPTURE: &str = "this vramscope was built without the CUDA capture (no CUDA headers at build time: pip install nvidia-cuda-runtime nvidia-cuda-crt into the torch venv, or set CUDA_HOME, and rebuild)";
 
 /// That CUDA device `n` is one of the `count` this process sees.
 fn check_cuda_ordinal(n: u8, count: i64) -> anyhow::Result<()> {
@@ -99,21 +106,29 @@ pub struct Setup {
 
 pub fn setup(opts: &EngineOptions) -> anyhow::Result<Setup> {
     let device = resolve_device(opts.device)?;
-    let alloc = AllocatorConfig::parse_conf(&opts.alloc_conf).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
-    // Before any tensor exists, so every free is seen.
-    capture::install_cpu_allocator()?;
     capture::set_capture_enabled(opts.capture);
-    capture::discard_pending();
     let fault = if opts.selftest.is_some() { selftest::Fault::from_env()? } else { None };
     let backend = match device {
         Device::Cuda(n) => {
+            // The caching allocator's per-device allocators exist only after lazy CUDA init,
+            // and trackers attached before it see nothing. The CPU wrapper stays out: CPU
+            // tensors are not device memory.
+            capture::cuda_init()?;
+            capture::cuda_attach()?;
             // The selftest has PyTorch keep its own trace too, from the same moment.
-            let history = if opts.selftest.is_some() { vramscope::producer::tracker::RING_ENTRIES as i64 } else { 0 };
-            capture::cuda_attach(history)?;
+            if opts.selftest.is_some() {
+                capture::cuda_record_history(vramscope::producer::tracker::RING_ENTRIES as i64)?;
+            }
             Backend::Cuda { device: n as u8 }
         }
-        _ => Backend::Modelled(Box::new(vramscope::allocator::CachingAllocatorModel::new(alloc))),
+        _ => {
+            let alloc = AllocatorConfig::parse_conf(&opts.alloc_conf).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
+            // Before any tensor exists, so every free is seen.
+            capture::install_cpu_allocator()?;
+            Backend::Modelled(Box::new(vramscope::allocator::CachingAllocatorModel::new(alloc)))
+        }
     };
+    capture::discard_pending();
     Ok(Setup { device, backend, fault })
 }
 
@@ -123,10 +138,10 @@ impl Worker {
         let Setup { device, backend, fault } = setup;
         let cuda = device.is_cuda();
         let note = (!cuda).then(|| {
-            if capture::cuda_compiled() {
+            if capture::cuda_compiled() || !tch::Cuda::is_available() {
                 "no CUDA device found: training on CPU, GPU memory modelled from CPU allocations".to_string()
             } else {
-                "this build has no CUDA support: training on CPU, GPU memory modelled".to_string()
+                format!("a GPU is here, but {NO_CUDA_CAPTURE}: training on CPU, GPU memory modelled")
             }
         });
         let cfg = opts.config.clone();
@@ -147,6 +162,7 @@ impl Worker {
             knobs: cfg.knobs(),
             clock_zero_ns: capture::clock_zero_ns(),
             alloc_conf: if cuda { std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default() } else { opts.alloc_conf.clone() },
+            pci_bus_id: None,
         };
         let scopes = Arc::new(Scopes::new(Box::new(capture::set_scope)));
         let runner = Frame { name: "vramscope-engine step".into(), filename: "engine/src/worker.rs".into(), line: 0 };
@@ -200,7 +216,7 @@ impl Worker {
         }
         // A failed allocation is snapshotted before its error unwinds the step.
         let oom_session = Arc::downgrade(&w.session);
-        capture::set_oom_handler(Box::new(move |_requested| {
+        capture::set_oom_handler(Box::new(move |_device, _requested| {
             if let Some(s) = oom_session.upgrade() {
                 let mut s = lock(&s);
                 let name = format!("{}_step{}_oom.pickle", s.info().name, s.step);

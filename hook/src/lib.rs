@@ -18,14 +18,14 @@ use serde::Deserialize;
 
 use vramscope::allocator::{AllocatorConfig, CachingAllocatorModel};
 use vramscope::event::{Category, Phase};
-use vramscope::producer::raw::{CudaStats, RawEvent};
+use vramscope::producer::raw::{CudaStats, RawEvent, CPU_DEVICE};
 use vramscope::producer::scopes::Scopes;
 use vramscope::producer::server::{Listen, Log, Server};
 use vramscope::producer::session::{between_steps, lock, Flusher, Boundary, Capture, Session, SessionOptions, Shared, StepEnd};
 use vramscope::producer::tracker::Backend;
 use vramscope::snapshot::model::Frame;
 use vramscope::step_config::{Mode, Precision};
-use vramscope::stream::EngineInfo;
+use vramscope::stream::{EngineInfo, Report};
 
 /// How the Python side starts the core (JSON).
 #[derive(Deserialize)]
@@ -43,27 +43,47 @@ struct Config {
     snapshot_dir: PathBuf,
     /// The script's name, for the header and snapshot names.
     name: String,
-    /// "cpu" or "cuda:N".
+    /// "auto" (the device the job allocates on: CUDA once it initialises CUDA, else its
+    /// CPU tensors, modelled), "cpu" (model the CPU tensors, whatever the job does) or
+    /// "cuda:N" (only that CUDA device).
     device: String,
     alloc_conf: String,
     queue_batches: usize,
+    /// torch sees a GPU: PYTORCH_CUDA_ALLOC_CONF is the real allocator's, not the model's.
+    #[serde(default)]
+    cuda_available: bool,
+}
+
+/// The settings of the GPU modelled from the job's CPU tensors, and what to say about them.
+/// Where the job has CUDA, PYTORCH_CUDA_ALLOC_CONF is written for the real allocator (a key
+/// newer than ours, `backend:cudaMallocAsync`): the model takes what it can and says so, and
+/// capture goes on. On a CPU-only job the settings are the model's own, and a mistake in
+/// them is the user's to fix.
+fn model_config(conf: &str, cuda_available: bool) -> Result<(AllocatorConfig, Option<String>), String> {
+    match AllocatorConfig::parse_conf(conf) {
+        Ok(c) => Ok((c, None)),
+        Err(e) if cuda_available => Ok((AllocatorConfig::default(), Some(format!("{e}: the CPU tensors before CUDA starts are modelled with PyTorch's default settings")))),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The shim's entry points, found by name in the library the Python side loaded.
 struct ShimFns {
     install_cpu_allocator: extern "C" fn() -> c_int,
+    remove_cpu_allocator: extern "C" fn(),
+    dropped: extern "C" fn() -> u64,
     set_tags: extern "C" fn(u32, u8),
     set_scope: extern "C" fn(u32),
     now_ns: extern "C" fn() -> u64,
     clock_zero_ns: extern "C" fn() -> u64,
     drain: extern "C" fn(*mut RawEvent, usize) -> usize,
     pending: extern "C" fn() -> usize,
-    set_oom_callback: extern "C" fn(Option<extern "C" fn(u64)>),
+    set_oom_callback: extern "C" fn(Option<extern "C" fn(u8, u64)>),
     last_error: extern "C" fn() -> *const c_char,
-    cuda_attach: extern "C" fn(i64) -> c_int,
+    cuda_attach: extern "C" fn() -> c_int,
     cuda_stats: extern "C" fn(c_int, *mut CudaStats) -> c_int,
-    cuda_reset_peaks: extern "C" fn(c_int) -> c_int,
     cuda_snapshot: extern "C" fn(*mut *mut c_char, *mut usize) -> c_int,
+    cuda_pci_bus_id: extern "C" fn(c_int, *mut c_char, usize) -> c_int,
     free: extern "C" fn(*mut c_void),
 }
 
@@ -87,6 +107,8 @@ impl ShimFns {
         }
         Ok(ShimFns {
             install_cpu_allocator: sym(h, "vs_install_cpu_allocator")?,
+            remove_cpu_allocator: sym(h, "vs_remove_cpu_allocator")?,
+            dropped: sym(h, "vs_dropped")?,
             set_tags: sym(h, "vs_set_tags")?,
             set_scope: sym(h, "vs_set_scope")?,
             now_ns: sym(h, "vs_now_ns")?,
@@ -97,8 +119,8 @@ impl ShimFns {
             last_error: sym(h, "vs_last_error")?,
             cuda_attach: sym(h, "vs_cuda_attach")?,
             cuda_stats: sym(h, "vs_cuda_stats")?,
-            cuda_reset_peaks: sym(h, "vs_cuda_reset_peaks")?,
             cuda_snapshot: sym(h, "vs_cuda_snapshot")?,
+            cuda_pci_bus_id: sym(h, "vs_cuda_pci_bus_id")?,
             free: sym(h, "vs_free")?,
         })
     }
@@ -151,8 +173,15 @@ impl Capture for Loaded {
         Ok(st)
     }
 
-    fn cuda_reset_peaks(&self, device: u8) -> Result<(), String> {
-        shim().check((shim().cuda_reset_peaks)(device as c_int))
+    fn dropped(&self) -> u64 {
+        (shim().dropped)()
+    }
+
+    fn cuda_pci_bus_id(&self, device: u8) -> Option<String> {
+        let mut buf = [0 as c_char; 32];
+        shim().check((shim().cuda_pci_bus_id)(device as c_int, buf.as_mut_ptr(), buf.len())).ok()?;
+        // SAFETY: the shim wrote a NUL-terminated string into `buf`.
+        Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
     }
 
     fn cuda_snapshot(&self) -> Result<Vec<u8>, String> {
@@ -175,8 +204,39 @@ enum KnobKind {
     Str,
 }
 
+/// Which device the hook follows (`Config::device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Follow {
+    Auto,
+    Cpu,
+    Cuda(u8),
+}
+
+impl std::str::FromStr for Follow {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Follow, String> {
+        match s {
+            "" | "auto" => Ok(Follow::Auto),
+            "cpu" => Ok(Follow::Cpu),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Follow::Cuda)
+                .ok_or_else(|| format!("device '{s}': expected auto, cpu or cuda:N")),
+        }
+    }
+}
+
+/// A job that catches its OOMs on purpose (a batch-size finder) must not pay a snapshot
+/// for each: one per this long.
+const OOM_SNAPSHOT_EVERY: Duration = Duration::from_secs(10);
+
 struct Core {
     session: Shared,
+    follow: Follow,
+    /// When the last OOM snapshot was cut, and how many OOMs went without one since.
+    last_oom_snapshot: Option<std::time::Instant>,
+    oom_unsnapshotted: u64,
     /// Stopped before the session finishes (see `Flusher`).
     flusher: Flusher,
     scopes: Arc<Scopes>,
@@ -227,41 +287,80 @@ pub extern "C" fn vsh_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-extern "C" fn on_oom(requested: u64) {
+/// What an allocation failure gets: a snapshot (at most one per `OOM_SNAPSHOT_EVERY`),
+/// nothing for a device the session does not follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OomAction {
+    Snapshot,
+    /// Said without a snapshot: one was cut moments ago.
+    Skip,
+    /// Another device's OOM: said as such.
+    OtherDevice,
+}
+
+fn oom_action(followed: Option<u8>, device: u8, last: Option<std::time::Instant>, now: std::time::Instant) -> OomAction {
+    if device != CPU_DEVICE && followed.is_some_and(|f| f != device) {
+        OomAction::OtherDevice
+    } else if last.is_some_and(|t| now.duration_since(t) < OOM_SNAPSHOT_EVERY) {
+        OomAction::Skip
+    } else {
+        OomAction::Snapshot
+    }
+}
+
+extern "C" fn on_oom(device: u8, requested: u64) {
     // On the allocating thread, before the error reaches the job's code: the snapshot shows
     // what held the memory the request did not fit in.
-    let core = CORE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = core.as_ref() {
+    let mut core = CORE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = core.as_mut() {
+        let now = std::time::Instant::now();
         let mut s = lock(&c.session);
-        let name = format!("{}_rank{}_step{}_oom.pickle", c.name, c.rank, s.step);
-        let path = s.snapshot_now(&name);
-        s.oom(requested, path);
+        match oom_action(s.followed_device(), device, c.last_oom_snapshot, now) {
+            OomAction::Snapshot => {
+                c.last_oom_snapshot = Some(now);
+                let name = format!("{}_rank{}_step{}_oom.pickle", c.name, c.rank, s.step);
+                let path = s.snapshot_now(&name);
+                s.oom(requested, path, None);
+            }
+            OomAction::Skip => {
+                c.oom_unsnapshotted += 1;
+                let why = format!("no snapshot: one was cut less than {} s ago ({} OOMs without one)", OOM_SNAPSHOT_EVERY.as_secs(), c.oom_unsnapshotted);
+                s.oom(requested, None, Some(&why));
+            }
+            OomAction::OtherDevice => {
+                s.oom(requested, None, Some(&format!("on cuda:{device}, a device vramscope does not follow")));
+            }
+        }
     }
 }
 
 fn start(cfg: Config) -> Result<Core, String> {
     let fns = ShimFns::load(&cfg.shim)?;
-    fns.check((fns.install_cpu_allocator)())?;
     let _ = SHIM.set(fns);
     let s = shim();
-    let cuda_device = cfg.device.strip_prefix("cuda:").map(|n| n.parse::<u8>().map_err(|e| format!("device {}: {e}", cfg.device))).transpose()?;
-    let alloc = AllocatorConfig::parse_conf(&cfg.alloc_conf).map_err(|e| format!("PYTORCH_CUDA_ALLOC_CONF: {e}"))?;
-    let backend = match cuda_device {
-        Some(d) => {
-            s.check((s.cuda_attach)(0))?;
-            Backend::Cuda { device: d }
+    let follow: Follow = cfg.device.parse()?;
+    let mut note = None;
+    let backend = match follow {
+        // Nothing to record until the job initialises CUDA (`vsh_cuda_initialised`).
+        Follow::Cuda(d) => Backend::Cuda { device: d },
+        Follow::Auto | Follow::Cpu => {
+            let (alloc, said) = model_config(&cfg.alloc_conf, cfg.cuda_available && follow == Follow::Auto)?;
+            note = said;
+            Backend::Modelled(Box::new(CachingAllocatorModel::new(alloc)))
         }
-        None => Backend::Modelled(Box::new(CachingAllocatorModel::new(alloc))),
     };
     let log: Log = Arc::new(|line: &str| eprintln!("{line}"));
     let listen = Listen::for_job(cfg.socket_dir.as_deref(), cfg.listen.as_deref(), &cfg.job, cfg.rank, cfg.local_rank).map_err(|e| e.to_string())?;
     let server = Server::bind_job(&listen, &cfg.job, cfg.rank, cfg.queue_batches, log.clone()).map_err(|e| e.to_string())?;
     let info = EngineInfo {
-        device: cfg.device.clone(),
-        cuda: cuda_device.is_some(),
+        device: match follow {
+            Follow::Cuda(d) => format!("cuda:{d}"),
+            _ => "cpu".into(),
+        },
+        cuda: matches!(follow, Follow::Cuda(_)),
         parameters: 0,
         config: None,
-        note: None,
+        note,
         name: cfg.name.clone(),
         pid: std::process::id(),
         rank: Some(cfg.rank),
@@ -270,6 +369,7 @@ fn start(cfg: Config) -> Result<Core, String> {
         knobs: Vec::new(),
         clock_zero_ns: (s.clock_zero_ns)(),
         alloc_conf: cfg.alloc_conf.clone(),
+        pci_bus_id: None,
     };
     let scopes = Arc::new(Scopes::new(Box::new(|id| (shim().set_scope)(id))));
     let runner = Frame { name: format!("{} (vramscope_hook)", cfg.name), filename: cfg.name.clone(), line: 0 };
@@ -284,10 +384,43 @@ fn start(cfg: Config) -> Result<Core, String> {
         log,
     );
     let session = Arc::new(Mutex::new(session));
+    // Last: a start that failed before this point leaves libtorch's allocator untouched.
+    if !matches!(follow, Follow::Cuda(_)) {
+        s.check((s.install_cpu_allocator)())?;
+    }
     lock(&session).start(0);
     let flusher = Flusher::spawn(&session);
     (s.set_oom_callback)(Some(on_oom));
-    Ok(Core { session, flusher, scopes, knobs: HashMap::new(), name: cfg.name, rank: cfg.rank })
+    Ok(Core {
+        session,
+        follow,
+        last_oom_snapshot: None,
+        oom_unsnapshotted: 0,
+        flusher,
+        scopes,
+        knobs: HashMap::new(),
+        name: cfg.name,
+        rank: cfg.rank,
+    })
+}
+
+/// The job initialised CUDA (the Python side's `torch.cuda._lazy_call`, which runs at lazy
+/// init, or at once when it is done): the caching allocator's per-device allocators exist
+/// now, so the tracker attaches to them, and the CPU wrapper goes (CPU tensors are not
+/// device memory). Returns -1 with the reason when CUDA's memory cannot be followed.
+#[no_mangle]
+pub extern "C" fn vsh_cuda_initialised() -> c_int {
+    with_core(|c| {
+        if c.follow == Follow::Cpu {
+            return Ok(());
+        }
+        let s = shim();
+        let attached = s.check((s.cuda_attach)());
+        (s.remove_cpu_allocator)();
+        let mut session = lock(&c.session);
+        session.follow_cuda();
+        attached.inspect_err(|why| session.report(Report::Note(format!("not following CUDA memory: {why}"))))
+    })
 }
 
 /// Starts the core from its JSON config. Call once, right after torch is imported.
@@ -440,12 +573,30 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
     i32::from(boundary == Boundary::Stop)
 }
 
+/// The job is dying of an out-of-memory error the caching allocator never saw (cuBLAS's
+/// workspace, cuDNN, NCCL): said like an allocator OOM, without a snapshot.
+#[no_mangle]
+pub extern "C" fn vsh_foreign_oom(message: *const c_char) -> c_int {
+    with_core(|c| {
+        let message = cstr(message)?.to_string();
+        let mut s = lock(&c.session);
+        s.drain();
+        let (step, phase) = (s.step, s.phase);
+        s.report(Report::Oom(vramscope::stream::OomReport { step, phase, message, snapshot: None }));
+        s.flush();
+        Ok(())
+    })
+}
+
 /// Ends the stream (the job is exiting): snapshots being written finish, viewers get the end.
 #[no_mangle]
 pub extern "C" fn vsh_finish() -> c_int {
     let core = CORE.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(c) = core {
         (shim().set_oom_callback)(None);
+        // Whatever ends the session (the job's exit, a start that failed after this point)
+        // leaves libtorch's own CPU allocator in place.
+        (shim().remove_cpu_allocator)();
         drop(c.flusher);
         lock(&c.session).finish();
     }
@@ -463,6 +614,43 @@ mod tests {
         assert_eq!(check_knob(KnobKind::Float, "3e-4"), Ok("0.0003".into()));
         assert_eq!(check_knob(KnobKind::Bool, "true"), Ok("True".into()));
         assert!(check_knob(KnobKind::Bool, "yes").unwrap_err().contains("not true or false"));
+    }
+
+    #[test]
+    fn the_device_setting_is_auto_cpu_or_one_cuda_device() {
+        assert_eq!("auto".parse(), Ok(Follow::Auto));
+        assert_eq!("".parse(), Ok(Follow::Auto));
+        assert_eq!("cpu".parse(), Ok(Follow::Cpu));
+        assert_eq!("cuda:1".parse(), Ok(Follow::Cuda(1)));
+        assert_eq!("cuda".parse::<Follow>(), Err("device 'cuda': expected auto, cpu or cuda:N".into()));
+    }
+
+    #[test]
+    fn a_cuda_jobs_allocator_settings_never_stop_the_capture() {
+        let (c, note) = model_config("expandable_segments:True", true).unwrap();
+        assert!(c.expandable_segments && note.is_none());
+        // Real settings the model does not know: said, and the defaults modelled.
+        for conf in ["backend:cudaMallocAsync", "pinned_use_background_threads:True,some_new_key:1"] {
+            let (c, note) = model_config(conf, true).unwrap();
+            assert_eq!(c, AllocatorConfig::default(), "{conf}");
+            assert!(note.unwrap().contains("default settings"), "{conf}");
+        }
+        // Without CUDA the settings are the modelled GPU's own: a mistake is refused.
+        assert!(model_config("some_new_key:1", false).unwrap_err().contains("some_new_key"));
+    }
+
+    #[test]
+    fn ooms_are_snapshotted_once_per_window_and_only_for_the_device_followed() {
+        let t0 = std::time::Instant::now();
+        assert_eq!(oom_action(Some(0), 0, None, t0), OomAction::Snapshot);
+        // A batch-size finder's next OOMs, moments later, are said without one.
+        assert_eq!(oom_action(Some(0), 0, Some(t0), t0 + Duration::from_secs(1)), OomAction::Skip);
+        assert_eq!(oom_action(Some(0), 0, Some(t0), t0 + OOM_SNAPSHOT_EVERY), OomAction::Snapshot);
+        // Another GPU's OOM is not this one's.
+        assert_eq!(oom_action(Some(0), 1, None, t0), OomAction::OtherDevice);
+        // The CPU's own (modelled) OOM, and a CUDA OOM before the device is known, are ours.
+        assert_eq!(oom_action(None, CPU_DEVICE, None, t0), OomAction::Snapshot);
+        assert_eq!(oom_action(None, 2, None, t0), OomAction::Snapshot);
     }
 
     #[test]

@@ -41,9 +41,9 @@ def _config(shim_path, torch):
     name = _job_name()
     # Ranks of one torchrun share their launcher: one job name for all of them.
     default_job = f"{os.getppid() if 'RANK' in env else os.getpid()}-{name}"
-    device = env.get("VRAMSCOPE_DEVICE")
-    if not device:
-        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    # Not the rank's GPU: the device the job allocates on (its LOCAL_RANK says nothing
+    # under per-rank CUDA_VISIBLE_DEVICES, or for a model on cuda:1).
+    device = env.get("VRAMSCOPE_DEVICE") or "auto"
     return {
         "shim": str(shim_path),
         "job": env.get("VRAMSCOPE_JOB", default_job),
@@ -58,6 +58,7 @@ def _config(shim_path, torch):
         "device": device,
         "alloc_conf": env.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "queue_batches": int(env.get("VRAMSCOPE_QUEUE", "256")),
+        "cuda_available": bool(torch.cuda.is_available()),
     }
 
 
@@ -89,7 +90,78 @@ def install():
         return False
     _state.update(hooks=hooks, core=core)
     atexit.register(core.vsh_finish)
+    os.register_at_fork(after_in_child=_forked)
+    _follow_cuda(torch, core)
+    _say_foreign_ooms()
     return True
+
+
+def foreign_oom(error):
+    """The first line of an out-of-memory error that the caching allocator did not raise
+    (cuBLAS, cuDNN, NCCL running out of workspace), else None: the allocator's own
+    ("CUDA out of memory") was already said, with its snapshot, by its observer."""
+    text = str(error).strip()
+    if not text or text.startswith("CUDA out of memory"):
+        return None
+    low = text.lower()
+    marks = ("out of memory", "alloc_failed", "not_enough_memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory")
+    return text.splitlines()[0][:400] if any(m in low for m in marks) else None
+
+
+def _say_foreign_ooms():
+    """A job dying of such an error: the screen says so before the traceback."""
+    previous = sys.excepthook
+
+    def excepthook(kind, error, tb):
+        core = _state["core"]
+        try:
+            line = foreign_oom(error) if core is not None else None
+            if line:
+                core.vsh_foreign_oom(line.encode(errors="replace"))
+        except Exception:
+            pass
+        previous(kind, error, tb)
+
+    sys.excepthook = excepthook
+
+
+def _follow_cuda(torch, core):
+    """Attaches to CUDA's caching allocator when the job initialises CUDA (at once if it
+    has): its per-device allocators exist only from then on, and a tracker attached earlier
+    would see nothing. Nothing here initialises CUDA or makes a context on any GPU."""
+    lazy_call = getattr(torch.cuda, "_lazy_call", None)
+    if lazy_call is None or not torch.cuda.is_available():
+        return
+
+    def on_cuda_init():
+        # Runs inside the job's CUDA init: it must never raise into it.
+        try:
+            if core.vsh_cuda_initialised() != 0:
+                print(f"vramscope_hook: not following CUDA memory: {core.vsh_last_error().decode()}", file=sys.stderr)
+        except Exception as e:
+            print(f"vramscope_hook: not following CUDA memory: {e}", file=sys.stderr)
+
+    lazy_call(on_cuda_init)
+
+
+class _Inert:
+    """Stands in for the core and the shim in a forked child: every call does nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: 0
+
+
+def _forked():
+    """In a forked child (a DataLoader worker): the parent's session is not this process's,
+    and its threads did not come along, so nothing here may call into it (its locks may be
+    held for ever) or end it at exit. The shim stops recording by itself."""
+    core = _state["core"]
+    if core is None:
+        return
+    atexit.unregister(core.vsh_finish)
+    hooks = _state["hooks"]
+    hooks.core = hooks.shim = _Inert()
+    _state.update(core=None, hooks=None)
 
 
 def active():

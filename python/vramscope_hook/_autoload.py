@@ -22,6 +22,9 @@ def _is_launcher():
 def _after_torch():
     if _is_launcher():
         return
+    # This process is the job (or one of a launcher's ranks): what it starts itself
+    # (DataLoader workers, compile workers, subprocesses) is not, and must not load the hook.
+    os.environ.pop("VRAMSCOPE_HOOK", None)
     import vramscope_hook
 
     vramscope_hook.install()

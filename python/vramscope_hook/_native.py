@@ -50,9 +50,13 @@ def build_shim(torch) -> Path:
     cuda_inc = _cuda_include(torch_dir) if has_torch_cuda else None
     with_cuda = cuda_inc is not None
     if has_torch_cuda and not with_cuda and torch.cuda.is_available():
-        raise HookError(
-            "cannot build the CUDA capture: CUDA headers not found "
-            "(pip install nvidia-cuda-runtime nvidia-cuda-crt, or set CUDA_HOME)"
+        # The job still runs watched: its CPU tensors until it initialises CUDA, then the
+        # device's own readings; the core says so on screen too.
+        print(
+            "vramscope_hook: CUDA headers not found (pip install nvidia-cuda-runtime nvidia-cuda-crt, "
+            "or set CUDA_HOME): building the capture without CUDA, so this job's GPU memory "
+            "shows as the device's readings only",
+            file=sys.stderr,
         )
     digest = hashlib.sha256()
     for name in ("capture.h",) + _SOURCES:
@@ -123,6 +127,8 @@ def load(torch):
     core.vsh_declare_knob.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
     core.vsh_knob.argtypes = [ctypes.c_char_p]
     core.vsh_knob.restype = ctypes.c_char_p
+    core.vsh_cuda_initialised.argtypes = []
+    core.vsh_foreign_oom.argtypes = [ctypes.c_char_p]
     core.vsh_step_end.argtypes = [ctypes.c_double, ctypes.c_double, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint8, ctypes.c_uint8]
     shim.vs_set_scope.argtypes = [ctypes.c_uint32]
     return shim_path, shim, core

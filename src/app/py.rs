@@ -40,9 +40,10 @@ pub struct PyArgs {
     /// Record everything the screen (or --headless) is fed into this new file.
     #[arg(long)]
     pub record: Option<PathBuf>,
-    /// Which device the hook watches: cpu, or cuda:N (default: the rank's GPU if CUDA is
-    /// available, else the CPU).
-    #[arg(long)]
+    /// Which device the hook watches: auto (the default: the CUDA device the job allocates
+    /// on once it initialises CUDA, else its CPU tensors, modelled as a GPU), cpu (model the
+    /// CPU tensors whatever the job does), or cuda:N (only that CUDA device).
+    #[arg(long, value_parser = parse_device)]
     pub device: Option<String>,
     /// PYTORCH_CUDA_ALLOC_CONF for the job (on CPU, the modelled GPU's settings).
     #[arg(long, value_name = "CONF")]
@@ -115,6 +116,15 @@ fn hook_package(python: &Path, repo_python: Option<&Path>) -> anyhow::Result<Pat
         python.display()
     );
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn parse_device(s: &str) -> Result<String, String> {
+    let cuda = s.strip_prefix("cuda:").is_some_and(|n| n.parse::<u8>().is_ok());
+    if matches!(s, "auto" | "cpu") || cuda {
+        Ok(s.to_string())
+    } else {
+        Err("expected auto, cpu or cuda:N".into())
+    }
 }
 
 /// The environment that makes every Python process of the job load the hook when it

@@ -4,7 +4,7 @@
 //! (tracker), serves viewers (server), applies their controls between steps, and cuts
 //! snapshots. Both hosts drive this one type, so the engine and the hook send one stream.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,10 +29,50 @@ pub trait Capture: Send {
     /// Appends every buffered event, oldest first.
     fn drain(&self, out: &mut Vec<RawEvent>);
     fn set_tags(&self, step: u32, phase: Phase);
+    /// The allocator's counters for `device`: read only. Nothing here resets them, so the
+    /// job's own `torch.cuda.max_memory_allocated()` stays what it would be without us.
     fn cuda_stats(&self, device: u8) -> Result<CudaStats, String>;
-    fn cuda_reset_peaks(&self, device: u8) -> Result<(), String>;
     /// PyTorch's own `_memory_snapshot_pickled()` (CUDA).
     fn cuda_snapshot(&self) -> Result<Vec<u8>, String>;
+    /// Events the shim could not keep (its bounded buffer was full), since it started.
+    fn dropped(&self) -> u64;
+    /// CUDA device `device`'s PCI bus id, which finds its NVML readings.
+    fn cuda_pci_bus_id(&self, device: u8) -> Option<String>;
+}
+
+/// Which CUDA device's events a session follows: the one the job allocates on first, not
+/// the one its rank suggests (per-rank CUDA_VISIBLE_DEVICES makes every rank's device 0; a
+/// model may live on cuda:1). Other devices' events are counted and said, never dropped
+/// silently; CPU events are not device memory.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceFollow {
+    pub followed: Option<u8>,
+    /// Events of every other device, by device.
+    pub others: BTreeMap<u8, u64>,
+}
+
+impl DeviceFollow {
+    /// Keeps the followed device's events in `raw` (choosing it at the first device event);
+    /// returns the devices seen for the first time besides it.
+    pub fn filter(&mut self, raw: &mut Vec<RawEvent>) -> Vec<u8> {
+        let mut new = Vec::new();
+        raw.retain(|e| {
+            if e.device == CPU_DEVICE {
+                return false;
+            }
+            let followed = *self.followed.get_or_insert(e.device);
+            if e.device == followed {
+                return true;
+            }
+            let n = self.others.entry(e.device).or_insert(0);
+            if *n == 0 {
+                new.push(e.device);
+            }
+            *n += 1;
+            false
+        });
+        new
+    }
 }
 
 /// Steps' reports kept for a viewer that attaches later.
@@ -75,6 +115,10 @@ pub struct Session {
     announce_viewers: bool,
     /// The snapshot written when an allocation failed, for the OOM report that follows.
     oom_snapshot: Option<PathBuf>,
+    /// CUDA: the device followed, and what other devices did.
+    devices: DeviceFollow,
+    /// The shim's dropped-event count last said.
+    dropped_said: u64,
 }
 
 pub type Shared = Arc<Mutex<Session>>;
@@ -106,14 +150,24 @@ impl Session {
     pub fn new(capture: Box<dyn Capture>, scopes: Arc<Scopes>, server: Server, opts: SessionOptions, log: Log) -> Session {
         let epoch_us_at_zero = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
             - (capture.now_ns() / 1000) as i64;
+        // A CUDA backend given at the start names its device (the engine's, or the one the
+        // user chose); one switched to later follows the job's first device.
+        let followed = match &opts.backend {
+            Backend::Cuda { device } => Some(*device),
+            Backend::Modelled(_) => None,
+        };
         let tracker = Tracker::new(opts.backend, super::tracker::RING_ENTRIES);
+        let mut info = opts.info;
+        if let Some(d) = followed {
+            info.pci_bus_id = capture.cuda_pci_bus_id(d);
+        }
         Session {
             capture,
             tracker,
             frames: FrameTables::new(opts.runner_frame),
             scopes,
             server,
-            info: opts.info,
+            info,
             step: 0,
             phase: Phase::Other,
             phases_seen: BTreeSet::new(),
@@ -127,6 +181,8 @@ impl Session {
             log,
             announce_viewers: opts.announce_viewers,
             oom_snapshot: None,
+            devices: DeviceFollow { followed, others: BTreeMap::new() },
+            dropped_said: 0,
         }
     }
 
@@ -170,15 +226,52 @@ impl Session {
     pub fn drain(&mut self) {
         self.raw.clear();
         self.capture.drain(&mut self.raw);
-        if let Backend::Cuda { device } = self.tracker.backend() {
-            // CPU-side tensors (scalars, RNG state) are not device memory, and other GPUs'
-            // allocators are not the one training.
-            let ours = *device;
-            self.raw.retain(|e| e.device != CPU_DEVICE && e.device == ours);
+        if let Backend::Cuda { .. } = self.tracker.backend() {
+            let chosen = self.devices.followed.is_none();
+            let others = self.devices.filter(&mut self.raw);
+            if let Some(d) = self.devices.followed.filter(|_| chosen) {
+                self.tracker.set_cuda_device(d);
+                self.info.device = format!("cuda:{d}");
+                self.info.pci_bus_id = self.capture.cuda_pci_bus_id(d);
+                self.report(Report::Started(self.info.clone()));
+            }
+            for d in others {
+                let followed = self.devices.followed.unwrap_or(0);
+                self.report(Report::Note(format!(
+                    "the job also allocates on cuda:{d}: vramscope follows cuda:{followed} (its first device), so cuda:{d}'s memory is not in these figures"
+                )));
+            }
         }
         let raw = std::mem::take(&mut self.raw);
         self.tracker.ingest(&raw);
         self.raw = raw;
+        let dropped = self.capture.dropped();
+        if dropped > self.dropped_said {
+            self.dropped_said = dropped;
+            self.report(Report::Note(format!(
+                "the job's capture buffer overflowed: {dropped} allocator events lost, so totals from here on miss them"
+            )));
+        }
+    }
+
+    /// CUDA: the device this session follows, once known.
+    pub fn followed_device(&self) -> Option<u8> {
+        self.devices.followed
+    }
+
+    /// The job initialised CUDA (the hook's case): from now on the session follows the
+    /// caching allocator's trace, and what it modelled from CPU tensors is let go.
+    pub fn follow_cuda(&mut self) {
+        if let Backend::Cuda { .. } = self.tracker.backend() {
+            return;
+        }
+        self.drain();
+        self.tracker.switch_to_cuda(self.capture.now_ns(), 0);
+        self.info.cuda = true;
+        self.info.device = "cuda".into();
+        self.info.note = Some("the job initialised CUDA: following its caching allocator (CPU tensors before that were modelled)".into());
+        self.report(Report::Started(self.info.clone()));
+        self.flush();
     }
 
     /// Lets in viewers that attached, then sends what is pending, never waiting for one.
@@ -208,7 +301,7 @@ impl Session {
             self.server.broadcast(self.capture.now_ns(), &Incoming::Batch(pending));
         }
         let now = self.capture.now_ns();
-        let live = self.tracker.live_events();
+        let live = self.tracker.live_events(now);
         let first_seq = self.tracker.next_seq() - live.len() as u64;
         let mut items = vec![(now, Incoming::Report(Report::Started(self.info.clone())))];
         items.extend(self.recent_steps.iter().map(|s| (now, Incoming::Report(Report::Step(s.clone())))));
@@ -231,7 +324,7 @@ impl Session {
     /// A phase boundary: what was recorded belongs to the phase that ends.
     pub fn set_phase(&mut self, phase: Phase) {
         self.drain();
-        if let Backend::Cuda { device } = *self.tracker.backend() {
+        if let (Backend::Cuda { .. }, Some(device)) = (self.tracker.backend(), self.devices.followed) {
             self.read_cuda_counters(device, self.phase);
         }
         self.capture.set_tags(self.step as u32, phase);
@@ -244,13 +337,11 @@ impl Session {
         self.flush();
     }
 
-    /// CUDA: the allocator's peak since the last boundary belongs to the phase that just
-    /// ended; then a fresh peak window starts.
+    /// CUDA: the allocator's current counters correct the running figures at each
+    /// boundary; the phases' peaks are the events' own.
     fn read_cuda_counters(&mut self, device: u8, ended: Phase) {
         if let Ok(s) = self.capture.cuda_stats(device) {
-            self.tracker.note_phase_peak(ended, s.allocated_peak, s.reserved_peak);
             self.tracker.set_device_counters(s.allocated, s.reserved, ended);
-            let _ = self.capture.cuda_reset_peaks(device);
         }
     }
 
@@ -347,10 +438,13 @@ impl Session {
     }
 
     /// An allocation failed in a job that handles it itself (the hook's): say so, with the
-    /// snapshot written for it, and go on.
-    pub fn oom(&mut self, requested: u64, snapshot: Option<PathBuf>) {
+    /// snapshot written for it (or why there is none), and go on.
+    pub fn oom(&mut self, requested: u64, snapshot: Option<PathBuf>, note: Option<&str>) {
         self.drain();
-        let message = format!("out of memory: tried to allocate {requested} bytes");
+        let message = match note {
+            Some(n) => format!("out of memory: tried to allocate {requested} bytes ({n})"),
+            None => format!("out of memory: tried to allocate {requested} bytes"),
+        };
         self.report(Report::Oom(OomReport { step: self.step, phase: self.phase, message, snapshot }));
         self.flush();
     }
@@ -561,5 +655,38 @@ impl Drop for Flusher {
             t.thread().unpark();
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Action;
+
+    fn ev(device: u8, addr: u64) -> RawEvent {
+        RawEvent { action: Action::Alloc as u8, addr, size: 512, device, ..RawEvent::default() }
+    }
+
+    #[test]
+    fn the_first_device_the_job_allocates_on_is_followed_and_others_are_said() {
+        // Per-rank CUDA_VISIBLE_DEVICES, or a model on cuda:1 in a rank whose LOCAL_RANK is 0:
+        // the job's first device event decides, whatever the rank.
+        let mut f = DeviceFollow::default();
+        let mut raw = vec![ev(CPU_DEVICE, 1), ev(1, 2), ev(1, 3), ev(0, 4)];
+        assert_eq!(f.filter(&mut raw), vec![0], "cuda:0 is new, and said once");
+        assert_eq!(f.followed, Some(1));
+        assert_eq!(raw.iter().map(|e| e.addr).collect::<Vec<_>>(), [2, 3], "CPU events are not device memory");
+        let mut more = vec![ev(0, 5), ev(2, 6), ev(1, 7)];
+        assert_eq!(f.filter(&mut more), vec![2]);
+        assert_eq!(more.len(), 1);
+        assert_eq!(f.others, BTreeMap::from([(0, 2), (2, 1)]), "every other device's events are counted");
+    }
+
+    #[test]
+    fn a_device_given_at_the_start_is_kept() {
+        let mut f = DeviceFollow { followed: Some(3), others: BTreeMap::new() };
+        let mut raw = vec![ev(0, 1), ev(3, 2)];
+        assert_eq!(f.filter(&mut raw), vec![0]);
+        assert_eq!((f.followed, raw.len()), (Some(3), 1));
     }
 }

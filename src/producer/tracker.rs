@@ -6,8 +6,9 @@
 //! stream carries modelled device addresses and segment events, as a GPU would show.
 //! On CUDA the caching allocator's own trace passes through.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use crate::allocator::config::round_size;
 use crate::allocator::{AllocatorConfig, CachingAllocatorModel, ModelOp};
 use crate::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark, Retag};
 use crate::snapshot::model::StackId;
@@ -18,7 +19,8 @@ use super::raw::{RawEvent, RAW_ALLOC, RAW_FREE, RAW_OOM};
 pub enum Backend {
     /// libtorch CPU allocator requests, modelled as the CUDA caching allocator.
     Modelled(Box<CachingAllocatorModel>),
-    /// The CUDA caching allocator's own trace; counters come from the allocator.
+    /// The CUDA caching allocator's own trace, of the device the job allocates on; the
+    /// allocator's counters are read (never reset) at phase boundaries.
     Cuda { device: u8 },
 }
 
@@ -26,6 +28,8 @@ pub enum Backend {
 struct Live {
     addr: u64,
     size: u64,
+    /// The block the allocator handed out (CUDA: the request rounded as PyTorch rounds it).
+    block: u64,
     category: Category,
     /// Set when the loop named the category; provisional ones may still change at free.
     tagged: bool,
@@ -68,6 +72,14 @@ pub struct Tracker {
     ops: Vec<ModelOp>,
     /// Stack id per (scope, phase), from the caller's frame table; 0 = empty stack.
     pub stack_of: HashMap<(u32, Phase), StackId>,
+    /// CUDA: device memory mapped by segment events seen (start → size), so a viewer that
+    /// attaches later learns what is reserved.
+    segments: BTreeMap<u64, u64>,
+    /// CUDA: reserved bytes the allocator counted that no segment event seen explains
+    /// (segments made before the tracker attached).
+    unseen_reserved: u64,
+    /// The rounding PyTorch applies to a request (CUDA's allocated bytes between readings).
+    divisions: [u64; crate::allocator::config::ROUNDUP_INTERVALS],
 }
 
 impl Tracker {
@@ -87,6 +99,9 @@ impl Tracker {
             marks: VecDeque::new(),
             ops: Vec::new(),
             stack_of: HashMap::new(),
+            segments: BTreeMap::new(),
+            unseen_reserved: 0,
+            divisions: AllocatorConfig::default().division_table(),
         }
     }
 
@@ -157,13 +172,17 @@ impl Tracker {
                     Some(Action::FreeCompleted) => {
                         self.emit(e, Action::FreeCompleted, e.addr, e.size, Category::Unknown)
                     }
-                    Some(Action::SegmentAlloc) => {
+                    // Expandable segments map and unmap pages of one address range: each
+                    // changes reserved memory as a whole segment's alloc and free do.
+                    Some(a @ (Action::SegmentAlloc | Action::SegmentMap)) => {
                         self.reserved_bytes += e.size;
-                        self.emit(e, Action::SegmentAlloc, e.addr, e.size, Category::Unknown)
+                        map_range(&mut self.segments, e.addr, e.size);
+                        self.emit(e, a, e.addr, e.size, Category::Unknown)
                     }
-                    Some(Action::SegmentFree) => {
+                    Some(a @ (Action::SegmentFree | Action::SegmentUnmap)) => {
                         self.reserved_bytes = self.reserved_bytes.saturating_sub(e.size);
-                        self.emit(e, Action::SegmentFree, e.addr, e.size, Category::Unknown)
+                        unmap_range(&mut self.segments, e.addr, e.size);
+                        self.emit(e, a, e.addr, e.size, Category::Unknown)
                     }
                     Some(a) => self.emit(e, a, e.addr, e.size, Category::Unknown),
                     None => {}
@@ -186,16 +205,17 @@ impl Tracker {
         let phase = Phase::from_u8(e.phase);
         let category = Category::provisional(phase);
         let seq = self.next_seq;
+        let block = round_size(size, &self.divisions);
         self.live.insert(
             key,
-            Live { addr, size, category, tagged: false, step: e.step, phase, scope: e.scope, t_ns: e.t_ns, stream: e.stream, seq },
+            Live { addr, size, block, category, tagged: false, step: e.step, phase, scope: e.scope, t_ns: e.t_ns, stream: e.stream, seq },
         );
         self.category_bytes[category as usize] += size;
         self.active_bytes += size;
         if let Backend::Cuda { .. } = self.backend {
-            // Until the allocator's counters are read at the phase end, requested bytes are
-            // the best live figure for "allocated".
-            self.allocated_bytes = self.allocated_bytes.max(self.active_bytes);
+            // The trace carries requests, not blocks: between readings of the allocator's
+            // own counter, allocated moves by the block PyTorch rounds the request to.
+            self.allocated_bytes += block;
         }
         self.emit(e, Action::Alloc, addr, size, category);
     }
@@ -209,6 +229,9 @@ impl Tracker {
         }
         self.category_bytes[l.category as usize] -= l.size;
         self.active_bytes -= l.size;
+        if let Backend::Cuda { .. } = self.backend {
+            self.allocated_bytes = self.allocated_bytes.saturating_sub(l.block);
+        }
         self.emit(e, Action::FreeRequested, l.addr, l.size, l.category);
         if complete {
             self.emit(e, Action::FreeCompleted, l.addr, l.size, l.category);
@@ -245,14 +268,43 @@ impl Tracker {
         }
     }
 
-    /// What a viewer that attaches now needs to agree with the live totals: an alloc event
-    /// for every live allocation, in the order they were made.
-    pub fn live_events(&self) -> Vec<MemEvent> {
+    /// What a viewer that attaches now needs to agree with the live totals: a segment
+    /// event for the memory reserved now (segments made before it attached count), then
+    /// an alloc event for every live allocation, in the order they were made.
+    pub fn live_events(&self, t_ns: u64) -> Vec<MemEvent> {
         let mut live: Vec<&Live> = self.live.values().collect();
         live.sort_by_key(|l| l.seq);
         let device = self.device();
-        live.iter()
-            .map(|l| MemEvent {
+        // Mapped pages of an expandable segment are said as the maps they were.
+        let segment = |addr: u64, size: u64, expandable: bool| MemEvent {
+            t_ns,
+            addr,
+            size,
+            stream: 0,
+            step: 0,
+            scope: 0,
+            action: if expandable { Action::SegmentMap } else { Action::SegmentAlloc },
+            phase: Phase::Other,
+            device,
+            category: Category::Unknown,
+        };
+        let mut out: Vec<MemEvent> = match &self.backend {
+            Backend::Modelled(model) => {
+                model.segments(i64::from(device)).iter().map(|s| segment(s.address, s.total_size, s.is_expandable)).collect()
+            }
+            // Ranges the trace mapped; whole segments and expandable pages alike add to
+            // reserved memory.
+            Backend::Cuda { .. } => {
+                let mut v: Vec<MemEvent> = self.segments.iter().map(|(a, s)| segment(*a, *s, false)).collect();
+                // Reserved before the tracker attached: known by size only, said as one
+                // segment at address 0 so the viewer's reserved equals the allocator's.
+                if self.unseen_reserved > 0 {
+                    v.insert(0, segment(0, self.unseen_reserved, false));
+                }
+                v
+            }
+        };
+        out.extend(live.iter().map(|l| MemEvent {
                 t_ns: l.t_ns,
                 addr: l.addr,
                 size: l.size,
@@ -263,8 +315,8 @@ impl Tracker {
                 phase: l.phase,
                 device,
                 category: l.category,
-            })
-            .collect()
+            }));
+        out
     }
 
     /// The device events are reported on.
@@ -309,20 +361,50 @@ impl Tracker {
         self.marks.push_back(m);
     }
 
-    /// CUDA: replaces the running estimates with the allocator's own counters.
+    /// CUDA: the allocator's current counters (read, never reset: they are the job's own
+    /// `torch.cuda.memory_allocated()` figures) replace the running figures; peaks stay
+    /// those of the events seen.
     pub fn set_device_counters(&mut self, allocated: u64, reserved: u64, phase: Phase) {
         self.allocated_bytes = allocated;
         self.reserved_bytes = reserved;
+        let seen: u64 = self.segments.values().sum();
+        self.unseen_reserved = reserved.saturating_sub(seen);
         self.note_peaks(phase);
     }
 
-    /// CUDA: the allocator's peak since its last reset, attributed to `phase`.
-    pub fn note_phase_peak(&mut self, phase: Phase, peak_allocated: u64, peak_reserved: u64) {
-        let s = &mut self.step_stats;
-        let p = &mut s.phase_peak_allocated[phase as usize];
-        *p = (*p).max(peak_allocated);
-        s.peak_allocated = s.peak_allocated.max(peak_allocated);
-        s.peak_reserved = s.peak_reserved.max(peak_reserved);
+    /// CUDA: follows `device` (the one the job allocates on).
+    pub fn set_cuda_device(&mut self, device: u8) {
+        if let Backend::Cuda { device: d } = &mut self.backend {
+            *d = device;
+        }
+    }
+
+    /// The job initialised CUDA: what was modelled from its CPU tensors is freed (their
+    /// memory was never the device's), and from now on the allocator's trace is followed.
+    /// The stream goes on without a gap, so viewers' totals stay consistent.
+    pub fn switch_to_cuda(&mut self, t_ns: u64, device: u8) {
+        let Backend::Modelled(_) = self.backend else { return };
+        let mut live: Vec<(u64, u64, u32, u32)> = self.live.iter().map(|(k, l)| (l.seq, *k, l.step, l.scope)).collect();
+        live.sort_unstable();
+        let frees: Vec<RawEvent> = live
+            .into_iter()
+            .map(|(_, key, step, scope)| RawEvent { t_ns, addr: key, step, scope, action: RAW_FREE, ..RawEvent::default() })
+            .collect();
+        self.ingest(&frees);
+        let mut ops = Vec::new();
+        if let Backend::Modelled(model) = &mut self.backend {
+            model.empty_cache(&mut ops);
+        }
+        let at = RawEvent { t_ns, ..RawEvent::default() };
+        for op in ops {
+            match op {
+                ModelOp::SegmentFree { addr, size } => self.emit(&at, Action::SegmentFree, addr, size, Category::Unknown),
+                ModelOp::SegmentUnmap { addr, size } => self.emit(&at, Action::SegmentUnmap, addr, size, Category::Unknown),
+                _ => {}
+            }
+        }
+        self.backend = Backend::Cuda { device };
+        (self.allocated_bytes, self.reserved_bytes) = (0, 0);
     }
 
     pub fn take_batch(&mut self, scopes: Vec<(u32, String)>) -> Batch {
@@ -363,6 +445,30 @@ impl Tracker {
         match &self.backend {
             Backend::Modelled(m) => Some(m),
             Backend::Cuda { .. } => None,
+        }
+    }
+}
+
+/// Adds [addr, addr + size) to the mapped ranges (start → size).
+fn map_range(ranges: &mut BTreeMap<u64, u64>, addr: u64, size: u64) {
+    if size > 0 {
+        ranges.insert(addr, size);
+    }
+}
+
+/// Removes [addr, addr + size) from the mapped ranges, cutting any it overlaps (an unmap
+/// may cover part of one map, or several).
+fn unmap_range(ranges: &mut BTreeMap<u64, u64>, addr: u64, size: u64) {
+    let end = addr.saturating_add(size);
+    let first = ranges.range(..addr).next_back().filter(|(a, s)| *a + *s > addr).map(|(a, _)| *a).unwrap_or(addr);
+    let hit: Vec<(u64, u64)> = ranges.range(first..end).map(|(a, s)| (*a, *s)).collect();
+    for (a, s) in hit {
+        ranges.remove(&a);
+        if a < addr {
+            ranges.insert(a, addr - a);
+        }
+        if a + s > end {
+            ranges.insert(end, a + s - end);
         }
     }
 }
@@ -412,8 +518,16 @@ mod tests {
         t.tag(0x10, Category::Parameter, 5);
         assert_eq!(t.category_bytes[Category::Parameter as usize], 4 * MIB);
         // A viewer attaching now gets both, oldest first, the parameter under its name.
-        let live: Vec<(u64, u32, Category)> = t.live_events().iter().map(|e| (e.size, e.scope, e.category)).collect();
-        assert_eq!(live, [(4 * MIB, 5, Category::Parameter), (3 * MIB, 0, Category::Activation)]);
+        let live: Vec<(Action, u64, u32, Category)> = t.live_events(9).iter().map(|e| (e.action, e.size, e.scope, e.category)).collect();
+        assert_eq!(
+            live,
+            [
+                (Action::SegmentAlloc, 20 * MIB, 0, Category::Unknown),
+                (Action::Alloc, 4 * MIB, 5, Category::Parameter),
+                (Action::Alloc, 3 * MIB, 0, Category::Activation)
+            ],
+            "the segment holding both comes first, so the viewer's reserved is the model's"
+        );
         let named = t.trace().find(|e| e.action == Action::Alloc && e.size == 4 * MIB).unwrap();
         assert_eq!((named.scope, named.category), (5, Category::Parameter), "snapshots cut later name it too");
         assert_eq!(t.category_bytes[Category::Activation as usize], 3 * MIB);
@@ -450,10 +564,81 @@ mod tests {
         let s = t.take_step_stats();
         assert_eq!(s.peak_reserved, 20 * MIB);
         assert_eq!(s.peak_active, 5 * MIB);
-        // The allocator's own counters replace the running estimate at phase ends.
-        t.note_phase_peak(Phase::Forward, 6 * MIB, 20 * MIB);
-        t.set_device_counters(0, 0, Phase::Other);
-        assert_eq!(t.take_step_stats().phase_peak_allocated[Phase::Forward as usize], 6 * MIB);
+        assert_eq!(s.phase_peak_allocated[Phase::Forward as usize], 5 * MIB, "the peak is the events' own");
+    }
+
+    #[test]
+    fn cuda_allocated_moves_by_rounded_blocks_between_counter_readings() {
+        let mut t = Tracker::new(Backend::Cuda { device: 0 }, 16);
+        // What the allocator held before the tracker attached, read at a boundary.
+        t.set_device_counters(8 * MIB, 40 * MIB, Phase::Other);
+        t.ingest(&[
+            raw(Action::Alloc as u8, 0xa000, 1000, 0, Phase::Forward, 0),
+            raw(Action::Alloc as u8, 0xb000, 3 * MIB + 1, 0, Phase::Forward, 0),
+        ]);
+        // 1000 B is a 1024 B block; 3 MiB + 1 B rounds to the next 512 B.
+        assert_eq!(t.allocated_bytes, 8 * MIB + 1024 + 3 * MIB + 512);
+        t.ingest(&[raw(Action::FreeRequested as u8, 0xa000, 1000, 0, Phase::Backward, 0)]);
+        assert_eq!(t.allocated_bytes, 8 * MIB + 3 * MIB + 512);
+        let s = t.take_step_stats();
+        assert_eq!(s.phase_peak_allocated[Phase::Forward as usize], 8 * MIB + 1024 + 3 * MIB + 512);
+        // A reading corrects the running figure; it is the allocator's, never reset.
+        t.set_device_counters(11 * MIB, 40 * MIB, Phase::Backward);
+        assert_eq!((t.allocated_bytes, t.reserved_bytes), (11 * MIB, 40 * MIB));
+    }
+
+    #[test]
+    fn expandable_segments_map_and_unmap_reserved_memory() {
+        let mut t = Tracker::new(Backend::Cuda { device: 0 }, 64);
+        let base = 0x7f00_0000_0000;
+        t.ingest(&[
+            raw(Action::SegmentMap as u8, base, 20 * MIB, 0, Phase::Forward, 0),
+            raw(Action::SegmentMap as u8, base + 20 * MIB, 2 * MIB, 0, Phase::Forward, 0),
+        ]);
+        assert_eq!(t.reserved_bytes, 22 * MIB);
+        assert_eq!(t.take_step_stats().peak_reserved, 22 * MIB);
+        // An unmap across both mappings leaves the first 4 MiB mapped.
+        t.ingest(&[raw(Action::SegmentUnmap as u8, base + 4 * MIB, 18 * MIB, 0, Phase::Other, 0)]);
+        assert_eq!(t.reserved_bytes, 4 * MIB);
+        let segs: Vec<(u64, u64)> = t.live_events(0).iter().map(|e| (e.addr, e.size)).collect();
+        assert_eq!(segs, [(base, 4 * MIB)], "a viewer attaching now learns what is still mapped");
+    }
+
+    #[test]
+    fn a_late_viewer_learns_reserved_memory_the_trace_never_showed() {
+        let mut t = Tracker::new(Backend::Cuda { device: 0 }, 64);
+        t.ingest(&[
+            raw(Action::SegmentAlloc as u8, 0xa000_0000, 20 * MIB, 0, Phase::Forward, 0),
+            raw(Action::Alloc as u8, 0xa000_0000, 5 * MIB, 0, Phase::Forward, 0),
+        ]);
+        // The allocator reserves 60 MiB: 40 MiB of it from before the tracker attached.
+        t.set_device_counters(30 * MIB, 60 * MIB, Phase::Forward);
+        let evs = t.live_events(7);
+        let reserved: u64 = evs.iter().filter(|e| e.action == Action::SegmentAlloc).map(|e| e.size).sum();
+        assert_eq!(reserved, 60 * MIB);
+        assert_eq!((evs[0].addr, evs[0].size), (0, 40 * MIB));
+        assert_eq!(evs.last().map(|e| (e.action, e.size)), Some((Action::Alloc, 5 * MIB)));
+    }
+
+    #[test]
+    fn switching_to_cuda_lets_the_modelled_cpu_memory_go() {
+        let mut t = Tracker::modelled(AllocatorConfig::default());
+        let cpu = crate::producer::raw::CPU_DEVICE;
+        t.ingest(&[raw(RAW_ALLOC, 0x10, 4 * MIB, 0, Phase::Other, cpu), raw(RAW_ALLOC, 0x20, 1000, 0, Phase::Other, cpu)]);
+        let _ = t.take_batch(Vec::new());
+        let seq = t.next_seq();
+        t.switch_to_cuda(5, 0);
+        let b = t.take_batch(Vec::new());
+        assert_eq!(b.first_seq, seq, "the stream goes on without a gap");
+        let freed: u64 = b.events.iter().filter(|e| e.action == Action::FreeRequested).map(|e| e.size).sum();
+        let released: u64 = b.events.iter().filter(|e| e.action == Action::SegmentFree).map(|e| e.size).sum();
+        assert_eq!(freed, 4 * MIB + 1000);
+        assert_eq!(released, 20 * MIB + 2 * MIB, "both segments go back");
+        assert_eq!((t.active_bytes, t.allocated_bytes, t.reserved_bytes, t.live_count()), (0, 0, 0, 0));
+        assert!(matches!(t.backend(), Backend::Cuda { .. }));
+        // From here the allocator's trace passes through.
+        t.ingest(&[raw(Action::Alloc as u8, 0xd000, 512, 0, Phase::Forward, 0)]);
+        assert_eq!(t.live_events(0).len(), 1);
     }
 
     #[test]

@@ -153,6 +153,8 @@ pub struct Store {
     reported_peak: u64,
     /// A step report said the producer dropped events.
     reported_drops: bool,
+    /// Said that NVML's readings could not be matched to the job's device.
+    said_unmatched_device: bool,
     /// Bumped on every change, so screens redraw only when something changed.
     pub version: u64,
     step_cap: usize,
@@ -185,6 +187,7 @@ impl Store {
             step_peaks: VecDeque::new(),
             reported_peak: 0,
             reported_drops: false,
+            said_unmatched_device: false,
             version: 0,
             step_cap: 100_000,
         }
@@ -353,14 +356,26 @@ impl Store {
             self.log_line(kind, line);
         }
         // NVML numbers devices its own way (PCI order, all of them), CUDA its own (fastest
-        // first, CUDA_VISIBLE_DEVICES): the training device is where this process holds the
-        // most memory.
+        // first, renumbered by CUDA_VISIBLE_DEVICES): the job's device is the one with its
+        // PCI bus id, else where its process holds the most memory.
+        let mut unmatched = None;
         if let Some(info) = self.info.as_ref().filter(|i| i.cuda) {
-            if let Some(d) = b.samples.last().and_then(|s| training_device(s, info.pid)) {
-                self.gauges.set_selected_device(d);
+            if let Some(sample) = b.samples.last().filter(|s| !s.devices().is_empty()) {
+                match training_device(sample, info) {
+                    Some(d) => self.gauges.set_selected_device(d),
+                    None => unmatched = Some(info.pid),
+                }
             }
         }
         self.gauges.ingest(b);
+        if let Some(pid) = unmatched.filter(|_| !self.said_unmatched_device) {
+            self.said_unmatched_device = true;
+            let shown = self.gauges.selected_device();
+            self.log_line(
+                LogKind::Warn,
+                format!("NVML does not list the job's process (pid {pid}; in a container NVML shows the host's PIDs) and its GPU's PCI bus id is unknown: showing NVML device {shown}, which may not be the job's"),
+            );
+        }
     }
 
     pub fn ingest_report(&mut self, r: Report) {
@@ -371,8 +386,12 @@ impl Store {
                 if let Some(n) = &info.note {
                     self.log_line(LogKind::Info, n.clone());
                 }
-                if let Some(d) = info.device.strip_prefix("cuda:").and_then(|d| d.parse().ok()) {
-                    self.gauges.set_selected_device(d);
+                // Without a bus id the CUDA ordinal is the best guess until NVML lists the
+                // job's process (it is NVML's index unless CUDA_VISIBLE_DEVICES renumbers).
+                if info.pci_bus_id.is_none() {
+                    if let Some(d) = info.device.strip_prefix("cuda:").and_then(|d| d.parse().ok()) {
+                        self.gauges.set_selected_device(d);
+                    }
                 }
                 self.info = Some(info);
             }
@@ -609,11 +628,19 @@ impl Store {
 
 }
 
-/// The NVML index of the device where the job's process (`pid`; before jobs said their
-/// pid, the process the sampler marked as itself) holds the most memory.
-fn training_device(sample: &GaugeSample, pid: u32) -> Option<u32> {
-    sample
-        .devices()
+/// The NVML index of the job's device: the one with its PCI bus id (as PyTorch maps CUDA
+/// devices to NVML's), else the one where its process (`pid`; before jobs said their pid,
+/// the process the sampler marked as itself) holds the most memory.
+fn training_device(sample: &GaugeSample, info: &EngineInfo) -> Option<u32> {
+    let devices = sample.devices();
+    if let Some(bus) = &info.pci_bus_id {
+        let by_bus = devices.iter().find(|d| d.pci_bus_id.as_deref().is_some_and(|b| crate::source::gauges::nvml::same_pci_bus(b, bus)));
+        if let Some(d) = by_bus {
+            return Some(d.index);
+        }
+    }
+    let pid = info.pid;
+    devices
         .iter()
         .filter_map(|d| {
             d.processes.iter().find(|p| if pid != 0 { p.pid == pid } else { p.is_self }).map(|p| (p.used_bytes.unwrap_or(0), d.index))

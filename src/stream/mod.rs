@@ -74,6 +74,10 @@ pub struct EngineInfo {
     /// the defaults). On CPU, the settings of the modelled GPU.
     #[serde(default)]
     pub alloc_conf: String,
+    /// PCI bus id of the CUDA device followed: how its NVML readings are found (CUDA's
+    /// ordinals are renumbered by CUDA_VISIBLE_DEVICES; NVML's are not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
 }
 
 impl EngineInfo {

@@ -25,13 +25,14 @@ struct VsRawEvent {
 
 namespace vs {
 // Appends one event tagged with the current step/phase/scope. Cheap; called from
-// allocator paths (any thread), so it only takes a short mutex.
-void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_t device);
+// allocator paths (any thread, CUDA's under the allocator's lock), so it only takes a
+// short mutex, never throws, and drops (and counts) what does not fit the bounded buffer.
+void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_t device) noexcept;
 bool capture_enabled();
 void set_error(const char* msg);
-// Tells the host an allocation of `size` bytes failed, before the error unwinds: it saves
-// a snapshot while the memory that did not fit is still held.
-void report_oom(uint64_t size);
+// Tells the host an allocation of `size` bytes on `device` (0xff: CPU) failed, before the
+// error unwinds: it saves a snapshot while the memory that did not fit is still held.
+void report_oom(uint8_t device, uint64_t size) noexcept;
 
 // Runs `f`, turning a C++ exception into -1 and a message for `vs_last_error`: exceptions
 // must not cross into Rust.

@@ -12,26 +12,62 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <pthread.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+extern "C" void vs_after_fork_in_child();
+
 namespace {
-std::mutex g_mu;
-std::vector<VsRawEvent> g_buf;
+// Events waiting for the host's drain. At most this many are held (48 MiB): past it new
+// events are dropped and counted, so a host that stops draining (a forked child, a stuck
+// viewer) never grows the job's memory without bound.
+constexpr size_t kMaxPending = size_t{1} << 20;
+
+struct Buffer {
+  std::mutex mu;
+  std::vector<VsRawEvent> events;
+  uint64_t dropped = 0;
+};
+
+// Never destroyed: allocator callbacks (CUDA's cache being released, CPU tensors freed by
+// other static destructors) can still arrive while the process's statics are torn down.
+Buffer& buffer() {
+  static Buffer* b = [] {
+    auto* fresh = new Buffer();
+    fresh->events.reserve(1 << 16);
+    // A fork while another thread holds the mutex would leave it locked forever in the
+    // child: hold it across fork, and in the child stop recording (it has no host to drain).
+    pthread_atfork([] { buffer().mu.lock(); }, [] { buffer().mu.unlock(); },
+                   [] {
+                     buffer().mu.unlock();
+                     vs_after_fork_in_child();
+                   });
+    return fresh;
+  }();
+  return *b;
+}
+
 std::atomic<uint32_t> g_step{0};
 std::atomic<uint32_t> g_scope{0};
 std::atomic<uint8_t> g_phase{0};
 std::atomic<bool> g_enabled{true};
+// Whether the CPU wrapper records: off until installed, and again once removed (a CUDA
+// job, a failed start, a forked child), while tensors made through it still free through it.
+std::atomic<bool> g_cpu_recording{false};
 const auto g_t0 = std::chrono::steady_clock::now();
 thread_local std::string g_error;
-std::atomic<void (*)(uint64_t)> g_oom_callback{nullptr};
+std::atomic<void (*)(uint8_t, uint64_t)> g_oom_callback{nullptr};
 
 c10::Allocator* g_inner = nullptr;
 c10::DeleterFnPtr g_inner_delete = nullptr;
+constexpr int kPriority = 10;
+
+bool cpu_recording() { return g_cpu_recording.load(std::memory_order_relaxed) && vs::capture_enabled(); }
 
 void vs_cpu_delete(void* p) {
-  if (vs::capture_enabled()) vs::record(2, reinterpret_cast<uint64_t>(p), 0, 0, 0xff);
+  if (cpu_recording()) vs::record(2, reinterpret_cast<uint64_t>(p), 0, 0, 0xff);
   g_inner_delete(p);
 }
 
@@ -44,8 +80,10 @@ struct RecordingCpuAllocator final : c10::Allocator {
       dp = g_inner->allocate(n);
     } catch (...) {
       // Said before the error reaches the training code, like CUDA's OOM observer.
-      if (vs::capture_enabled()) vs::record(8, 0, n, 0, 0xff);
-      vs::report_oom(n);
+      if (cpu_recording()) {
+        vs::record(8, 0, n, 0, 0xff);
+        vs::report_oom(0xff, n);
+      }
       throw;
     }
     void* p = dp.get();
@@ -53,7 +91,7 @@ struct RecordingCpuAllocator final : c10::Allocator {
     // inner deleter: we could not free them correctly through ours.
     if (p == nullptr || dp.get_context() != p || dp.get_deleter() != g_inner_delete) return dp;
     if (!dp.compare_exchange_deleter(g_inner_delete, &vs_cpu_delete)) return dp;
-    if (vs::capture_enabled()) vs::record(0, reinterpret_cast<uint64_t>(p), n, 0, 0xff);
+    if (cpu_recording()) vs::record(0, reinterpret_cast<uint64_t>(p), n, 0, 0xff);
     return dp;
   }
   c10::DeleterFnPtr raw_deleter() const override { return &vs_cpu_delete; }
@@ -66,7 +104,7 @@ RecordingCpuAllocator g_recording;
 }  // namespace
 
 namespace vs {
-void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_t device) {
+void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_t device) noexcept {
   VsRawEvent e{};
   e.t_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::steady_clock::now() - g_t0)
@@ -79,13 +117,22 @@ void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_
   e.phase = g_phase.load(std::memory_order_relaxed);
   e.action = action;
   e.device = device;
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_buf.push_back(e);
+  Buffer& b = buffer();
+  std::lock_guard<std::mutex> lock(b.mu);
+  if (b.events.size() >= kMaxPending) {
+    ++b.dropped;
+    return;
+  }
+  try {
+    b.events.push_back(e);
+  } catch (...) {  // bad_alloc: the event is lost, never the job
+    ++b.dropped;
+  }
 }
 bool capture_enabled() { return g_enabled.load(std::memory_order_relaxed); }
 void set_error(const char* msg) { g_error = msg; }
-void report_oom(uint64_t size) {
-  if (auto cb = g_oom_callback.load()) cb(size);
+void report_oom(uint8_t device, uint64_t size) noexcept {
+  if (auto cb = g_oom_callback.load()) cb(device, size);
 }
 }  // namespace vs
 
@@ -94,17 +141,51 @@ extern "C" {
 // Installs the recording CPU allocator. Must run before any tensor the session cares about
 // is created: tensors allocated earlier keep the old deleter and their frees go unseen.
 int vs_install_cpu_allocator() {
-  if (g_inner != nullptr) return 0;
+  if (g_cpu_recording.load()) return 0;
   return vs::guard([] {
-    c10::Allocator* inner = c10::GetDefaultCPUAllocator();
-    if (inner->raw_deleter() == nullptr) {
-      throw std::runtime_error("default CPU allocator has no raw deleter");
+    if (g_inner == nullptr) {
+      c10::Allocator* inner = c10::GetDefaultCPUAllocator();
+      if (inner->raw_deleter() == nullptr) {
+        throw std::runtime_error("default CPU allocator has no raw deleter");
+      }
+      g_inner_delete = inner->raw_deleter();
+      g_inner = inner;
     }
-    g_inner_delete = inner->raw_deleter();
-    g_inner = inner;
-    g_buf.reserve(1 << 16);
-    c10::SetCPUAllocator(&g_recording, /*priority=*/10);
+    buffer();
+    c10::SetCPUAllocator(&g_recording, kPriority);
+    g_cpu_recording.store(true);
   });
+}
+
+// Puts libtorch's own CPU allocator back and stops recording CPU events (a CUDA job's CPU
+// tensors are not device memory; a failed start must leave nothing behind). Tensors made
+// while it was installed still free through its deleter, which then only forwards.
+void vs_remove_cpu_allocator() {
+  if (!g_cpu_recording.exchange(false)) return;
+  c10::SetCPUAllocator(g_inner, kPriority);
+}
+
+// Whether the recording CPU allocator is the one libtorch hands out now.
+bool vs_cpu_allocator_installed() {
+  return g_cpu_recording.load() && c10::GetCPUAllocator() == &g_recording;
+}
+
+// Events dropped because the buffer was full (or memory ran out), since the start.
+uint64_t vs_dropped() {
+  Buffer& b = buffer();
+  std::lock_guard<std::mutex> lock(b.mu);
+  return b.dropped;
+}
+
+// In a forked child (a DataLoader worker): nothing drains the buffer there, so record
+// nothing and hold nothing the parent had buffered.
+void vs_after_fork_in_child() {
+  g_cpu_recording.store(false);
+  g_enabled.store(false);
+  g_oom_callback.store(nullptr);
+  Buffer& b = buffer();
+  b.events.clear();
+  b.events.shrink_to_fit();
 }
 
 void vs_set_tags(uint32_t step, uint8_t phase) {
@@ -116,8 +197,9 @@ void vs_set_scope(uint32_t scope) { g_scope.store(scope, std::memory_order_relax
 
 void vs_set_capture_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 
-// The host's out-of-memory callback (null: none).
-void vs_set_oom_callback(void (*cb)(uint64_t)) { g_oom_callback.store(cb); }
+// The host's out-of-memory callback, given the device (0xff: CPU) and the bytes asked for
+// (null: none).
+void vs_set_oom_callback(void (*cb)(uint8_t, uint64_t)) { g_oom_callback.store(cb); }
 
 // CLOCK_MONOTONIC nanoseconds at this clock's zero (steady_clock is CLOCK_MONOTONIC on
 // Linux), so processes line their clocks up.
@@ -134,16 +216,18 @@ uint64_t vs_now_ns() {
 
 // Moves up to `cap` buffered events into `out`; returns how many. Oldest first.
 size_t vs_drain(VsRawEvent* out, size_t cap) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  size_t n = g_buf.size() < cap ? g_buf.size() : cap;
-  std::memcpy(out, g_buf.data(), n * sizeof(VsRawEvent));
-  g_buf.erase(g_buf.begin(), g_buf.begin() + static_cast<std::ptrdiff_t>(n));
+  Buffer& b = buffer();
+  std::lock_guard<std::mutex> lock(b.mu);
+  size_t n = b.events.size() < cap ? b.events.size() : cap;
+  std::memcpy(out, b.events.data(), n * sizeof(VsRawEvent));
+  b.events.erase(b.events.begin(), b.events.begin() + static_cast<std::ptrdiff_t>(n));
   return n;
 }
 
 size_t vs_pending() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_buf.size();
+  Buffer& b = buffer();
+  std::lock_guard<std::mutex> lock(b.mu);
+  return b.events.size();
 }
 
 // device_type: 0 = CPU, 1 = CUDA. Mirrors Python's `torch.autocast.__enter__/__exit__`.

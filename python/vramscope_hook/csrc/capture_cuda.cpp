@@ -3,11 +3,16 @@
 // CUDA (VS_WITH_CUDA), which is every CI run; it only runs where a GPU is present.
 #include "capture.h"
 
+#include <atomic>
+#include <cstdio>
+#include <dlfcn.h>
 #include <cstdlib>
+#include <stdexcept>
 #include <cstring>
 #include <string>
 
 #ifdef VS_WITH_CUDA
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 #include <cuda_runtime_api.h>
@@ -40,11 +45,40 @@ const char* vs_cuda_version() {
   return v.c_str();
 }
 
-// Starts forwarding the caching allocator's trace into the event buffer. With
-// `history_entries` > 0 PyTorch also keeps its own trace ring (for its snapshot).
-int vs_cuda_attach(int64_t history_entries) {
+// Lazy CUDA init, as the first CUDA tensor would do it: makes the caching allocator's
+// per-device allocators, which trackers attach to. Creates no context.
+int vs_cuda_init() {
+  return vs::guard([] { at::globalContext().lazyInitDevice(c10::DeviceType::CUDA); });
+}
+
+// Why the caching allocator cannot be traced now, or null when it can.
+static const char* untraceable() {
+  cca::CUDAAllocator* a = cca::get();
+  if (a == nullptr) return "libtorch has no CUDA allocator";
+  // cudaMallocAsync throws from attachAllocatorTraceTracker: it keeps no trace.
+  if (a->name() == "cudaMallocAsync") {
+    return "PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync, which has no trace hooks: "
+           "vramscope shows the device's own readings only";
+  }
+  // NativeCachingAllocator forwards trackers to the per-device allocators that exist when
+  // they are attached; before lazy CUDA init there are none, and init does not replay them.
+  if (!a->initialized()) {
+    return "CUDA's caching allocator is not initialised yet (attach after the job's first "
+           "CUDA use: trackers attached earlier see nothing)";
+  }
+  return nullptr;
+}
+
+// Starts forwarding the caching allocator's trace into the event buffer, for every
+// device. Only once lazy CUDA init has made the allocators (see `untraceable`); a second
+// call does nothing.
+int vs_cuda_attach() {
+  static std::atomic<bool> attached{false};
+  if (attached.load()) return 0;
   return vs::guard([&] {
-    cca::attachAllocatorTraceTracker([](const cca::TraceEntry& te) {
+    if (const char* why = untraceable()) throw std::runtime_error(why);
+    // Under the allocator's lock: never throws, never calls back into Python.
+    cca::attachAllocatorTraceTracker([](const cca::TraceEntry& te) noexcept {
       if (!vs::capture_enabled()) return;
       vs::record(static_cast<uint8_t>(te.action_), static_cast<uint64_t>(te.addr_),
                  static_cast<uint64_t>(te.size_),
@@ -52,13 +86,44 @@ int vs_cuda_attach(int64_t history_entries) {
                  static_cast<uint8_t>(te.device_));
     });
     // Called without the allocator's lock, so the host may take PyTorch's snapshot in it.
-    cca::attachOutOfMemoryObserver([](int64_t, size_t allocated, size_t, size_t) {
-      vs::report_oom(static_cast<uint64_t>(allocated));
+    cca::attachOutOfMemoryObserver([](int64_t device, size_t allocated, size_t, size_t) {
+      vs::report_oom(static_cast<uint8_t>(device), static_cast<uint64_t>(allocated));
     });
-    if (history_entries > 0) {
-      torch::cuda::_record_memory_history(true, true, history_entries, true, false);
-    }
+    // 2.13 may refuse a request before trying cudaMalloc (throw_on_cudamalloc_oom); that
+    // is an OOM to the job too, said by its own observer.
+    cca::attachOomRejectionObserver([](int64_t device, size_t alloc_size, size_t, size_t) {
+      vs::report_oom(static_cast<uint8_t>(device), static_cast<uint64_t>(alloc_size));
+    });
+    attached.store(true);
   });
+}
+
+// The PCI bus id of CUDA device `device`, as NVML writes it ("00000000:3B:00.0"): how a
+// CUDA ordinal (renumbered by CUDA_VISIBLE_DEVICES) finds its NVML readings, as PyTorch
+// does. The runtime's own call, whose signature no CUDA version changes, found in the
+// runtime libtorch already loaded (linking one would pin a CUDA version).
+int vs_cuda_pci_bus_id(int device, char* out, size_t len) {
+  return vs::guard([&] {
+    using PciBusId = int (*)(char*, int, int);
+    void* f = dlsym(RTLD_DEFAULT, "cudaDeviceGetPCIBusId");
+    for (const char* so : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"}) {
+      if (f != nullptr) break;
+      if (void* h = dlopen(so, RTLD_NOW | RTLD_NOLOAD)) f = dlsym(h, "cudaDeviceGetPCIBusId");
+    }
+    if (f == nullptr) throw std::runtime_error("the CUDA runtime is not loaded");
+    char id[32] = {0};
+    const int e = reinterpret_cast<PciBusId>(f)(id, static_cast<int>(sizeof id), device);
+    if (e != 0) throw std::runtime_error("cudaDeviceGetPCIBusId failed with error " + std::to_string(e));
+    unsigned domain = 0, bus = 0, dev = 0;
+    if (std::sscanf(id, "%x:%x:%x", &domain, &bus, &dev) != 3) throw std::runtime_error(id);
+    std::snprintf(out, len, "%08X:%02X:%02X.0", domain, bus, dev);
+  });
+}
+
+// PyTorch keeps its own trace ring of `entries` (for its snapshot, the selftest's
+// comparison).
+int vs_cuda_record_history(int64_t entries) {
+  return vs::guard([&] { torch::cuda::_record_memory_history(true, true, entries, true, false); });
 }
 
 int vs_cuda_stats(int device, VsCudaStats* out) {
@@ -73,10 +138,6 @@ int vs_cuda_stats(int device, VsCudaStats* out) {
     out->requested = static_cast<uint64_t>(s.requested_bytes[agg].current);
     out->num_ooms = static_cast<uint64_t>(s.num_ooms);
   });
-}
-
-int vs_cuda_reset_peaks(int device) {
-  return vs::guard([&] { cca::resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
 }
 
 int vs_cuda_empty_cache() {
@@ -98,14 +159,18 @@ int vs_cuda_snapshot(char** out, size_t* len) {
 #else  // libtorch without CUDA: the same entry points, each saying why it cannot work.
 
 static int no_cuda() {
-  vs::set_error("this build's libtorch has no CUDA");
+  vs::set_error(
+      "this capture shim was built without CUDA (libtorch without CUDA, or no CUDA headers "
+      "at build time: pip install nvidia-cuda-runtime nvidia-cuda-crt, or set CUDA_HOME)");
   return -1;
 }
 int vs_cuda_compiled() { return 0; }
 const char* vs_cuda_version() { return ""; }
-int vs_cuda_attach(int64_t) { return no_cuda(); }
+int vs_cuda_attach() { return no_cuda(); }
+int vs_cuda_record_history(int64_t) { return no_cuda(); }
+int vs_cuda_pci_bus_id(int, char*, size_t) { return no_cuda(); }
 int vs_cuda_stats(int, VsCudaStats*) { return no_cuda(); }
-int vs_cuda_reset_peaks(int) { return no_cuda(); }
+int vs_cuda_init() { return no_cuda(); }
 int vs_cuda_empty_cache() { return no_cuda(); }
 int vs_cuda_snapshot(char**, size_t*) { return no_cuda(); }
 

@@ -87,6 +87,9 @@ pub struct RawDevice {
     pub graphics_processes: Raw<Vec<RawProcess>>,
     /// (pid, SM utilization percent), possibly several samples per pid, oldest first.
     pub process_sm_util: Raw<Vec<(u32, u32)>>,
+    /// NVML's PCI bus id ("00000000:3B:00.0"): what a CUDA device is matched by.
+    #[serde(default)]
+    pub pci_bus_id: Option<String>,
 }
 
 impl RawDevice {
@@ -110,8 +113,22 @@ impl RawDevice {
             compute_processes: Err(RawError::NotSupported),
             graphics_processes: Err(RawError::NotSupported),
             process_sm_util: Err(RawError::NotSupported),
+            pci_bus_id: None,
         }
     }
+}
+
+/// Whether two PCI bus ids name one device. NVML writes an 8-digit domain
+/// ("00000000:3B:00.0"), CUDA and PyTorch often 4 ("0000:3b:00.0"), in either case.
+pub fn same_pci_bus(a: &str, b: &str) -> bool {
+    fn parts(id: &str) -> Option<(u64, u64, u64, u64)> {
+        let (domain, rest) = id.trim().split_once(':')?;
+        let (bus, rest) = rest.split_once(':')?;
+        let (device, function) = rest.split_once('.').unwrap_or((rest, "0"));
+        let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+        Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
+    }
+    matches!((parts(a), parts(b)), (Some(x), Some(y)) if x == y)
 }
 
 /// Raw readings of all devices, one call per sample.
@@ -185,6 +202,7 @@ pub fn convert_device(raw: RawDevice, job: &[u32]) -> Result<DeviceSample, Gauge
         sm_clock_mhz: optional(raw.sm_clock_mhz, "clock_info(SM)", d)?,
         mem_clock_mhz: optional(raw.mem_clock_mhz, "clock_info(memory)", d)?,
         processes: procs.into_values().collect(),
+        pci_bus_id: raw.pci_bus_id,
     })
 }
 
@@ -313,6 +331,7 @@ fn read_device(index: u32, dev: &Device<'_>, last_util_us: &mut u64) -> RawDevic
         compute_processes: raw_processes(dev.running_compute_processes()),
         graphics_processes: raw_processes(dev.running_graphics_processes()),
         process_sm_util,
+        pci_bus_id: dev.pci_info().ok().map(|p| p.bus_id),
     }
 }
 
@@ -434,6 +453,14 @@ mod tests {
             convert_device(no_mem, &[SELF]).unwrap_err().to_string(),
             "NVML memory_info failed on GPU 2: no permission"
         );
+    }
+
+    #[test]
+    fn pci_bus_ids_match_whatever_their_spelling() {
+        assert!(same_pci_bus("00000000:3B:00.0", "0000:3b:00.0"));
+        assert!(same_pci_bus("00000000:3B:00.0", "0000:3b:00"));
+        assert!(!same_pci_bus("00000000:3B:00.0", "00000000:3C:00.0"));
+        assert!(!same_pci_bus("00000000:3B:00.0", "garbage"));
     }
 
     #[test]

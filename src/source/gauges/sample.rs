@@ -33,6 +33,9 @@ pub struct DeviceSample {
     pub sm_clock_mhz: Option<u32>,
     pub mem_clock_mhz: Option<u32>,
     pub processes: Vec<ProcessSample>,
+    /// NVML's PCI bus id, when it says (recordings before it have none).
+    #[serde(default)]
+    pub pci_bus_id: Option<String>,
 }
 
 /// Host readings, used when NVML is unavailable.

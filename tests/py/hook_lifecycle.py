@@ -1,0 +1,109 @@
+"""How the hook lives inside a job, checked on a machine without a GPU. Prints one JSON line.
+
+  cuda-order  The hook, on what looks to it like a GPU machine, must attach to CUDA's
+              allocator only when the job initialises CUDA (torch's lazy-init callbacks,
+              observed here through a fake `_lazy_call`), never initialise CUDA itself,
+              and stop recording CPU tensors from then on.
+  fork        A forked child (a DataLoader worker) records nothing, never calls into the
+              parent's session, exits cleanly; the parent goes on capturing.
+  children    A process the job starts does not load the hook (run under `vramscope py`).
+  bound       The shim's buffer, never drained, stops at its bound and counts the rest.
+  cublas-oom  The job dies of an out-of-memory error the caching allocator never saw.
+"""
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+
+def cuda_order():
+    queued, inits = [], []
+    torch.cuda.is_available = lambda: True  # a GPU machine, as far as the hook can tell
+    torch.cuda._lazy_call = lambda fn, **kw: queued.append(fn)
+    torch.cuda.init = lambda: inits.append("init")
+    torch.cuda._lazy_init = lambda: inits.append("_lazy_init")
+
+    import vramscope_hook
+    from vramscope_hook import _state
+
+    assert vramscope_hook.install()
+    shim = _state["hooks"].shim
+    shim.vs_cpu_allocator_installed.restype = ctypes.c_bool
+    out = {"queued": len(queued), "recording_before": shim.vs_cpu_allocator_installed()}
+    x = torch.ones(4096)  # the job's CPU work before it uses CUDA
+    # The job initialises CUDA: torch runs what was queued.
+    for fn in queued:
+        fn()
+    out["recording_after"] = shim.vs_cpu_allocator_installed()
+    out["inits"] = inits
+    del x
+    print(json.dumps(out))
+
+
+def fork():
+    import vramscope_hook
+    from vramscope_hook import _state
+
+    assert vramscope_hook.install()
+    shim = _state["hooks"].shim
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        # As a DataLoader worker would: tensors, a model's forward, then a normal exit
+        # (atexit runs).
+        ys = [model(torch.randn(8, 64)) for _ in range(20)]
+        os.write(w, json.dumps({"pending": shim.vs_pending(), "active": vramscope_hook.active()}).encode())
+        os.close(w)
+        del ys
+        sys.exit(0)
+    os.close(w)
+    child = json.loads(os.read(r, 4096).decode())
+    _, status = os.waitpid(pid, 0)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 64)).sum().backward()
+        opt.step()
+    print(json.dumps({"child": child, "child_status": status, "parent_active": vramscope_hook.active()}))
+
+
+def children():
+    probe = "import json, os, torch, vramscope_hook; print(json.dumps({'hook_env': os.environ.get('VRAMSCOPE_HOOK'), 'active': vramscope_hook.active()}))"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    import vramscope_hook
+
+    print(json.dumps({"self_active": vramscope_hook.active(), "child": json.loads(r.stdout.strip().splitlines()[-1])}))
+
+
+def bound():
+    from vramscope_hook import _native
+
+    shim = ctypes.CDLL(str(_native.build_shim(torch)), mode=ctypes.RTLD_GLOBAL)
+    shim.vs_pending.restype = ctypes.c_size_t
+    shim.vs_dropped.restype = ctypes.c_uint64
+    assert shim.vs_install_cpu_allocator() == 0
+    n = 0
+    while shim.vs_pending() < (1 << 20):
+        # 256 allocations and frees a round, nothing draining them.
+        [torch.empty(16) for _ in range(128)]
+        n += 1
+    for _ in range(64):
+        [torch.empty(16) for _ in range(128)]
+    print(json.dumps({"pending": shim.vs_pending(), "dropped": shim.vs_dropped()}))
+
+
+def cublas_oom():
+    model = torch.nn.Linear(16, 16)
+    model(torch.randn(4, 16))
+    # What cuBLAS raises when its workspace does not fit (a RuntimeError, not the caching
+    # allocator's OutOfMemoryError).
+    raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+
+
+{"cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
