@@ -294,7 +294,8 @@ enum OomAction {
     Snapshot,
     /// Said without a snapshot: one was cut moments ago.
     Skip,
-    /// Another device's OOM: said as such.
+    /// Another device's OOM: said with its device, without a snapshot (vramscope's hold
+    /// the first device's trace).
     OtherDevice,
 }
 
@@ -328,7 +329,7 @@ extern "C" fn on_oom(device: u8, requested: u64) {
                 s.oom(requested, None, Some(&why));
             }
             OomAction::OtherDevice => {
-                s.oom(requested, None, Some(&format!("on cuda:{device}, a device vramscope does not follow")));
+                s.oom(requested, None, Some(&format!("on cuda:{device}; snapshots hold the job's first device")));
             }
         }
     }

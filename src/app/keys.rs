@@ -66,6 +66,7 @@ actions! {
     EventLog, "event_log", "l", "open / close the event log";
     NextTheme, "next_theme", "t", "next theme";
     NextRank, "next_rank", "R", "show the next rank of a multi-rank job";
+    NextDevice, "next_device", "D", "show the next GPU of a job that allocates on several";
     ToggleRecord, "toggle_record", "r", "start / stop recording the session";
     SpeedUp, "speed_up", ">", "replay: twice as fast";
     SpeedDown, "speed_down", "<", "replay: half as fast";

@@ -182,7 +182,7 @@ pub async fn event_loop(
                     return Ok(());
                 }
                 controls.tick(&mut ranks);
-                let version = ranks.version() + ranks.shown as u64;
+                let version = ranks.version();
                 let shown = ranks.shown();
                 view.fit_steps(shown.newest_steps_start(super::view::FIT_STEPS), shown.history.end());
                 if drawn.as_ref().is_none_or(|(v, w)| *v != version || *w != view) {
@@ -236,6 +236,7 @@ pub fn handle(a: Action, ranks: &mut Ranks, view: &mut View, controls: &mut dyn 
             }
         }
         Action::NextRank => ranks.next_rank(),
+        Action::NextDevice => ranks.next_device(),
         Action::Help => view.help = !view.help,
         _ => {
             if controls.key(a, ranks) {

@@ -40,40 +40,35 @@ pub trait Capture: Send {
     fn cuda_pci_bus_id(&self, device: u8) -> Option<String>;
 }
 
-/// Which CUDA device's events a session follows: the one the job allocates on first, not
-/// the one its rank suggests (per-rank CUDA_VISIBLE_DEVICES makes every rank's device 0; a
-/// model may live on cuda:1). Other devices' events are counted and said, never dropped
-/// silently; CPU events are not device memory.
+/// Which CUDA device is a session's first: the one the job allocates on first, not the one
+/// its rank suggests (per-rank CUDA_VISIBLE_DEVICES makes every rank's device 0; a model
+/// may live on cuda:1). Every other device the job allocates on gets its own stream beside
+/// it; CPU events are not device memory.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceFollow {
     pub followed: Option<u8>,
-    /// Events of every other device, by device.
-    pub others: BTreeMap<u8, u64>,
 }
 
 impl DeviceFollow {
-    /// Keeps the followed device's events in `raw` (choosing it at the first device event);
-    /// returns the devices seen for the first time besides it.
-    pub fn filter(&mut self, raw: &mut Vec<RawEvent>) -> Vec<u8> {
-        let mut new = Vec::new();
+    /// Keeps the first device's events in `raw` (choosing it at the first device event)
+    /// and moves every other device's into `others`.
+    pub fn split(&mut self, raw: &mut Vec<RawEvent>, others: &mut Vec<RawEvent>) {
         raw.retain(|e| {
             if e.device == CPU_DEVICE {
                 return false;
             }
             let followed = *self.followed.get_or_insert(e.device);
-            if e.device == followed {
-                return true;
+            if e.device != followed {
+                others.push(*e);
             }
-            let n = self.others.entry(e.device).or_insert(0);
-            if *n == 0 {
-                new.push(e.device);
-            }
-            *n += 1;
-            false
+            e.device == followed
         });
-        new
     }
 }
+
+/// Trace entries kept per other device: their snapshots are PyTorch's concern (a cut holds
+/// the first device's trace), so their rings hold only what accounting needs.
+const OTHER_DEVICE_RING: usize = 1;
 
 /// Steps' reports kept for a viewer that attaches later.
 const RECENT_STEPS: usize = 200;
@@ -115,8 +110,10 @@ pub struct Session {
     announce_viewers: bool,
     /// The snapshot written when an allocation failed, for the OOM report that follows.
     oom_snapshot: Option<PathBuf>,
-    /// CUDA: the device followed, and what other devices did.
+    /// CUDA: the job's first device (the tracker's), and its every other device's tracker.
     devices: DeviceFollow,
+    others: BTreeMap<u8, Tracker>,
+    other_raw: Vec<RawEvent>,
     /// The shim's dropped-event count last said.
     dropped_said: u64,
 }
@@ -181,7 +178,9 @@ impl Session {
             log,
             announce_viewers: opts.announce_viewers,
             oom_snapshot: None,
-            devices: DeviceFollow { followed, others: BTreeMap::new() },
+            devices: DeviceFollow { followed },
+            others: BTreeMap::new(),
+            other_raw: Vec::new(),
             dropped_said: 0,
         }
     }
@@ -228,19 +227,17 @@ impl Session {
         self.capture.drain(&mut self.raw);
         if let Backend::Cuda { .. } = self.tracker.backend() {
             let chosen = self.devices.followed.is_none();
-            let others = self.devices.filter(&mut self.raw);
+            let mut other = std::mem::take(&mut self.other_raw);
+            other.clear();
+            self.devices.split(&mut self.raw, &mut other);
             if let Some(d) = self.devices.followed.filter(|_| chosen) {
                 self.tracker.set_cuda_device(d);
                 self.info.device = format!("cuda:{d}");
                 self.info.pci_bus_id = self.capture.cuda_pci_bus_id(d);
                 self.report(Report::Started(self.info.clone()));
             }
-            for d in others {
-                let followed = self.devices.followed.unwrap_or(0);
-                self.report(Report::Note(format!(
-                    "the job also allocates on cuda:{d}: vramscope follows cuda:{followed} (its first device), so cuda:{d}'s memory is not in these figures"
-                )));
-            }
+            self.ingest_other_devices(&other);
+            self.other_raw = other;
         }
         let raw = std::mem::take(&mut self.raw);
         self.tracker.ingest(&raw);
@@ -257,6 +254,29 @@ impl Session {
     /// CUDA: the device this session follows, once known.
     pub fn followed_device(&self) -> Option<u8> {
         self.devices.followed
+    }
+
+    /// Events of the job's other CUDA devices, each into its own tracker (made, and said,
+    /// at the device's first event).
+    fn ingest_other_devices(&mut self, events: &[RawEvent]) {
+        for e in events {
+            if !self.others.contains_key(&e.device) {
+                let mut t = Tracker::new(Backend::Cuda { device: e.device }, OTHER_DEVICE_RING);
+                t.mark(e.t_ns, self.step as u32, self.phase);
+                self.others.insert(e.device, t);
+                let first = self.devices.followed.unwrap_or(0);
+                self.report(Report::Note(format!(
+                    "the job also allocates on cuda:{}: shown as its own device beside cuda:{first} (D switches)",
+                    e.device
+                )));
+            }
+        }
+        for (d, t) in self.others.iter_mut() {
+            let mine: Vec<RawEvent> = events.iter().filter(|e| e.device == *d).copied().collect();
+            if !mine.is_empty() {
+                t.ingest(&mine);
+            }
+        }
     }
 
     /// The job initialised CUDA (the hook's case): from now on the session follows the
@@ -279,10 +299,21 @@ impl Session {
         self.admit_viewers();
         let scopes = self.scopes.take_unsent();
         let batch = self.tracker.take_batch(scopes);
-        if batch.events.is_empty() && batch.marks.is_empty() && batch.retags.is_empty() && batch.scopes.is_empty() {
-            return;
+        if !(batch.events.is_empty() && batch.marks.is_empty() && batch.retags.is_empty() && batch.scopes.is_empty()) {
+            self.server.broadcast(self.capture.now_ns(), &Incoming::Batch(batch));
         }
-        self.server.broadcast(self.capture.now_ns(), &Incoming::Batch(batch));
+        self.flush_other_devices();
+    }
+
+    /// Other devices' batches go out once they hold events: a viewer tells a batch's device
+    /// by its events, so their marks and retags wait for some.
+    fn flush_other_devices(&mut self) {
+        let now = self.capture.now_ns();
+        for t in self.others.values_mut() {
+            if t.has_pending_events() {
+                self.server.broadcast(now, &Incoming::Batch(t.take_batch(Vec::new())));
+            }
+        }
     }
 
     /// A viewer that attaches mid-run first hears who this is, the steps so far, every
@@ -300,12 +331,19 @@ impl Session {
         if !pending.events.is_empty() || !pending.scopes.is_empty() || !pending.retags.is_empty() || !pending.marks.is_empty() {
             self.server.broadcast(self.capture.now_ns(), &Incoming::Batch(pending));
         }
+        self.flush_other_devices();
         let now = self.capture.now_ns();
         let live = self.tracker.live_events(now);
         let first_seq = self.tracker.next_seq() - live.len() as u64;
         let mut items = vec![(now, Incoming::Report(Report::Started(self.info.clone())))];
         items.extend(self.recent_steps.iter().map(|s| (now, Incoming::Report(Report::Step(s.clone())))));
         items.push((now, Incoming::Batch(Batch { first_seq, events: live, scopes: self.scopes.all(), ..Batch::default() })));
+        for t in self.others.values() {
+            let live = t.live_events(now);
+            if !live.is_empty() {
+                items.push((now, Incoming::Batch(Batch { first_seq: t.next_seq() - live.len() as u64, events: live, ..Batch::default() })));
+            }
+        }
         if self.paused {
             items.push((now, Incoming::Report(Report::Paused(true))));
         }
@@ -332,7 +370,11 @@ impl Session {
         if phase != Phase::Other {
             self.phases_seen.insert(phase);
         }
-        self.tracker.mark(self.capture.now_ns(), self.step as u32, phase);
+        let now = self.capture.now_ns();
+        self.tracker.mark(now, self.step as u32, phase);
+        for t in self.others.values_mut() {
+            t.mark(now, self.step as u32, phase);
+        }
         self.refresh_stacks();
         self.flush();
     }
@@ -343,31 +385,57 @@ impl Session {
         if let Ok(s) = self.capture.cuda_stats(device) {
             self.tracker.set_device_counters(s.allocated, s.reserved, ended);
         }
+        for (d, t) in self.others.iter_mut() {
+            if let Ok(s) = self.capture.cuda_stats(*d) {
+                t.set_device_counters(s.allocated, s.reserved, ended);
+            }
+        }
     }
 
     /// The host names what the allocation at raw address `key` holds (drain first, so the
     /// allocation is known), and optionally what it is called.
     pub fn tag(&mut self, key: u64, category: Category, name: Option<&str>) {
         let scope = name.map_or(0, |n| self.scopes.intern(n));
+        // Device addresses are unique across devices: the tracker holding it takes it.
         self.tracker.tag(key, category, scope);
+        for t in self.others.values_mut() {
+            t.tag(key, category, scope);
+        }
     }
 
-    /// Closes a step: its exact figures go out as a report.
+    /// Closes a step: its exact figures go out as a report, one for each device.
     pub fn end_step(&mut self, end: &StepEnd) -> StepReport {
         self.set_phase(Phase::Other);
-        let stats = self.tracker.take_step_stats();
+        let r = self.step_report(None, end);
+        let others: Vec<u8> = self.others.keys().copied().collect();
+        for d in others {
+            let other = self.step_report(Some(d), end);
+            self.keep_step(other);
+        }
+        self.keep_step(r.clone());
+        self.phases_seen.clear();
+        self.flush();
+        r
+    }
+
+    /// The step's figures on the first device (None) or another one.
+    fn step_report(&mut self, device: Option<u8>, end: &StepEnd) -> StepReport {
+        let t = match device {
+            Some(d) => self.others.get_mut(&d).expect("a tracker for every other device"),
+            None => &mut self.tracker,
+        };
+        let stats = t.take_step_stats();
         let phase_peak_bytes = self
             .phases_seen
             .iter()
             .map(|p| (p.as_str().to_string(), stats.phase_peak_allocated[*p as usize]))
             .collect();
-        self.phases_seen.clear();
         let category_bytes = Category::ALL
             .iter()
-            .map(|c| (c.as_str().to_string(), self.tracker.category_bytes[*c as usize]))
+            .map(|c| (c.as_str().to_string(), t.category_bytes[*c as usize]))
             .filter(|(_, b)| *b > 0)
             .collect();
-        let r = StepReport {
+        StepReport {
             step: self.step,
             mode: end.mode,
             precision: end.precision,
@@ -375,26 +443,28 @@ impl Session {
             ctx: end.ctx,
             batch: end.batch,
             peak_allocated_bytes: stats.peak_allocated,
-            reserved_bytes: self.tracker.reserved_bytes,
+            reserved_bytes: t.reserved_bytes,
             peak_reserved_bytes: stats.peak_reserved,
             peak_active_bytes: stats.peak_active,
             phase_peak_bytes,
             category_bytes,
-            live_bytes: self.tracker.active_bytes,
+            live_bytes: t.active_bytes,
             step_time_s: end.elapsed_s,
             tokens_per_s: (end.ctx * end.batch) as f64 / end.elapsed_s.max(1e-9),
             loss: end.loss,
             dropped_batches: 0,
             dropped_events: 0,
             rank: self.info.rank,
-        };
+            device,
+        }
+    }
+
+    fn keep_step(&mut self, r: StepReport) {
         if self.recent_steps.len() == RECENT_STEPS {
             self.recent_steps.pop_front();
         }
         self.recent_steps.push_back(r.clone());
-        self.report(Report::Step(r.clone()));
-        self.flush();
-        r
+        self.report(Report::Step(r));
     }
 
     /// Stamps what the shim records from now on with `step` and `phase`, without marking a
@@ -415,6 +485,9 @@ impl Session {
         self.set_phase(Phase::Other);
         self.phases_seen.clear();
         let _ = self.tracker.take_step_stats();
+        for t in self.others.values_mut() {
+            let _ = t.take_step_stats();
+        }
         let r = if oom {
             Report::Oom(OomReport { step: self.step, phase, message: message.to_string(), snapshot })
         } else {
@@ -668,25 +741,19 @@ mod tests {
     }
 
     #[test]
-    fn the_first_device_the_job_allocates_on_is_followed_and_others_are_said() {
+    fn the_first_device_the_job_allocates_on_comes_first_and_others_go_beside_it() {
         // Per-rank CUDA_VISIBLE_DEVICES, or a model on cuda:1 in a rank whose LOCAL_RANK is 0:
         // the job's first device event decides, whatever the rank.
         let mut f = DeviceFollow::default();
-        let mut raw = vec![ev(CPU_DEVICE, 1), ev(1, 2), ev(1, 3), ev(0, 4)];
-        assert_eq!(f.filter(&mut raw), vec![0], "cuda:0 is new, and said once");
+        let (mut raw, mut others) = (vec![ev(CPU_DEVICE, 1), ev(1, 2), ev(1, 3), ev(0, 4)], Vec::new());
+        f.split(&mut raw, &mut others);
         assert_eq!(f.followed, Some(1));
         assert_eq!(raw.iter().map(|e| e.addr).collect::<Vec<_>>(), [2, 3], "CPU events are not device memory");
-        let mut more = vec![ev(0, 5), ev(2, 6), ev(1, 7)];
-        assert_eq!(f.filter(&mut more), vec![2]);
-        assert_eq!(more.len(), 1);
-        assert_eq!(f.others, BTreeMap::from([(0, 2), (2, 1)]), "every other device's events are counted");
-    }
-
-    #[test]
-    fn a_device_given_at_the_start_is_kept() {
-        let mut f = DeviceFollow { followed: Some(3), others: BTreeMap::new() };
-        let mut raw = vec![ev(0, 1), ev(3, 2)];
-        assert_eq!(f.filter(&mut raw), vec![0]);
-        assert_eq!((f.followed, raw.len()), (Some(3), 1));
+        assert_eq!(others.iter().map(|e| (e.device, e.addr)).collect::<Vec<_>>(), [(0, 4)], "nothing is dropped");
+        // A device given at the start stays first.
+        let mut fixed = DeviceFollow { followed: Some(3) };
+        let (mut raw, mut others) = (vec![ev(0, 1), ev(3, 2)], Vec::new());
+        fixed.split(&mut raw, &mut others);
+        assert_eq!((fixed.followed, raw.len(), others.len()), (Some(3), 1, 1));
     }
 }

@@ -407,6 +407,11 @@ impl Tracker {
         (self.allocated_bytes, self.reserved_bytes) = (0, 0);
     }
 
+    /// Events wait to be sent.
+    pub fn has_pending_events(&self) -> bool {
+        !self.pending.events.is_empty()
+    }
+
     pub fn take_batch(&mut self, scopes: Vec<(u32, String)>) -> Batch {
         let mut b = std::mem::take(&mut self.pending);
         b.scopes = scopes;

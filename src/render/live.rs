@@ -129,6 +129,10 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSumma
     for fact in facts {
         line1.extend([sep(), Span::styled(fact, val)]);
     }
+    if ranks.devices.len() > 1 {
+        let which = format!("device {} of {} ({})", ranks.device_shown + 1, ranks.devices.len(), ranks.devices.join(" "));
+        line1.extend([sep(), Span::styled(which, Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD))]);
+    }
     if ranks.count > 1 {
         line1.extend([sep(), Span::styled(format!("rank {} of {}", ranks.shown, ranks.count), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD))]);
         let peaks: Vec<String> = ranks.peaks.iter().map(|p| format!("r{} {}", p.rank, bytes(p.peak))).collect();

@@ -15,8 +15,9 @@ pub fn step_line(r: &StepReport) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "{}step {:>3}  {} {} ctx {} batch {}{} | peak {} ({}) | reserved {} | {} | {:.0} tok/s{}",
+        "{}{}step {:>3}  {} {} ctx {} batch {}{} | peak {} ({}) | reserved {} | {} | {:.0} tok/s{}",
         r.rank.map(|k| format!("rank {k} ")).unwrap_or_default(),
+        r.device.map(|d| format!("cuda:{d} ")).unwrap_or_default(),
         r.step,
         r.mode,
         r.precision,

@@ -1,17 +1,23 @@
 //! A job's ranks, each with its own store (a rank's figures are exact on their own), the
-//! one on screen, and how they compare: per-rank peak and the skew between ranks.
+//! one on screen, and how they compare: per-rank peak and the skew between ranks. A rank
+//! that allocates on several CUDA devices has a store for each device after its first.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::stream::Incoming;
+use crate::stream::{EngineInfo, Incoming, Report};
 
 use super::Store;
 
+/// Where a store belongs: its rank, and, for a rank's CUDA devices after its first, which.
+type Key = (u32, Option<u8>);
+
 pub struct Ranks {
-    stores: BTreeMap<u32, Store>,
+    stores: BTreeMap<Key, Store>,
     /// The rank on screen.
     pub shown: u32,
+    /// The device of that rank on screen (None: its first).
+    pub shown_device: Option<u8>,
     history_cap: usize,
     /// The recording being written, shown until it stops, whichever rank is on screen.
     pub recording: Option<PathBuf>,
@@ -22,6 +28,9 @@ pub struct Ranks {
 pub struct RankSummary {
     pub shown: u32,
     pub count: usize,
+    /// The shown rank's devices, by name, when it allocates on several; and which is shown.
+    pub devices: Vec<String>,
+    pub device_shown: usize,
     pub peaks: Vec<RankPeak>,
     pub skew: Option<f64>,
     pub recording: Option<PathBuf>,
@@ -42,10 +51,11 @@ impl Ranks {
 
     /// Rank 0 already holding `store` (a replay's title and log, a test's screen).
     pub fn with(store: Store, history_cap: usize) -> Ranks {
-        Ranks { stores: BTreeMap::from([(0, store)]), shown: 0, history_cap, recording: None }
+        Ranks { stores: BTreeMap::from([((0, None), store)]), shown: 0, shown_device: None, history_cap, recording: None }
     }
 
-    /// Routes an item: device gauges are the machine's and go to every rank.
+    /// Routes an item: device gauges are the machine's and go to every store; a rank's
+    /// other devices get their batches and steps, and what the rank says of itself.
     pub fn ingest(&mut self, rank: u32, item: Incoming) {
         match item {
             Incoming::Gauges(g) => {
@@ -58,46 +68,108 @@ impl Ranks {
                     s.restart(self.history_cap);
                 }
             }
-            item => {
-                let cap = self.history_cap;
-                let s = self.stores.entry(rank).or_insert_with(|| Store::new(cap));
-                s.ingest(item);
+            Incoming::Batch(b) => {
+                let device = b.events.first().map(|e| e.device).filter(|d| self.is_other_device(rank, *d));
+                self.store((rank, device)).ingest(Incoming::Batch(b));
             }
+            Incoming::Report(Report::Step(r)) => self.store((rank, r.device)).ingest_report(Report::Step(r)),
+            Incoming::Report(r @ (Report::Started(_) | Report::Paused(_) | Report::Finished)) => {
+                self.store((rank, None));
+                let keys: Vec<Key> = self.stores.range((rank, None)..=(rank, Some(u8::MAX))).map(|(k, _)| *k).collect();
+                for k in keys {
+                    let r = match (&r, k.1) {
+                        (Report::Started(info), Some(d)) => Report::Started(Self::of_device(info, d)),
+                        _ => r.clone(),
+                    };
+                    self.stores.get_mut(&k).expect("listed").ingest_report(r);
+                }
+            }
+            item => self.store((rank, None)).ingest(item),
         }
     }
 
+    /// Device `d`'s events are not those of the rank's first device (a CUDA job's).
+    fn is_other_device(&self, rank: u32, d: u8) -> bool {
+        let first = self.stores.get(&(rank, None)).and_then(|s| s.info.as_ref()).filter(|i| i.cuda).and_then(|i| i.device.strip_prefix("cuda:")?.parse::<u8>().ok());
+        first.is_some_and(|f| f != d)
+    }
+
+    /// The store at `key`, made at its first item; another device's starts knowing who the
+    /// rank is.
+    fn store(&mut self, key: Key) -> &mut Store {
+        let cap = self.history_cap;
+        if !self.stores.contains_key(&key) {
+            let mut s = Store::new(cap);
+            if let Some(d) = key.1 {
+                if let Some(info) = self.stores.get(&(key.0, None)).and_then(|m| m.info.clone()) {
+                    s.ingest_report(Report::Started(Self::of_device(&info, d)));
+                }
+            }
+            self.stores.insert(key, s);
+        }
+        self.stores.get_mut(&key).expect("made above")
+    }
+
+    /// What a rank says of itself, as its device `d` shows it.
+    fn of_device(info: &EngineInfo, d: u8) -> EngineInfo {
+        EngineInfo { device: format!("cuda:{d}"), pci_bus_id: None, note: None, ..info.clone() }
+    }
+
+    fn shown_key(&self) -> Key {
+        [(self.shown, self.shown_device), (self.shown, None)]
+            .into_iter()
+            .find(|k| self.stores.contains_key(k))
+            .unwrap_or_else(|| *self.stores.keys().next().expect("rank 0 always exists"))
+    }
+
     pub fn shown(&self) -> &Store {
-        self.stores.get(&self.shown).or_else(|| self.stores.values().next()).expect("rank 0 always exists")
+        &self.stores[&self.shown_key()]
     }
 
     pub fn shown_mut(&mut self) -> &mut Store {
-        let shown = if self.stores.contains_key(&self.shown) { self.shown } else { *self.stores.keys().next().expect("a rank") };
-        self.stores.get_mut(&shown).expect("the rank shown exists")
+        let k = self.shown_key();
+        self.stores.get_mut(&k).expect("the store shown exists")
     }
 
-    /// Every rank's store, rank order.
+    /// Every store, rank order, each rank's devices together.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &Store)> {
-        self.stores.iter().map(|(r, s)| (*r, s))
+        self.stores.iter().map(|((r, _), s)| (*r, s))
     }
 
-    /// Shows the next rank (wrapping).
+    /// Shows the next rank (wrapping), from its first device.
     pub fn next_rank(&mut self) {
-        let next = self.stores.range(self.shown + 1..).next().or_else(|| self.stores.iter().next()).map(|(r, _)| *r);
+        let next = self.stores.range((self.shown + 1, None)..).next().or_else(|| self.stores.iter().next()).map(|((r, _), _)| *r);
         self.shown = next.unwrap_or(0);
+        self.shown_device = None;
     }
 
+    /// The shown rank's devices: None (its first), then the others in order.
+    fn devices(&self) -> Vec<Option<u8>> {
+        self.stores.range((self.shown, None)..=(self.shown, Some(u8::MAX))).map(|((_, d), _)| *d).collect()
+    }
+
+    /// Shows the shown rank's next device (wrapping).
+    pub fn next_device(&mut self) {
+        let devices = self.devices();
+        let at = devices.iter().position(|d| *d == self.shown_device).unwrap_or(0);
+        self.shown_device = devices.get((at + 1) % devices.len().max(1)).copied().flatten();
+    }
+
+    /// Ranks, not counting their devices.
     pub fn count(&self) -> usize {
-        self.stores.len()
+        self.stores.keys().filter(|(_, d)| d.is_none()).count()
     }
 
-    /// Changes whenever any rank's store does (screens redraw on it).
+    /// Changes whenever any rank's store does, or another one is shown (screens redraw on
+    /// it).
     pub fn version(&self) -> u64 {
-        self.stores.values().map(|s| s.version).sum()
+        let shown = u64::from(self.shown) + self.shown_device.map_or(0, |d| u64::from(d) + 1);
+        self.stores.values().map(|s| s.version).sum::<u64>() + shown
     }
 
-    /// Each rank's peak, rank order.
+    /// Each rank's peak (of its first device), rank order.
     pub fn peaks(&self) -> Vec<RankPeak> {
-        self.stores.iter().map(|(r, s)| RankPeak { rank: *r, peak: s.session_peak() }).collect()
+        self.stores.iter().filter(|((_, d), _)| d.is_none()).map(|((r, _), s)| RankPeak { rank: *r, peak: s.session_peak() }).collect()
     }
 
     /// Highest peak over lowest, across ranks that have finished a step (None below two).
@@ -108,7 +180,22 @@ impl Ranks {
     }
 
     pub fn summary(&self) -> RankSummary {
-        RankSummary { shown: self.shown, count: self.count(), peaks: self.peaks(), skew: self.skew(), recording: self.recording.clone() }
+        let devices = self.devices();
+        let (names, device_shown) = if devices.len() > 1 {
+            let name = |d: &Option<u8>| self.stores[&(self.shown, *d)].info.as_ref().map(|i| i.device.clone()).unwrap_or_default();
+            (devices.iter().map(name).collect(), devices.iter().position(|d| *d == self.shown_device).unwrap_or(0))
+        } else {
+            (Vec::new(), 0)
+        };
+        RankSummary {
+            shown: self.shown,
+            count: self.count(),
+            devices: names,
+            device_shown,
+            peaks: self.peaks(),
+            skew: self.skew(),
+            recording: self.recording.clone(),
+        }
     }
 
     /// Every rank has finished streaming.
@@ -120,7 +207,7 @@ impl Ranks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::{Report, StepReport};
+    use crate::stream::StepReport;
     use crate::step_config::{Mode, Precision};
 
     fn step(rank: u32, peak: u64) -> Incoming {
@@ -144,6 +231,7 @@ mod tests {
             dropped_batches: 0,
             dropped_events: 0,
             rank: Some(rank),
+            device: None,
         }))
     }
 

@@ -115,6 +115,10 @@ pub struct StepReport {
     /// torchrun's RANK of the job that ran the step, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
+    /// The CUDA device these figures are of, for a job's devices after its first (whose
+    /// figures say nothing here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,201 @@
+//! The CUDA side of a producer session, end to end without a GPU: a capture that hands over
+//! what CUDA's trace tracker would (several devices, segments made before it attached,
+//! the allocator's counters), a real session and server, and viewers on the socket whose
+//! screens' stores are held to the allocator's figures.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vramscope::allocator::{AllocatorConfig, CachingAllocatorModel};
+use vramscope::channel::Endpoint;
+use vramscope::event::{Action, Phase};
+use vramscope::producer::raw::{CudaStats, RawEvent};
+use vramscope::producer::scopes::Scopes;
+use vramscope::producer::server::{Listen, Log, Server};
+use vramscope::producer::session::{Capture, Session, SessionOptions, StepEnd};
+use vramscope::producer::tracker::Backend;
+use vramscope::snapshot::model::Frame;
+use vramscope::source::job::JobSource;
+use vramscope::step_config::{Mode, Precision};
+use vramscope::store::ranks::Ranks;
+use vramscope::stream::{EngineInfo, Incoming, Report};
+
+const MIB: u64 = 1 << 20;
+
+/// What the shim would hold: events to drain, and each device's allocator counters.
+#[derive(Clone, Default)]
+struct FakeCuda {
+    pending: Arc<Mutex<Vec<RawEvent>>>,
+    stats: Arc<Mutex<BTreeMap<u8, CudaStats>>>,
+}
+
+impl FakeCuda {
+    fn push(&self, device: u8, action: Action, addr: u64, size: u64) {
+        let e = RawEvent { action: action as u8, addr, size, device, ..RawEvent::default() };
+        self.pending.lock().unwrap().push(e);
+    }
+
+    fn counters(&self, device: u8, allocated: u64, reserved: u64) {
+        self.stats.lock().unwrap().insert(device, CudaStats { allocated, reserved, ..CudaStats::default() });
+    }
+}
+
+impl Capture for FakeCuda {
+    fn now_ns(&self) -> u64 {
+        1_000
+    }
+    fn drain(&self, out: &mut Vec<RawEvent>) {
+        out.append(&mut self.pending.lock().unwrap());
+    }
+    fn set_tags(&self, _: u32, _: Phase) {}
+    fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {
+        self.stats.lock().unwrap().get(&device).copied().ok_or_else(|| "no such device".into())
+    }
+    fn cuda_snapshot(&self) -> Result<Vec<u8>, String> {
+        Err("not needed here".into())
+    }
+    fn dropped(&self) -> u64 {
+        0
+    }
+    fn cuda_pci_bus_id(&self, device: u8) -> Option<String> {
+        Some(format!("00000000:{:02X}:00.0", 0x18 + device))
+    }
+}
+
+fn socket(t: &tempfile::TempDir) -> PathBuf {
+    let d = t.path().join("sockets");
+    vramscope::channel::dir::ensure_private_dir(&d).unwrap();
+    d.join("job-r0.sock")
+}
+
+/// A session as the hook starts one (its CPU tensors modelled until CUDA starts), with a
+/// viewer attached before anything happens.
+fn start(t: &tempfile::TempDir, capture: FakeCuda) -> (Session, JobSource, PathBuf) {
+    let path = socket(t);
+    let log: Log = Arc::new(|_: &str| {});
+    let server = Server::bind(&Listen::Unix(path.clone()), 1 << 16, log.clone()).unwrap();
+    let viewer = JobSource::attach("job".into(), &[(0, Endpoint::Unix(path.clone()))], None).unwrap();
+    assert!(server.wait_for_viewer(Duration::from_secs(10)));
+    let scopes = Arc::new(Scopes::new(Box::new(|_| {})));
+    let info = EngineInfo { device: "cpu".into(), name: "train".into(), pid: 4242, ..EngineInfo::default() };
+    let opts = SessionOptions {
+        info,
+        backend: Backend::Modelled(Box::new(CachingAllocatorModel::new(AllocatorConfig::default()))),
+        snapshot_dir: t.path().to_path_buf(),
+        runner_frame: Frame { name: "train".into(), filename: "train.py".into(), line: 0 },
+        start_paused: false,
+        announce_viewers: false,
+    };
+    let mut s = Session::new(Box::new(capture), scopes, server, opts, log);
+    s.start(0);
+    (s, viewer, path)
+}
+
+fn step_end() -> StepEnd {
+    StepEnd { loss: 1.0, elapsed_s: 0.1, mode: Mode::Train, precision: Precision::Fp32, attention: None, ctx: 8, batch: 2 }
+}
+
+/// Everything `viewer` gets until the stream ends, into a screen's stores.
+fn screen_of(viewer: &JobSource) -> (Ranks, Vec<Report>) {
+    let mut ranks = Ranks::new(1 << 16);
+    let mut reports = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        match viewer.receiver().recv_timeout(Duration::from_millis(200)) {
+            Ok((rank, item)) => {
+                if let Incoming::Report(r) = &item {
+                    reports.push(r.clone());
+                }
+                let done = matches!(item, Incoming::Report(Report::Finished));
+                ranks.ingest(rank, item);
+                if done {
+                    return (ranks, reports);
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    panic!("the stream did not finish");
+}
+
+#[test]
+fn every_device_the_job_allocates_on_is_shown_with_its_own_figures() {
+    let t = tempfile::tempdir().unwrap();
+    let cuda = FakeCuda::default();
+    let (mut s, viewer, _) = start(&t, cuda.clone());
+    // The job initialises CUDA; its model lives on cuda:1 (LOCAL_RANK says nothing of it),
+    // and it also puts a buffer on cuda:0.
+    s.follow_cuda();
+    s.set_phase(Phase::Forward);
+    cuda.push(1, Action::SegmentAlloc, 0x1_0000_0000, 20 * MIB);
+    cuda.push(1, Action::Alloc, 0x1_0000_0000, 6 * MIB);
+    cuda.push(0, Action::SegmentAlloc, 0x2_0000_0000, 2 * MIB);
+    cuda.push(0, Action::Alloc, 0x2_0000_0000, 4096);
+    cuda.counters(1, 6 * MIB, 20 * MIB);
+    cuda.counters(0, 4096, 2 * MIB);
+    s.set_phase(Phase::Backward);
+    cuda.push(1, Action::Alloc, 0x1_0060_0000, 3 * MIB);
+    cuda.push(1, Action::FreeRequested, 0x1_0060_0000, 3 * MIB);
+    cuda.push(1, Action::FreeCompleted, 0x1_0060_0000, 3 * MIB);
+    s.end_step(&step_end());
+    s.finish();
+    let (mut ranks, reports) = screen_of(&viewer);
+
+    // The first device the job allocated on is the rank's own, named, with its bus id.
+    let first = ranks.shown();
+    let info = first.info.as_ref().unwrap();
+    assert_eq!((info.device.as_str(), info.cuda, info.pci_bus_id.as_deref()), ("cuda:1", true, Some("00000000:19:00.0")));
+    assert_eq!((first.history.live_total(), first.history.reserved()), (6 * MIB, 20 * MIB));
+    // The other device is said, and shown on its own, not added in.
+    assert!(
+        reports.iter().any(|r| matches!(r, Report::Note(n) if n.contains("also allocates on cuda:0"))),
+        "{reports:?}"
+    );
+    let summary = ranks.summary();
+    assert_eq!((summary.devices.clone(), summary.device_shown, summary.count), (vec!["cuda:1".to_string(), "cuda:0".to_string()], 0, 1));
+    ranks.next_device();
+    let other = ranks.shown();
+    assert_eq!(other.info.as_ref().unwrap().device, "cuda:0");
+    assert_eq!((other.history.live_total(), other.history.reserved()), (4096, 2 * MIB));
+    // Each device's step report carries its own peaks.
+    let steps: Vec<(Option<u8>, u64)> = reports.iter().filter_map(|r| if let Report::Step(s) = r { Some((s.device, s.peak_active_bytes)) } else { None }).collect();
+    assert_eq!(steps, [(Some(0), 4096), (None, 9 * MIB)]);
+    ranks.next_device();
+    assert_eq!(ranks.shown().info.as_ref().unwrap().device, "cuda:1", "wraps");
+}
+
+#[test]
+fn a_viewer_that_attaches_late_gets_every_device_and_the_allocators_reserved_bytes() {
+    let t = tempfile::tempdir().unwrap();
+    let cuda = FakeCuda::default();
+    let (mut s, first_viewer, path) = start(&t, cuda.clone());
+    s.follow_cuda();
+    s.set_phase(Phase::Forward);
+    cuda.push(0, Action::SegmentAlloc, 0x1_0000_0000, 20 * MIB);
+    cuda.push(0, Action::Alloc, 0x1_0000_0000, 5 * MIB);
+    cuda.push(2, Action::SegmentAlloc, 0x3_0000_0000, 2 * MIB);
+    cuda.push(2, Action::Alloc, 0x3_0000_0000, 1000);
+    // The allocator also holds 40 MiB of segments made before the tracker attached.
+    cuda.counters(0, 5 * MIB, 60 * MIB);
+    cuda.counters(2, 1024, 2 * MIB);
+    s.set_phase(Phase::Other);
+    let late = JobSource::attach("job".into(), &[(0, Endpoint::Unix(path))], None).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.server().viewers() < 2 {
+        s.flush();
+        assert!(Instant::now() < deadline, "the late viewer was never let in");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.finish();
+    drop(first_viewer);
+    let (mut ranks, _) = screen_of(&late);
+    let shown = ranks.shown();
+    assert_eq!(shown.info.as_ref().unwrap().device, "cuda:0");
+    assert_eq!(shown.history.reserved(), 60 * MIB, "reserved is the allocator's, segments made before attaching included");
+    assert_eq!(shown.history.live_total(), 5 * MIB);
+    ranks.next_device();
+    assert_eq!((ranks.shown().history.live_total(), ranks.shown().history.reserved()), (1000, 2 * MIB));
+}
