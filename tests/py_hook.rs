@@ -434,18 +434,26 @@ fn processes_the_job_starts_do_not_load_the_hook() {
 }
 
 #[test]
-fn a_job_dying_of_an_oom_the_allocator_never_saw_says_so() {
+fn a_job_dying_of_an_oom_the_allocator_never_saw_says_so_and_its_status_is_passed_on() {
     let t = tempfile::tempdir().unwrap();
+    let rec = t.path().join("crash.vsrec");
     let out = vramscope()
         .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
         .args(["py", "--headless", "--snapshot-dir"])
         .arg(t.path())
+        .arg("--record")
+        .arg(&rec)
         .arg(script("hook_lifecycle.py"))
         .arg("cublas-oom")
         .assert()
-        .failure();
+        .code(1);
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.get_output().stderr).to_string();
     assert!(stdout.contains("out of memory at step 0") && stdout.contains("CUBLAS_STATUS_ALLOC_FAILED"), "{stdout}\n{stderr}");
     assert!(stderr.contains("Traceback"), "the job's own traceback still reaches the user: {stderr}");
+    assert!(stderr.contains("vramscope: the job exited with code 1"), "{stderr}");
+    // The screen learns it too: the job crashed, it did not just finish.
+    let items = recorded(&rec).remove(&0).unwrap();
+    let exited: Vec<&Report> = items.iter().filter_map(|i| if let Incoming::Report(r @ Report::Exited { .. }) = i { Some(r) } else { None }).collect();
+    assert_eq!(exited, [&Report::Exited { how: "exited with code 1".into(), success: false }]);
 }

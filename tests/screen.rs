@@ -385,6 +385,17 @@ fn out_of_memory_state() {
 }
 
 #[test]
+fn a_job_that_crashed_says_so_instead_of_finished() {
+    let mut store = session();
+    store.ingest_report(Report::Finished);
+    assert!(text(&store, &whole(&store), 120, 36).contains("finished"));
+    store.ingest_report(Report::Exited { how: "exited with code 1".into(), success: false });
+    let screen = text(&store, &whole(&store), 120, 36);
+    assert!(screen.contains("CRASHED (exited with code 1)") && !screen.contains("finished"), "{screen}");
+    assert!(store.log.iter().any(|l| l.text == "the job exited with code 1"));
+}
+
+#[test]
 fn by_allocation_bands_and_a_too_small_terminal() {
     let store = with_host(session());
     let view = View { by_category: false, ..whole(&store) };

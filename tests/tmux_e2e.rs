@@ -57,6 +57,23 @@ fn keys_change_the_next_step_and_q_restores_the_terminal() {
 }
 
 #[test]
+fn s_after_the_run_has_ended_says_so_and_saves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let cmd = format!("{bin} --model tiny --ctx 32 --batch 1 --steps 2 --snapshot-dir {d}; echo $? > {d}/exit", d = dir.path().display());
+    let s = Session::start("vramscope-e2e-ended", &cmd);
+    s.wait_for("the run to finish", 120, |sc| sc.contains("finished"));
+    s.keys("s");
+    s.keys("l");
+    s.wait_for("the run has ended", 30, |sc| sc.contains("the run has ended"));
+    let pickles = std::fs::read_dir(dir.path()).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "pickle")).count();
+    assert_eq!(pickles, 0, "nothing was promised, nothing written");
+    s.keys("q");
+    assert_eq!(wait_file(&dir.path().join("exit"), 60).trim(), "0");
+    s.assert_terminal_restored();
+}
+
+#[test]
 fn sighup_stops_cleanly_and_restores_the_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let s = launch("vramscope-e2e-hup", dir.path());

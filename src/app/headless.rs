@@ -40,8 +40,10 @@ pub fn headless(source: &JobSource, mut recorder: Option<Recorder>, metrics: Opt
         eprintln!("vramscope: recording saved: {} ({} events, {} bytes)", s.path.display(), s.events, s.bytes);
     }
     let steps = steps?;
+    // The job's own failure is passed on as its status (vramscope's are 2).
     if let Some(s) = exit.filter(|s| !s.success()) {
-        anyhow::bail!("the job {}", crate::source::job::describe_exit(s));
+        eprintln!("vramscope: the job {}", crate::source::job::describe_exit(s));
+        return Ok(crate::source::job::exit_code_of(s));
     }
     if check_growth {
         anyhow::ensure!(steps.iter().all(|s| s.dropped_events == 0), "events were dropped: the growth check needs all of them");

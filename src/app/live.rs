@@ -74,7 +74,7 @@ pub fn start_gauges(job: Watched) -> (crate::source::gauges::sampler::GaugeHandl
 pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
     let recorder = opts.record.as_deref().map(Recorder::create).transpose()?;
     let source = launch_engine(&opts.engine, Output::Capture).context("starting the training engine")?;
-    watch(source, JobKind::Engine, recorder, opts.metrics.as_ref(), &opts.screen, Ranks::new(HISTORY_CAP))
+    watch(source, JobKind::Engine, recorder, opts.metrics.as_ref(), &opts.screen, Ranks::new(HISTORY_CAP)).map(drop)
 }
 
 /// How a job came to be watched, which decides what quitting does to it.
@@ -90,7 +90,9 @@ pub enum JobKind {
 
 /// Watches a job on the screen until the user quits; then stops it or lets it run on, as
 /// its kind says.
-pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metrics: Option<&Metrics>, screen: &Screen, ranks: Ranks) -> anyhow::Result<()> {
+/// Returns how a job vramscope started ended on its own, before the user quit (a job the
+/// user's quit stopped, or one left running, has nothing to pass on).
+pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metrics: Option<&Metrics>, screen: &Screen, ranks: Ranks) -> anyhow::Result<Option<std::process::ExitStatus>> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let job = Watched::default();
     let (gauges, gauge_rx) = start_gauges(job.clone());
@@ -111,6 +113,7 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metri
     if let Some(line) = controls.stop_recording()? {
         eprintln!("vramscope: {line}");
     }
+    let mut ended = None;
     match kind {
         JobKind::Engine => {
             source.send(&Control::Stop);
@@ -123,7 +126,8 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metri
             eprintln!("vramscope: the job runs on; attach again with: vramscope attach {}", source.name);
         }
         JobKind::Started => {
-            if let Some(s) = source.stop_child(Duration::from_secs(10)) {
+            ended = source.wait_child(Duration::ZERO);
+            if let Some(s) = ended.or_else(|| source.stop_child(Duration::from_secs(10))) {
                 eprintln!("vramscope: the job {}", crate::source::job::describe_exit(s));
             }
         }
@@ -132,7 +136,7 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metri
     if let Some(out) = &source.output {
         eprintln!("vramscope: the job's output is in {}", out.display());
     }
-    result
+    result.map(|()| ended)
 }
 
 pub async fn event_loop(
@@ -354,6 +358,11 @@ impl Controls for JobControls<'_> {
                 return true;
             }
             Action::Detach => store.log_line(LogKind::Info, "d leaves a job started by `vramscope py` running; q already leaves this one running".into()),
+            // Nothing runs to save it at the end of: say so rather than promise it.
+            Action::Snapshot if store.finished => store.log_line(
+                LogKind::Info,
+                "the run has ended: no step is left to save a snapshot at (s saves one at the end of a running step)".into(),
+            ),
             Action::Snapshot => {
                 self.source.send(&Control::Snapshot);
                 store.log_line(LogKind::Info, "snapshot requested: saved at the end of this step".into());

@@ -194,8 +194,11 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
     let log = crate::channel::dir::socket_dir()?.join(format!("{job}.log"));
     let source = JobSource::launch(cmd, &job, "the job", Output::File(log))?;
     let screen = screen.expect("a screen when not headless");
-    watch(source, JobKind::Started, recorder, metrics.as_ref(), &screen, Ranks::new(HISTORY_CAP))?;
-    Ok(std::process::ExitCode::SUCCESS)
+    // A job that failed on its own passes its status on, as it would have run without us.
+    match watch(source, JobKind::Started, recorder, metrics.as_ref(), &screen, Ranks::new(HISTORY_CAP))? {
+        Some(s) if !s.success() => Ok(crate::source::job::exit_code_of(s)),
+        _ => Ok(std::process::ExitCode::SUCCESS),
+    }
 }
 
 /// The job `addr` names, as (rank, endpoint) pairs and a name.

@@ -175,6 +175,8 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSumma
         spans.extend([sep(), Span::styled("OUT OF MEMORY", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
     } else if store.paused {
         spans.extend([sep(), Span::styled("PAUSED", Style::default().fg(theme.ui.warning).add_modifier(Modifier::BOLD))]);
+    } else if let Some((how, false)) = &store.exited {
+        spans.extend([sep(), Span::styled(format!("CRASHED ({how})"), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
     } else if store.finished {
         spans.extend([sep(), Span::styled("finished", Style::default().fg(theme.ui.dim))]);
     }

@@ -120,7 +120,7 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                     writeln!(out, "vramscope: {n}")?;
                 }
             }
-            Report::Knob(_) | Report::Paused(_) | Report::Finished => {}
+            Report::Knob(_) | Report::Paused(_) | Report::Finished | Report::Exited { .. } => {}
         }
     }
     if failed {

@@ -127,6 +127,14 @@ fn signal_name(s: i32) -> &'static str {
     }
 }
 
+/// What vramscope exits with for a job that ended with `status`: its code, or 128 plus the
+/// signal that killed it, as a shell says it.
+pub fn exit_code_of(status: ExitStatus) -> std::process::ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    let code = status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1);
+    std::process::ExitCode::from(code.clamp(0, 255) as u8)
+}
+
 /// How a launched job's process ended, if it has within `wait`.
 fn child_exit(child: &ChildSlot, wait: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + wait;
@@ -166,7 +174,14 @@ fn read_stream(rank: u32, who: String, r: Box<dyn Read + Send>, tx: &Sender<Fed>
         Ok(false)
     })();
     let why = match outcome {
-        Ok(true) => return,
+        // A job that ended its stream may still fail (an exception after its last step:
+        // the hook finishes at exit either way): how its process ended is said too.
+        Ok(true) => {
+            if let Some(status) = child_exit(child, Duration::from_secs(5)) {
+                let _ = tx.send((rank, Incoming::Report(Report::Exited { how: describe_exit(status), success: status.success() })));
+            }
+            return;
+        }
         Ok(false) => match child_exit(child, Duration::from_secs(2)) {
             Some(status) if !status.success() => format!("{what} {}", describe_exit(status)),
             _ => format!("{what} stopped sending without saying why ({who})"),

@@ -139,6 +139,8 @@ pub struct Store {
     pub log: VecDeque<LogLine>,
     pub paused: bool,
     pub finished: bool,
+    /// How a job vramscope started ended, and whether that was a success.
+    pub exited: Option<(String, bool)>,
     pub oom: Option<OomReport>,
     /// Out-of-memory errors so far.
     pub ooms: u64,
@@ -179,6 +181,7 @@ impl Store {
             log: VecDeque::new(),
             paused: false,
             finished: false,
+            exited: None,
             oom: None,
             ooms: 0,
             lost_events: 0,
@@ -438,6 +441,12 @@ impl Store {
             Report::Error(e) => self.log_line(LogKind::Error, e),
             Report::Note(n) => self.log_line(LogKind::Info, n),
             Report::Finished => self.finished = true,
+            Report::Exited { how, success } => {
+                if !success {
+                    self.log_line(LogKind::Error, format!("the job {how}"));
+                }
+                self.exited = Some((how, success));
+            }
         }
     }
 

@@ -154,6 +154,9 @@ pub enum Report {
     /// Something the producer wants said once (a control it refused, a knob it lacks).
     Note(String),
     Finished,
+    /// How a job vramscope started ended ("exited with code 1"), said by the viewer's side
+    /// once its process is gone.
+    Exited { how: String, success: bool },
 }
 
 /// What a viewer asks of a producer. Knob changes, pauses and snapshots apply at the next
