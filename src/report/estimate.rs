@@ -637,43 +637,54 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
     use crate::render::format::bytes;
     use std::fmt::Write;
     let c = &e.config;
+    let train = c.mode == Mode::Train;
     let mut s = String::new();
+    // A forward pass without grad keeps no gradients, optimizer state or saved
+    // activations: its report holds what it does keep, and says which mode it is.
     let _ = writeln!(
         s,
-        "## {} — ctx {}, batch {}, {}, {} attention, {} AdamW{}\n",
+        "## {} — {}, ctx {}, batch {}, {}, {} attention{}{}\n",
         c.model_name,
+        if train { "training step" } else { "forward only (no grad)" },
         c.ctx,
         c.batch,
         c.precision,
         c.attention,
-        c.optimizer,
+        if train { format!(", {} AdamW", c.optimizer) } else { String::new() },
         if e.on_cpu { " (as a CPU run measures it)" } else { "" }
     );
     let _ = writeln!(s, "| what | bytes |\n|---|---:|");
     let per_param = |x: u64| x as f64 / e.parameters as f64;
     let _ = writeln!(s, "| parameters ({} × 4 B) | {} |", e.parameters, bytes(e.parameter_bytes));
-    let _ = writeln!(s, "| gradients (fp32) | {} |", bytes(e.gradient_bytes));
-    let _ = writeln!(s, "| AdamW state (2 moments, fp32) | {} |", bytes(e.adamw_bytes));
-    let _ = writeln!(
-        s,
-        "| parameters + gradients + AdamW | {} ({:.0} B per parameter) |",
-        bytes(e.parameter_bytes + e.gradient_bytes + e.adamw_bytes),
-        per_param(e.parameter_bytes + e.gradient_bytes + e.adamw_bytes)
-    );
-    if e.weight_copy_bytes > 0 {
+    if train {
+        let _ = writeln!(s, "| gradients (fp32) | {} |", bytes(e.gradient_bytes));
+        let _ = writeln!(s, "| AdamW state (2 moments, fp32) | {} |", bytes(e.adamw_bytes));
+        let _ = writeln!(
+            s,
+            "| parameters + gradients + AdamW | {} ({:.0} B per parameter) |",
+            bytes(e.parameter_bytes + e.gradient_bytes + e.adamw_bytes),
+            per_param(e.parameter_bytes + e.gradient_bytes + e.adamw_bytes)
+        );
+    }
+    if e.weight_copy_bytes > 0 && train {
         let _ = writeln!(s, "| bf16 weight copies (autocast) | {} |", bytes(e.weight_copy_bytes));
     }
     let _ = writeln!(s, "| inputs and RoPE tables | {} |", bytes(e.input_bytes));
-    let _ = writeln!(s, "| activations saved for backward | {} |", bytes(e.activation_bytes));
+    if train {
+        let _ = writeln!(s, "| activations saved for backward | {} |", bytes(e.activation_bytes));
+    }
     let _ = writeln!(s, "| attention scores, one layer | {} |", bytes(e.attention_scores_bytes));
     let _ = writeln!(s, "\nResidual stream tensor: {}\n", e.residual_derivation);
-    let _ = writeln!(s, "### Saved per layer ({} layers, {} each)\n", c.dims.layers, bytes(e.per_layer_bytes));
-    let _ = writeln!(s, "| tensor | shape | bytes |\n|---|---|---:|");
-    for t in e.per_layer.iter().chain(&e.outside_layers) {
-        let _ = writeln!(s, "| {} | {} | {} |", t.name, t.shape, bytes(t.bytes));
+    if train {
+        let _ = writeln!(s, "### Saved per layer ({} layers, {} each)\n", c.dims.layers, bytes(e.per_layer_bytes));
+        let _ = writeln!(s, "| tensor | shape | bytes |\n|---|---|---:|");
+        for t in e.per_layer.iter().chain(&e.outside_layers) {
+            let _ = writeln!(s, "| {} | {} | {} |", t.name, t.shape, bytes(t.bytes));
+        }
+        let _ = writeln!(s, "\n(the last {} rows are saved once, outside the layers)\n", e.outside_layers.len());
     }
-    let _ = writeln!(s, "\n(the last {} rows are saved once, outside the layers)\n", e.outside_layers.len());
-    let _ = writeln!(s, "### Alive at the {} pass's peak besides what is saved\n\n| tensor | shape | bytes |\n|---|---|---:|", if c.mode == Mode::Train { "training forward" } else { "forward" });
+    let alive = if train { "Alive at the training forward pass's peak besides what is saved" } else { "Alive at the forward pass's peak besides the parameters and inputs" };
+    let _ = writeln!(s, "### {alive}\n\n| tensor | shape | bytes |\n|---|---|---:|");
     for t in &e.peak_transients {
         let _ = writeln!(s, "| {} | {} | {} |", t.name, t.shape, bytes(t.bytes));
     }
@@ -726,6 +737,20 @@ mod tests {
             attention,
             optimizer: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_forward_only_report_names_its_mode_and_lists_nothing_a_forward_pass_does_not_keep() {
+        let fwd = StepConfig { mode: Mode::Forward, ..cfg(Preset::Small, 256, 4, Precision::Fp32, Attention::Naive) };
+        let text = render(&estimate(&fwd), None);
+        let title = text.lines().next().unwrap();
+        assert!(title.contains("forward only (no grad)") && !title.contains("AdamW"), "{title}");
+        for absent in ["gradients", "AdamW state", "saved for backward", "Saved per layer"] {
+            assert!(!text.contains(absent), "{absent}:\n{text}");
+        }
+        assert!(text.contains("Alive at the forward pass's peak"), "{text}");
+        let train = render(&estimate(&cfg(Preset::Small, 256, 4, Precision::Fp32, Attention::Naive)), None);
+        assert!(train.lines().next().unwrap().contains("training step") && train.contains("| gradients (fp32) |"), "{train}");
     }
 
     #[test]
