@@ -457,3 +457,29 @@ fn a_job_dying_of_an_oom_the_allocator_never_saw_says_so_and_its_status_is_passe
     let exited: Vec<&Report> = items.iter().filter_map(|i| if let Incoming::Report(r @ Report::Exited { .. }) = i { Some(r) } else { None }).collect();
     assert_eq!(exited, [&Report::Exited { how: "exited with code 1".into(), success: false }]);
 }
+
+#[test]
+fn a_job_without_sequences_reports_samples_per_second_counting_every_micro_batch() {
+    let t = tempfile::tempdir().unwrap();
+    let run = |json: bool| {
+        let mut cmd = vramscope();
+        cmd.env("VRAMSCOPE_SOCKET_DIR", sockets(&t)).args(["py", "--headless", "--snapshot-dir"]).arg(t.path());
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.arg(script("hook_lifecycle.py")).arg("mlp").assert().success();
+        String::from_utf8_lossy(&out.get_output().stdout).to_string()
+    };
+    let stdout = run(true);
+    let steps: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(steps.len(), 3, "{stdout}");
+    for s in &steps {
+        // [32, 256] features are not a context length; 4 micro-batches of 32 are 128 samples.
+        assert_eq!((s["ctx"].as_i64(), s["batch"].as_i64()), (Some(0), Some(128)), "{s}");
+        assert_eq!(s["tokens_per_s"].as_f64(), Some(0.0), "{s}");
+        assert!(s["samples_per_s"].as_f64().unwrap() > 0.0, "{s}");
+    }
+    let text = run(false);
+    let line = text.lines().find(|l| l.contains("step   1")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("batch 128") && line.contains("samples/s") && !line.contains("ctx") && !line.contains("tok/s"), "{line}");
+}

@@ -46,7 +46,11 @@ class Hooks:
         self.step_started = time.perf_counter()
         self.backward_ran = False
         self.autocast = False
-        self.shape = (0, 0)
+        # This step's samples (every micro-batch the model ran) and sequence length (0: its
+        # inputs have none).
+        self.samples = 0
+        self.ctx = 0
+        self.model = None  # id of the module whose forwards count samples
         self.loss = None
         self.knob_values = None  # set by the package: name -> current value getter
         self._originals = []
@@ -119,10 +123,21 @@ class Hooks:
     def _outermost(self, module, args):
         torch = self.torch
         self.set_phase(FORWARD)
+        # The model's forwards count samples (each micro-batch of gradient accumulation); a
+        # loss module called at top level does not. The model is the first top-level module
+        # with parameters.
+        if self.model is None and next(module.parameters(), None) is not None:
+            self.model = id(module)
+        counted = id(module) != self.model
         for a in args:
             if isinstance(a, torch.Tensor):
-                if a.dim() >= 2 and self.shape == (0, 0):
-                    self.shape = (int(a.shape[0]), int(a.shape[1]))
+                if not counted and a.dim() >= 1:
+                    counted = True
+                    self.samples += int(a.shape[0])
+                    # A sequence length only where there is one: token ids [batch, seq] or
+                    # embeddings [batch, seq, d]; an MLP's [batch, features] has none.
+                    if (a.dim() == 2 and not a.is_floating_point()) or a.dim() == 3:
+                        self.ctx = int(a.shape[1])
                 self.core.vsh_tag(_storage_ptr(a), INPUT, b"input")
         try:
             self.autocast = torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu")
@@ -186,7 +201,7 @@ class Hooks:
             value = float(loss)
         elif isinstance(loss, (int, float)):
             value = float(loss)
-        batch, ctx = self.shape
+        batch, ctx = self.samples, self.ctx
         if self.knob_values is not None:
             ctx = int(self.knob_values("ctx", ctx))
             batch = int(self.knob_values("batch", batch))
@@ -197,7 +212,8 @@ class Hooks:
         self.phase = OTHER
         self.backward_ran = False
         self.loss = None
-        self.shape = (0, 0)
+        self.samples = 0
+        self.ctx = 0
         self.step_started = time.perf_counter()
 
     # -- installing ---------------------------------------------------------------------

@@ -451,6 +451,7 @@ impl Session {
             live_bytes: t.active_bytes,
             step_time_s: end.elapsed_s,
             tokens_per_s: (end.ctx * end.batch) as f64 / end.elapsed_s.max(1e-9),
+            samples_per_s: end.batch as f64 / end.elapsed_s.max(1e-9),
             loss: end.loss,
             dropped_batches: 0,
             dropped_events: 0,

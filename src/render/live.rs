@@ -158,7 +158,7 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSumma
             sep(),
             Span::styled(format!("{:.2} s/step", s.step_time_s), val),
             sep(),
-            Span::styled(format!("{:.0} tok/s", s.tokens_per_s), val),
+            Span::styled(s.throughput(), val),
         ]);
     }
     let dropped = last.map(|s| s.dropped_events).unwrap_or(0) + store.lost_events;

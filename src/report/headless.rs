@@ -15,20 +15,19 @@ pub fn step_line(r: &StepReport) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "{}{}step {:>3}  {} {} ctx {} batch {}{} | peak {} ({}) | reserved {} | {} | {:.0} tok/s{}",
+        "{}{}step {:>3}  {} {} {}{} | peak {} ({}) | reserved {} | {} | {}{}",
         r.rank.map(|k| format!("rank {k} ")).unwrap_or_default(),
         r.device.map(|d| format!("cuda:{d} ")).unwrap_or_default(),
         r.step,
         r.mode,
         r.precision,
-        r.ctx,
-        r.batch,
+        r.shape(),
         r.attention.map(|a| format!(" {a}")).unwrap_or_default(),
         bytes(r.peak_allocated_bytes),
         phases,
         bytes(r.reserved_bytes),
         crate::render::format::duration(r.step_time_s),
-        r.tokens_per_s,
+        r.throughput(),
         if r.dropped_events > 0 { format!(" | dropped {} events", r.dropped_events) } else { String::new() }
     )
 }

@@ -227,6 +227,7 @@ mod tests {
             live_bytes: 0,
             step_time_s: 1.0,
             tokens_per_s: 16.0,
+            samples_per_s: 2.0,
             loss: 0.0,
             dropped_batches: 0,
             dropped_events: 0,

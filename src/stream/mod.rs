@@ -107,7 +107,11 @@ pub struct StepReport {
     pub category_bytes: BTreeMap<String, u64>,
     pub live_bytes: u64,
     pub step_time_s: f64,
+    /// ctx × batch per second (0 for a job whose inputs have no sequence length).
     pub tokens_per_s: f64,
+    /// Samples (every micro-batch's) per second.
+    #[serde(default)]
+    pub samples_per_s: f64,
     pub loss: f64,
     /// Batches and events this viewer did not get (its queue was full), since it attached.
     pub dropped_batches: u64,
@@ -119,6 +123,26 @@ pub struct StepReport {
     /// figures say nothing here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<u8>,
+}
+
+impl StepReport {
+    /// How fast the step went, in tokens where its inputs are sequences, else samples.
+    pub fn throughput(&self) -> String {
+        if self.ctx > 0 || self.samples_per_s == 0.0 {
+            format!("{:.0} tok/s", self.tokens_per_s)
+        } else {
+            format!("{:.0} samples/s", self.samples_per_s)
+        }
+    }
+
+    /// The step's shape: "ctx 128 batch 4", or "batch 128" where there is no sequence.
+    pub fn shape(&self) -> String {
+        if self.ctx > 0 {
+            format!("ctx {} batch {}", self.ctx, self.batch)
+        } else {
+            format!("batch {}", self.batch)
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -9,6 +9,8 @@
   children    A process the job starts does not load the hook (run under `vramscope py`).
   bound       The shim's buffer, never drained, stops at its bound and counts the rest.
   cublas-oom  The job dies of an out-of-memory error the caching allocator never saw.
+  mlp         An MLP on [32, 256] inputs with 4 micro-batches a step (no sequence length),
+              its loss a top-level module.
 """
 
 import ctypes
@@ -106,4 +108,16 @@ def cublas_oom():
     raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
 
 
-{"cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+def mlp():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        for _ in range(4):
+            x, y = torch.randn(32, 256), torch.randint(0, 10, (32,))
+            (loss_fn(model(x), y) / 4).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+{"mlp": mlp, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
