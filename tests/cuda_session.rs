@@ -87,6 +87,7 @@ fn start(t: &tempfile::TempDir, capture: FakeCuda) -> (Session, JobSource, PathB
         runner_frame: Frame { name: "train".into(), filename: "train.py".into(), line: 0 },
         start_paused: false,
         announce_viewers: false,
+        snapshot_trace_from_step: None,
     };
     let mut s = Session::new(Box::new(capture), scopes, server, opts, log);
     s.start(0);

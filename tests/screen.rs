@@ -294,7 +294,7 @@ fn a_window_without_the_session_peak_labels_its_own_and_the_time_axis_counts_sec
     // The first step's forward pass only: the session peak is later.
     let view = View { window: 40, right: Some(60), ..View::default() };
     let screen = text(&store, &view, 120, 36);
-    assert!(screen.contains("window peak"), "{screen}");
+    assert!(screen.contains("window active peak"), "{screen}");
     assert!(screen.contains("panned (end: live)"), "{screen}");
     let view = View { time_axis: true, ..whole(&store) };
     let screen = text(&store, &view, 120, 36);

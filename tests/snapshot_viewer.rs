@@ -283,7 +283,7 @@ fn view_while_loading() {
     loading.refresh_detail();
     let theme = Theme::load("dark").unwrap();
     let s = text(&draw_to_buffer(160, 40, |f| vramscope::render::snapshot_viewer::render_loading(f, &loading, &KeyMap::default(), &theme)));
-    assert!(s.contains("loading 49%") && s.contains("2500 trace entries so far") && s.contains("▼ peak"), "{s}");
+    assert!(s.contains("loading 49%") && s.contains("2500 trace entries so far") && s.contains("▼ active peak"), "{s}");
     insta::assert_snapshot!(s);
 }
 
@@ -318,7 +318,7 @@ fn a_snapshot_of_another_gpu_opens_on_its_device() {
     let s = screen(&mut data, &[]);
     assert!(s.contains(&format!("Device 1 has {n} trace entries: d shows the next device")), "{s}");
     let s = screen(&mut data, &[ViewAction::NextDevice]);
-    assert!(s.contains("device 1 of 2") && s.contains("▼ peak"), "{s}");
+    assert!(s.contains("device 1 of 2") && s.contains("▼ active peak"), "{s}");
     // Against the same run on device 0 (another rank), nothing changed.
     let out = vramscope().args(["diff", "--json"]).arg(common::fixture_path(common::KKAITLYN)).arg(&path).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

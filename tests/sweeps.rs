@@ -27,7 +27,7 @@ fn cell(rows: &[Value], ctx: i64, precision: &str, mode: &str, attention: &str) 
         })
         .unwrap_or_else(|| panic!("no row for ctx {ctx} {precision} {mode} {attention}"));
     assert_eq!(r["outcome"], "measured", "{r}");
-    (r["peak_bytes"].as_u64().unwrap(), r["activation_bytes"].as_u64().unwrap())
+    (r["peak_allocated_bytes"].as_u64().unwrap(), r["activation_bytes"].as_u64().unwrap())
 }
 
 #[test]
@@ -76,7 +76,7 @@ fn the_markdown_table_and_snapshots_per_configuration() {
     let dir = tempfile::tempdir().unwrap();
     let out = stdout(vramscope().args(["sweep", "--device", "cpu", "--ctx", "16", "--batch", "1,2", "--warmup", "0", "--steps", "1", "--snapshots"]).arg(dir.path()));
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("| model | ctx | batch | precision | mode | attention | peak | peak phase |"), "{out}");
+    assert!(lines[0].starts_with("| model | ctx | batch | precision | mode | attention | peak allocated | peak phase |"), "{out}");
     assert!(lines[1].starts_with("| --- | ---: |"), "{out}");
     assert_eq!(lines.len(), 4, "{out}");
     assert!(lines[2].starts_with("| tiny | 16 | 1 | fp32 | train | naive |") && lines[2].contains("MiB"), "{out}");
@@ -101,7 +101,7 @@ fn a_sweep_of_a_custom_model_names_it_and_measures_it() {
     assert_eq!(custom["config"]["model_name"], "tiny-dmodel128-layers1-heads4", "{custom}");
     assert_eq!((custom["config"]["dims"]["layers"].as_i64(), custom["config"]["dims"]["d_model"].as_i64()), (Some(1), Some(128)));
     // Fewer, narrower layers than tiny's: less memory at the same shape.
-    assert!(custom["peak_bytes"].as_u64().unwrap() < plain["peak_bytes"].as_u64().unwrap(), "{custom} vs {plain}");
+    assert!(custom["peak_allocated_bytes"].as_u64().unwrap() < plain["peak_allocated_bytes"].as_u64().unwrap(), "{custom} vs {plain}");
     let bad = vramscope().args(["sweep", "--device", "cpu", "--heads", "5"]).assert().failure().code(2);
     assert!(String::from_utf8_lossy(&bad.get_output().stderr).contains("--heads (5)"));
 }
@@ -177,7 +177,7 @@ fn export_draws_a_fixture_snapshot_as_svg_and_png() {
     vramscope().arg("export").arg(&snap).args(["--width", "800", "--height", "400", "-o"]).arg(&png).assert().success();
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg") && text.contains(r#"width="1200""#) && text.contains(r#"height="600""#));
-    for want in ["active memory (GiB)", "allocator events", "Active memory timeline — peak"] {
+    for want in ["active memory (GiB)", "allocator events", "Active memory timeline — active peak"] {
         assert!(text.contains(want), "'{want}' missing from the SVG");
     }
     assert!(text.matches("<polygon").count() + text.matches("<path").count() > 0, "an area is drawn");
@@ -219,4 +219,30 @@ fn the_growth_check_catches_a_planted_leak_and_passes_a_healthy_loop() {
         text.contains("memory keeps growing: phase forward, scope fault_injection.leak") && text.contains("+256 KiB per step"),
         "{text}"
     );
+}
+
+/// A sweep row's figures, image and snapshot are its measured steps: building the model
+/// (its initialisation's temporaries) is no step's, and not what a write-up shows.
+#[test]
+fn a_sweep_rows_peak_snapshot_and_image_leave_out_the_models_initialisation() {
+    let dir = tempfile::tempdir().unwrap();
+    let row = |warmup: &str, images: bool| -> Value {
+        let mut cmd = vramscope();
+        cmd.args(["sweep", "--device", "cpu", "--model", "tiny", "--ctx", "32", "--batch", "1", "--mode", "forward", "--steps", "1", "--format", "json", "--warmup", warmup]);
+        if images {
+            cmd.arg("--images").arg(dir.path()).arg("--snapshots").arg(dir.path());
+        }
+        let v: Value = serde_json::from_str(&stdout(&mut cmd)).unwrap();
+        v["rows"][0].clone()
+    };
+    let measured = row("1", true);
+    let peak = measured["peak_allocated_bytes"].as_u64().unwrap();
+    // Without warm-up the first step is measured: its peak is a forward pass's, not init's.
+    let cold = row("0", false)["peak_allocated_bytes"].as_u64().unwrap();
+    assert!(cold as f64 <= peak as f64 * 1.05, "step 0 measured {cold} B against a warm step's {peak} B");
+    let snap_path = std::path::PathBuf::from(measured["snapshot"].as_str().unwrap());
+    let snap = vramscope::snapshot::read_snapshot_file(&snap_path).unwrap();
+    let tl = vramscope::snapshot::timeline::Timeline::from_snapshot(&snap, 0);
+    assert!(tl.peak_bytes <= peak, "the snapshot's active peak {} B is within the measured step's allocated peak {peak} B", tl.peak_bytes);
+    assert!(std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| e.path().extension().is_some_and(|x| x == "png")));
 }

@@ -193,6 +193,7 @@ impl Worker {
                 start_paused: opts.start_paused,
                 // The vramscope that started the engine is its viewer: nothing to announce.
                 announce_viewers: std::env::var_os("VRAMSCOPE_WAIT_FOR_VIEWER").is_none(),
+                snapshot_trace_from_step: opts.snapshot_trace_from_step,
             },
             log,
         );

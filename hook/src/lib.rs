@@ -381,7 +381,7 @@ fn start(cfg: Config) -> Result<Core, String> {
         Box::new(Loaded),
         scopes.clone(),
         server,
-        SessionOptions { info, backend, snapshot_dir: cfg.snapshot_dir, runner_frame: runner, start_paused: false, announce_viewers: !cfg.wait_for_viewer },
+        SessionOptions { info, backend, snapshot_dir: cfg.snapshot_dir, runner_frame: runner, start_paused: false, announce_viewers: !cfg.wait_for_viewer, snapshot_trace_from_step: None },
         log,
     );
     let session = Arc::new(Mutex::new(session));

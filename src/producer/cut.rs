@@ -58,6 +58,8 @@ pub struct SnapshotCut {
     stacks: Vec<Vec<FrameId>>,
     stack_of: HashMap<(u32, Phase), StackId>,
     trace: Vec<MemEvent>,
+    /// Stream sequence number of `trace[0]`.
+    first_seq: u64,
     marks: Vec<PhaseMark>,
     /// Wall-clock µs at the shim clock's zero, so `time_us` is epoch µs like PyTorch's.
     epoch_us_at_zero: i64,
@@ -78,9 +80,44 @@ impl SnapshotCut {
             stacks: frames.tables.stacks.clone(),
             stack_of: tracker.stack_of.clone(),
             trace: tracker.trace().copied().collect(),
+            first_seq: tracker.next_seq() - tracker.trace().len() as u64,
             marks: tracker.marks().copied().collect(),
             epoch_us_at_zero,
         }
+    }
+
+    /// Drops the trace before step `step`'s first phase, but for the allocations and
+    /// segments still live then: they open the trace, with their categories and names, at
+    /// the bottom of memory_viz's stack, and what came and went before (initialisation's
+    /// temporaries, warm-up steps) is gone. A cut without that step keeps its whole trace.
+    pub fn trim_before_step(&mut self, step: u32) {
+        let Some(from) = self.marks.iter().find(|m| m.step >= step && m.phase != Phase::Other).map(|m| m.seq) else { return };
+        let drop = from.saturating_sub(self.first_seq).min(self.trace.len() as u64) as usize;
+        let before: Vec<MemEvent> = self.trace.drain(..drop).collect();
+        // Index in `before` of each allocation and segment still live at its end.
+        let (mut allocs, mut segments) = (HashMap::new(), HashMap::new());
+        for (i, e) in before.iter().enumerate() {
+            match e.action {
+                Action::Alloc => {
+                    allocs.insert(e.addr, i);
+                }
+                Action::FreeRequested => {
+                    allocs.remove(&e.addr);
+                }
+                Action::SegmentAlloc | Action::SegmentMap => {
+                    segments.insert(e.addr, i);
+                }
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    segments.remove(&e.addr);
+                }
+                _ => {}
+            }
+        }
+        let mut kept: Vec<usize> = allocs.into_values().chain(segments.into_values()).collect();
+        kept.sort_unstable();
+        self.trace.splice(0..0, kept.into_iter().map(|i| before[i]));
+        self.first_seq = from;
+        self.marks.retain(|m| m.seq >= from);
     }
 
     /// The snapshot in PyTorch's form: segments and blocks (modelled on CPU, the real

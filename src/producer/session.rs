@@ -116,6 +116,7 @@ pub struct Session {
     other_raw: Vec<RawEvent>,
     /// The shim's dropped-event count last said.
     dropped_said: u64,
+    snapshot_trace_from_step: Option<u64>,
 }
 
 pub type Shared = Arc<Mutex<Session>>;
@@ -134,6 +135,8 @@ pub struct SessionOptions {
     pub start_paused: bool,
     /// Say on the job's stderr when a viewer attaches (not when the job's launcher does).
     pub announce_viewers: bool,
+    /// Snapshots' traces begin at this step (see `EngineOptions::snapshot_trace_from_step`).
+    pub snapshot_trace_from_step: Option<u64>,
 }
 
 /// Between steps, the loop either runs the next one or stops.
@@ -182,6 +185,7 @@ impl Session {
             others: BTreeMap::new(),
             other_raw: Vec::new(),
             dropped_said: 0,
+            snapshot_trace_from_step: opts.snapshot_trace_from_step,
         }
     }
 
@@ -202,6 +206,9 @@ impl Session {
         self.info.parameters = parameters;
         self.refresh_stacks();
         self.drain();
+        // What building the model took (initialisation's temporaries) is no step's: the
+        // first step's figures start from what is live now.
+        let _ = self.tracker.take_step_stats();
         self.report(Report::Started(self.info.clone()));
         if self.paused {
             self.report(Report::Paused(true));
@@ -570,7 +577,11 @@ impl Session {
             Backend::Cuda { .. } => Some(self.capture.cuda_snapshot().map_err(|e| format!("PyTorch's snapshot: {e}"))?),
             Backend::Modelled(_) => None,
         };
-        Ok(SnapshotCut::take(&self.tracker, &self.frames, base, self.epoch_us_at_zero))
+        let mut cut = SnapshotCut::take(&self.tracker, &self.frames, base, self.epoch_us_at_zero);
+        if let Some(step) = self.snapshot_trace_from_step {
+            cut.trim_before_step(step as u32);
+        }
+        Ok(cut)
     }
 
     /// Reports the snapshots written since the last call (waiting for all with `wait`).

@@ -429,7 +429,7 @@ impl Tracker {
         std::mem::replace(&mut self.step_stats, fresh)
     }
 
-    pub fn trace(&self) -> impl Iterator<Item = &MemEvent> {
+    pub fn trace(&self) -> impl ExactSizeIterator<Item = &MemEvent> {
         self.ring.iter()
     }
 

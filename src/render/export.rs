@@ -156,7 +156,7 @@ where
 
     root.fill(&WHITE).map_err(err)?;
     // The exact bytes too, as memory_viz prints them, so the figure can be matched.
-    let caption = format!("{} — peak {} ({} bytes)", o.title, bytes(tl.peak_bytes), tl.peak_bytes);
+    let caption = format!("{} — active peak {} ({} bytes)", o.title, bytes(tl.peak_bytes), tl.peak_bytes);
     let root = root.titled(&caption, (FONT, 22)).map_err(err)?;
     // The legend gets its own strip at the right so it never hides the data.
     let (plot, side) = root.split_horizontally(o.width.saturating_sub(LEGEND_WIDTH));

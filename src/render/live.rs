@@ -423,10 +423,10 @@ fn render_markers_and_peak(buf: &mut ratatui::buffer::Buffer, plot: Rect, store:
     let session = store.peak.1;
     let (x, total, label) = if store.peak.0 > 0 && (from..to).contains(&session) {
         let x = column_of(bounds, session);
-        (x, cols.get(x as usize).map_or(store.peak.0, |c| c.total), format!("peak {}", bytes(store.session_peak())))
+        (x, cols.get(x as usize).map_or(store.peak.0, |c| c.total), format!("active peak {}", bytes(store.session_peak())))
     } else {
         match cols.iter().enumerate().max_by_key(|(i, c)| (c.total, std::cmp::Reverse(*i))) {
-            Some((x, c)) if c.total > 0 => (x as u16, c.total, format!("window peak {}", bytes(c.total))),
+            Some((x, c)) if c.total > 0 => (x as u16, c.total, format!("window active peak {}", bytes(c.total))),
             _ => return,
         }
     };
@@ -447,15 +447,17 @@ fn render_markers_and_peak(buf: &mut ratatui::buffer::Buffer, plot: Rect, store:
 }
 
 pub fn render_side(f: &mut Frame, area: Rect, store: &Store, view: &View, theme: &Theme) {
-    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(" memory ", Style::default().fg(theme.ui.title)));
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(" memory · active bytes ", Style::default().fg(theme.ui.title)));
     let inner = block.inner(area);
     f.render_widget(block, area);
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<13}"), dim), Span::styled(v, val)]);
+    // Every figure here but reserved is active memory (what live allocations asked for,
+    // memory_viz's measure); the block's title says so, and reserved says its own name.
     let swatch = |glyph: &str, c: Color| Span::styled(format!("{glyph} "), Style::default().fg(c));
     let mut lines = vec![
-        kv("allocated", bytes(store.history.live_total())),
+        kv("active", bytes(store.history.live_total())),
         Line::from(vec![swatch("─", theme.chart.reserved), Span::styled(format!("{:<11}", "reserved"), dim), Span::styled(bytes(store.history.reserved()), val)]),
         kv("peak (step)", store.last_step_peak().map(bytes).unwrap_or_else(|| "–".into())),
         kv("peak (all)", bytes(store.session_peak())),

@@ -299,7 +299,7 @@ fn draw_plot(buf: &mut Buffer, plot: Rect, tl: &Timeline, detail: &DetailView, v
     }
     if (from..to).contains(&tl.peak_index) {
         let x = ((tl.peak_index - from) * cols / span) as u16;
-        let label = format!("▼ peak {}", bytes(tl.peak_bytes));
+        let label = format!("▼ active peak {}", bytes(tl.peak_bytes));
         let y = plot.y + plot.height.saturating_sub(1 + (tl.peak_bytes as u128 * rows as u128 / ymax as u128) as u16).min(plot.height - 1);
         let lx = (plot.x + x).min(plot.x + plot.width.saturating_sub(label.chars().count() as u16));
         buf.set_string(lx, y.saturating_sub(1).max(plot.y), label, Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD));

@@ -689,7 +689,7 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
         let _ = writeln!(s, "| {} | {} | {} |", t.name, t.shape, bytes(t.bytes));
     }
     let _ = writeln!(s);
-    let _ = writeln!(s, "### Predicted peaks\n\n| precision | forward (no grad) | train: forward | backward | optimizer | full step |\n|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "### Predicted active peaks (bytes live tensors hold)\n\n| precision | forward (no grad) | train: forward | backward | optimizer | full step |\n|---|---:|---:|---:|---:|---:|");
     for p in Precision::ALL {
         let x = estimate_on(&StepConfig { precision: *p, ..c.clone() }, e.on_cpu);
         let _ = writeln!(
@@ -706,7 +706,7 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
         let opt = |x: Option<i64>| x.map_or("none".to_string(), |v| v.to_string());
         let _ = writeln!(
             s,
-            "\nIn {} ({} mode, {}): {} (peak {}). Largest ctx at batch {}: {}. Largest batch at ctx {}: {}.",
+            "\nIn {} ({} mode, {}): {} (active peak {}). Largest ctx at batch {}: {}. Largest batch at ctx {}: {}.",
             bytes(f.budget_bytes),
             c.mode,
             c.precision,

@@ -15,7 +15,7 @@ pub fn step_line(r: &StepReport) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "{}{}step {:>3}  {} {} {}{} | peak {} ({}) | reserved {} | {} | {}{}",
+        "{}{}step {:>3}  {} {} {}{} | peak allocated {} ({}) | reserved {} | {} | {}{}",
         r.rank.map(|k| format!("rank {k} ")).unwrap_or_default(),
         r.device.map(|d| format!("cuda:{d} ")).unwrap_or_default(),
         r.step,

@@ -28,8 +28,8 @@ pub struct SweepOptions {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Measured {
-    /// Highest allocated bytes over the measured steps.
-    pub peak_bytes: u64,
+    /// Highest allocated bytes (blocks, as PyTorch rounds requests) over the measured steps.
+    pub peak_allocated_bytes: u64,
     /// The phase of the measured step with that peak where the peak was reached.
     pub peak_phase: String,
     pub phase_peak_bytes: std::collections::BTreeMap<String, u64>,
@@ -72,7 +72,7 @@ pub struct SweepRow {
 impl SweepRow {
     pub fn peak_bytes(&self) -> Option<u64> {
         match &self.outcome {
-            Outcome::Measured(m) => Some(m.peak_bytes),
+            Outcome::Measured(m) => Some(m.peak_allocated_bytes),
             _ => None,
         }
     }
@@ -142,6 +142,8 @@ pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
     if let Some(dir) = &o.snapshot_dir {
         opts.snapshot_at = vec![total - 1];
         opts.snapshot_dir = dir.clone();
+        // What goes into a write-up is what the table measured.
+        opts.snapshot_trace_from_step = Some(o.warmup);
     }
     let mut row = SweepRow { config: config.clone(), outcome: Outcome::Failed { error: "no step finished".into() }, snapshot: None };
     // The engine's own output (libtorch's warnings) would break the progress bar.
@@ -233,7 +235,7 @@ fn summarize(all: Vec<StepReport>, warmup: u64) -> Measured {
         .map_or("other".to_string(), |(p, _)| p.clone());
     let n = steps.len() as f64;
     Measured {
-        peak_bytes: top.peak_allocated_bytes,
+        peak_allocated_bytes: top.peak_allocated_bytes,
         peak_phase,
         phase_peak_bytes: top.phase_peak_bytes.clone(),
         activation_bytes,
@@ -264,7 +266,7 @@ impl std::str::FromStr for Format {
 }
 
 const HEADER: [&str; 12] = [
-    "model", "ctx", "batch", "precision", "mode", "attention", "peak", "peak phase", "activations", "reserved",
+    "model", "ctx", "batch", "precision", "mode", "attention", "peak allocated", "peak phase", "activations", "reserved",
     "step time (s)", "tokens/s",
 ];
 
@@ -282,7 +284,7 @@ fn cells(r: &SweepRow, raw: bool) -> Vec<String> {
     ];
     match &r.outcome {
         Outcome::Measured(m) => v.extend([
-            size(m.peak_bytes),
+            size(m.peak_allocated_bytes),
             m.peak_phase.clone(),
             m.activation_bytes.map(size).unwrap_or_default(),
             size(m.reserved_bytes),

@@ -42,6 +42,11 @@ pub struct EngineOptions {
     /// than any device has.
     #[serde(default)]
     pub force_oom_at_step: Option<u64>,
+    /// Snapshots' traces begin at this step's first phase (a sweep's measured steps, not
+    /// the model's initialisation or warm-up); memory live before it is there from the start,
+    /// as memory_viz shows a trace that begins mid-run.
+    #[serde(default)]
+    pub snapshot_trace_from_step: Option<u64>,
 }
 
 impl EngineOptions {
@@ -60,6 +65,7 @@ impl EngineOptions {
             alloc_conf: String::new(),
             selftest: None,
             force_oom_at_step: None,
+            snapshot_trace_from_step: None,
         }
     }
 }
