@@ -417,7 +417,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             anyhow::bail!("--snapshot-at {last}: the run has steps 0 to {} (steps count from 0)", opts.steps.unwrap_or(0).saturating_sub(1));
         }
         let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
-        let source = launch_engine(&opts, Output::Inherit).context("starting the training engine")?;
+        let output = if args.json { Output::InheritToStderr } else { Output::Inherit };
+        let source = launch_engine(&opts, output).context("starting the training engine")?;
         return vramscope::app::headless::headless(&source, recorder, metrics.as_ref(), args.json, args.check_growth.is_some());
     }
     anyhow::ensure!(!args.json, "--json needs --headless");

@@ -73,10 +73,12 @@ fn a_users_transformer_streams_exact_totals_its_own_names_and_phases_in_order() 
         .assert()
         .success();
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
-    let lines: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    // With --json stdout is vramscope's lines alone, whatever the job prints and when.
+    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
     assert_eq!(lines.len(), 3, "{stdout}");
     assert!(lines.iter().all(|l| l["rank"] == 0 && l["mode"] == "train"), "{stdout}");
-    assert!(stdout.contains("trained 3 steps"), "the script's own output passes through: {stdout}");
+    assert!(stderr.contains("trained 3 steps"), "the script's own output passes through, on stderr: {stderr}");
     let figures = json(&fig);
     let items = recorded(&rec).remove(&0).expect("rank 0 streamed");
 
@@ -482,4 +484,34 @@ fn a_job_without_sequences_reports_samples_per_second_counting_every_micro_batch
     let text = run(false);
     let line = text.lines().find(|l| l.contains("step   1")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("batch 128") && line.contains("samples/s") && !line.contains("ctx") && !line.contains("tok/s"), "{line}");
+}
+
+/// `--check-growth` on the leaks people write and on healthy loops that move memory about:
+/// each leak is named, exit 1; each healthy loop passes, exit 0.
+#[test]
+fn the_growth_check_finds_the_leaks_people_write_and_passes_healthy_loops() {
+    let t = tempfile::tempdir().unwrap();
+    let check = |case: &str| {
+        let out = vramscope()
+            .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+            .args(["py", "--headless", "--check-growth", "--snapshot-dir"])
+            .arg(t.path())
+            .arg(script("growth_cases.py"))
+            .arg(case)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+    };
+    // Each named by the phase that made what is kept: the cache's clone is made after
+    // zero_grad, in its phase.
+    for (leak, phase) in [("kept-outputs", "forward"), ("kept-losses", "forward"), ("cache", "zero_grad")] {
+        let (code, said) = check(leak);
+        assert_eq!(code, Some(1), "{leak}: {said}");
+        assert!(said.contains(&format!("memory keeps growing: phase {phase}")), "{leak}: {said}");
+    }
+    for healthy in ["warmup", "varying-shapes", "periodic-eval", "no-zero-grad"] {
+        let (code, said) = check(healthy);
+        assert_eq!(code, Some(0), "{healthy}: {said}");
+        assert!(said.contains("no growth: live memory at step end is steady over 7 steps after the first"), "{healthy}: {said}");
+    }
 }

@@ -65,6 +65,14 @@ fn replaying_a_recording_prints_the_live_runs_step_lines_byte_for_byte() {
     let steps: Vec<StepReport> = String::from_utf8(json.get_output().stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let lines: Vec<String> = steps.iter().map(vramscope::report::headless::step_line).collect();
     assert_eq!(lines, live.lines().filter(|l| l.starts_with("step ")).map(String::from).collect::<Vec<_>>());
+    // The replay's screen holds what the allocator reserved: the segments made while the
+    // model was built, before the recorder's viewer attached, included.
+    let mut store = vramscope::store::Store::new(1 << 20);
+    let mut failed = None;
+    for (_, item) in Script::open(&rec).unwrap().stream(&mut failed) {
+        store.ingest(item);
+    }
+    assert_eq!(store.history.reserved(), steps.last().unwrap().reserved_bytes, "the screen's reserved is the allocator's");
     // A second recording to the same file is refused and leaves the first intact.
     let before = std::fs::read(&rec).unwrap();
     let refused = vramscope().args(["run", "--headless", "--device", "cpu", "--steps", "1", "--ctx", "32", "--record"]).arg(&rec).assert().failure();

@@ -184,7 +184,7 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
     // Bound before the job starts, so a taken port is said before anything runs.
     let metrics = a.metrics.as_deref().map(Metrics::serve).transpose()?;
     if a.headless {
-        let source = JobSource::launch(cmd, &job, "the job", Output::Inherit)?;
+        let source = JobSource::launch(cmd, &job, "the job", if a.json { Output::InheritToStderr } else { Output::Inherit })?;
         return headless(&source, recorder, metrics.as_ref(), a.json, a.check_growth);
     }
     // Its own process group: `q` stops the whole job (torchrun and its workers), and a

@@ -658,7 +658,9 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme
             }
             Line::from(spans)
         }
-        None => Line::from(Span::styled("no events yet", Style::default().fg(theme.ui.dim))),
+        // The log holds what happened to the session (knob changes, snapshots, errors), not
+        // allocator events: say so when there is none yet.
+        None => Line::from(Span::styled("nothing logged yet", Style::default().fg(theme.ui.dim))),
     };
     // A replay cannot turn the knobs: its footer names its own keys.
     let items: &[(Action, &str)] = if is_replay(store) {

@@ -115,7 +115,10 @@ const SPIKE_MIN_BYTES: u64 = 1 << 20;
 /// Growth: an origin whose live bytes rise at every step from the second on. Spikes: a
 /// step (after the first) whose peak stands far above the median of the others.
 pub fn check(samples: &[StepLive], steps: &[StepReport]) -> GrowthReport {
-    let later: Vec<&StepLive> = samples.iter().filter(|s| s.step > 0).collect();
+    // What comes after the last step that finished (the job's exit freeing its memory, or a
+    // step cut short) is no step: it would end every series flat.
+    let last = steps.iter().map(|s| s.step).max();
+    let later: Vec<&StepLive> = samples.iter().filter(|s| s.step > 0 && last.is_none_or(|l| u64::from(s.step) <= l)).collect();
     let mut report = GrowthReport { steps_checked: later.len(), ..Default::default() };
     if later.len() >= MIN_STEPS {
         let mut origins: Vec<&Origin> = later.iter().flat_map(|s| s.by_origin.keys()).collect();
@@ -183,7 +186,14 @@ impl fmt::Display for GrowthReport {
                 bytes(s.typical_bytes)
             )?;
         }
-        if self.healthy() {
+        if self.steps_checked < MIN_STEPS {
+            writeln!(
+                f,
+                "too few steps to tell: {} after the first, and growth needs {MIN_STEPS} (run at least {} steps)",
+                self.steps_checked,
+                MIN_STEPS + 1
+            )?;
+        } else if self.healthy() {
             writeln!(f, "no growth: live memory at step end is steady over {} steps after the first, no spikes", self.steps_checked)?;
         }
         Ok(())
@@ -224,5 +234,38 @@ mod tests {
         assert!(text.contains("phase forward, scope layers.1.attn") && text.contains("+512 B per step"), "{text}");
         let short = check(&samples[..3], &[]);
         assert!(short.growth.is_empty(), "two later steps are too few to call growth");
+        assert!(short.to_string().contains("too few steps to tell: 2 after the first"), "{short}");
+    }
+
+    #[test]
+    fn what_follows_the_last_finished_step_is_not_a_step() {
+        // Outputs kept every step; at exit (step 5, never finished) nothing more is kept.
+        let samples: Vec<StepLive> = (0..6).map(|s| live(s, &[(Phase::Forward, "fc", 64 * (s.min(4) as u64 + 1))])).collect();
+        let report = |step: u64| StepReport {
+            step,
+            mode: crate::step_config::Mode::Train,
+            precision: crate::step_config::Precision::Fp32,
+            attention: None,
+            ctx: 0,
+            batch: 1,
+            peak_allocated_bytes: 1 << 20,
+            reserved_bytes: 0,
+            peak_reserved_bytes: 0,
+            peak_active_bytes: 0,
+            phase_peak_bytes: Default::default(),
+            category_bytes: Default::default(),
+            live_bytes: 0,
+            step_time_s: 1.0,
+            tokens_per_s: 0.0,
+            samples_per_s: 1.0,
+            loss: 0.0,
+            dropped_batches: 0,
+            dropped_events: 0,
+            rank: None,
+            device: None,
+        };
+        let steps: Vec<StepReport> = (0..5).map(report).collect();
+        let r = check(&samples, &steps);
+        assert_eq!((r.growth.len(), r.steps_checked), (1, 4), "{r}");
     }
 }

@@ -235,6 +235,9 @@ impl JobSource {
         cmd.stdin(Stdio::null());
         match &output {
             Output::Inherit => {}
+            Output::InheritToStderr => {
+                cmd.stdout(Stdio::from(std::io::stderr()));
+            }
             Output::Capture => {
                 cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
@@ -383,6 +386,9 @@ pub fn list_jobs() -> Result<BTreeMap<String, Vec<(u32, Endpoint)>>, ChannelErro
 pub enum Output {
     /// The terminal's (headless runs: the job's output passes through).
     Inherit,
+    /// The terminal's, the job's stdout going to stderr: `--json` keeps stdout for its own
+    /// lines, which a job printing beside them could split.
+    InheritToStderr,
     /// Into the job's log on screen, line by line (vramscope's engine, which lives and dies
     /// with its viewer).
     Capture,

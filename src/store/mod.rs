@@ -349,14 +349,7 @@ impl Store {
             }
         }
         if let Some(status) = &b.status {
-            // Said once, when the source is chosen or changes, never per sample.
-            let line = match (status.kind, &status.reason) {
-                (SourceKind::Nvml, _) => "device gauges: NVML".to_string(),
-                (kind, Some(why)) => format!("device gauges: {} ({why})", kind.as_str()),
-                (kind, None) => format!("device gauges: {}", kind.as_str()),
-            };
-            let kind = if status.kind == SourceKind::Nvml { LogKind::Info } else { LogKind::Warn };
-            self.log_line(kind, line);
+            self.say_gauge_source(status);
         }
         // NVML numbers devices its own way (PCI order, all of them), CUDA its own (fastest
         // first, renumbered by CUDA_VISIBLE_DEVICES): the job's device is the one with its
@@ -378,6 +371,28 @@ impl Store {
                 LogKind::Warn,
                 format!("NVML does not list the job's process (pid {pid}; in a container NVML shows the host's PIDs) and its GPU's PCI bus id is unknown: showing NVML device {shown}, which may not be the job's"),
             );
+        }
+    }
+
+    /// Which gauges feed the screen: said once, when the source is chosen or changes, never
+    /// per sample.
+    fn say_gauge_source(&mut self, status: &crate::source::gauges::sample::SourceStatus) {
+        let line = match (status.kind, &status.reason) {
+            (SourceKind::Nvml, _) => "device gauges: NVML".to_string(),
+            (kind, Some(why)) => format!("device gauges: {} ({why})", kind.as_str()),
+            (kind, None) => format!("device gauges: {}", kind.as_str()),
+        };
+        let kind = if status.kind == SourceKind::Nvml { LogKind::Info } else { LogKind::Warn };
+        self.log_line(kind, line);
+    }
+
+    /// A store that joins a session late (a rank's, a device's) takes the machine's gauges
+    /// as the others hold them: their readings so far, and the line saying where they come
+    /// from.
+    pub fn adopt_gauges(&mut self, gauges: &GaugeHistory) {
+        self.gauges = gauges.clone();
+        if let Some(status) = gauges.status().cloned() {
+            self.say_gauge_source(&status);
         }
     }
 

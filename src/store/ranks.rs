@@ -100,6 +100,9 @@ impl Ranks {
         let cap = self.history_cap;
         if !self.stores.contains_key(&key) {
             let mut s = Store::new(cap);
+            if let Some(other) = self.stores.values().next() {
+                s.adopt_gauges(&other.gauges);
+            }
             if let Some(d) = key.1 {
                 if let Some(info) = self.stores.get(&(key.0, None)).and_then(|m| m.info.clone()) {
                     s.ingest_report(Report::Started(Self::of_device(&info, d)));
@@ -234,6 +237,20 @@ mod tests {
             rank: Some(rank),
             device: None,
         }))
+    }
+
+    #[test]
+    fn a_rank_that_streams_later_has_the_machines_gauges_and_says_where_they_come_from() {
+        use crate::source::gauges::sample::{GaugeBatch, SourceKind, SourceStatus};
+        let mut r = Ranks::new(1 << 10);
+        let status = SourceStatus { kind: SourceKind::Host, reason: Some("no NVML".into()) };
+        r.ingest(0, Incoming::Gauges(GaugeBatch { first_seq: 0, status: Some(status), samples: Vec::new() }));
+        r.ingest(0, Incoming::Gauges(GaugeBatch { first_seq: 0, status: None, samples: Vec::new() }));
+        r.ingest(1, step(1, 150));
+        r.next_rank();
+        let one = r.shown();
+        assert_eq!(one.log.front().map(|l| l.text.as_str()), Some("device gauges: host (no NVML)"), "its log is not empty");
+        assert_eq!(one.gauges.missed(), 0);
     }
 
     #[test]
