@@ -111,7 +111,7 @@ fn commands(path: &Path) -> [(&'static str, f64); 4] {
         std::hint::black_box(summarize(&snap, &tl, device, 10));
     });
     let tl = Timeline::from_snapshot(&snap, device);
-    let replay = best(&|| drop(std::hint::black_box(trace_items(&snap))));
+    let replay = best(&|| drop(std::hint::black_box(trace_items(&snap, 0))));
     let diff = best(&|| drop(std::hint::black_box(vramscope::report::diff::diff((&snap, &tl, device), (&snap, &tl, device), 10))));
     let o = ExportOptions { device, ..ExportOptions::default() };
     let export = best(&|| drop(std::hint::black_box(render_svg(&snap, &o).expect("svg"))));

@@ -505,7 +505,7 @@ fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
 
 fn replay(args: ReplayCommand) -> anyhow::Result<()> {
     let r = args.replay;
-    let mut script = Script::open(&r.file)?;
+    let mut script = Script::open_at(&r.file, r.device)?;
     if r.headless {
         return vramscope::app::replay::run_replay_headless(&mut script, r.json, &mut std::io::stdout().lock());
     }

@@ -199,3 +199,30 @@ fn a_recorder_never_overwrites_and_other_files_are_refused() {
     let e = Script::open(&existing).err().expect("a text file is not a recording");
     assert!(e.to_string().contains("not a vramscope recording"), "{e}");
 }
+
+/// A snapshot of a job on three GPUs replays one device at a time (D switches), each with
+/// its own peak, memory_viz's for that device, never the devices added together.
+#[test]
+fn a_multi_gpu_snapshot_replays_each_device_on_its_own() {
+    let path = common::fixture_path(common::CONSTRUCTOR_SUN);
+    if !path.exists() {
+        eprintln!("skipped: {} is one of the real snapshots in ../shared/fixtures (see its README), absent here", path.display());
+        return;
+    }
+    let snap = vramscope::snapshot::reader::read_snapshot_file(&path).unwrap();
+    let mut ranks = vramscope::store::ranks::Ranks::new(1 << 20);
+    let mut failed = None;
+    for (rank, item) in Script::open_at(&path, Some(1)).unwrap().stream(&mut failed) {
+        ranks.ingest(rank, item);
+    }
+    assert!(failed.is_none(), "{failed:?}");
+    let summary = ranks.summary();
+    assert_eq!(summary.devices, ["cuda:1", "cuda:0", "cuda:2"], "--device 1 first, then the others");
+    for d in [1usize, 0, 2] {
+        let tl = vramscope::snapshot::timeline::Timeline::from_snapshot(&snap, d);
+        assert_eq!(ranks.shown().session_peak(), tl.peak_bytes, "cuda:{d}'s peak is its own");
+        ranks.next_device();
+    }
+    let err = vramscope().args(["replay", "--headless", "--device", "9"]).arg(&path).assert().code(2);
+    assert!(String::from_utf8_lossy(&err.get_output().stderr).contains("no device 9 (the file has 4: 0 to 3)"));
+}

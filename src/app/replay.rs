@@ -75,6 +75,10 @@ pub struct ReplayArgs {
     /// With --headless: one JSON object per step.
     #[arg(long)]
     pub json: bool,
+    /// A snapshot's device to show first (default: the one with allocations); the others
+    /// are a key (D) away.
+    #[arg(long)]
+    pub device: Option<usize>,
 }
 
 /// The per-step lines of a live headless run, from a recording, unpaced. The line on how

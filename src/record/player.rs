@@ -117,11 +117,20 @@ impl Script {
     /// A recording or a memory snapshot pickle (a file, `-`, or a pipe), told apart by
     /// their first bytes.
     pub fn open(path: &Path) -> Result<Script, RecordError> {
+        Script::open_at(path, None)
+    }
+
+    /// As `open`, a snapshot's `device` first (its default device when None: the one with
+    /// allocations); its other devices play beside it, each on its own.
+    pub fn open_at(path: &Path, device: Option<usize>) -> Result<Script, RecordError> {
         let opened = input::open(path, 8).map_err(RecordError::io(path))?;
         let head = opened.head(8).map_err(RecordError::io(path))?;
         let name = opened.name.clone();
         if !has_magic(&head) && head.first() != Some(&0x80) {
             return Err(RecordError::NotARecording(name));
+        }
+        if device.is_some() && has_magic(&head) {
+            return Err(RecordError::DeviceOfRecording(name));
         }
         let kind = match opened.input {
             Input::File(_, p) if has_magic(&head) => Kind::Recording(Recording::open(&p)?),
@@ -135,7 +144,12 @@ impl Script {
                     ReadError::Io { path, err } => RecordError::Io { path, source: err },
                     e => e.into(),
                 })?;
-                Kind::Trace(Trace::new(trace_items(&snap)))
+                let first = device.unwrap_or_else(|| snap.default_device());
+                let devices = snap.device_count();
+                if first >= devices {
+                    return Err(RecordError::NoDevice { name, device: first, devices });
+                }
+                Kind::Trace(Trace::new(trace_items(&snap, first)))
             }
         };
         Ok(Script { kind, name, next: 0, stream_end: None })

@@ -108,7 +108,11 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSumma
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let Some(info) = &store.info else {
         let what = store.title.as_deref().unwrap_or("starting the job…");
-        f.render_widget(Paragraph::new(format!("vramscope · {what}")).style(dim), area);
+        let mut line = format!("vramscope · {what}");
+        if ranks.devices.len() > 1 {
+            line += &format!(" · device {} of {} ({})", ranks.device_shown + 1, ranks.devices.len(), ranks.devices.join(" "));
+        }
+        f.render_widget(Paragraph::new(line).style(dim), area);
         return;
     };
     let sep = || Span::styled(" · ", dim);

@@ -21,6 +21,9 @@ pub struct Ranks {
     history_cap: usize,
     /// The recording being written, shown until it stops, whichever rank is on screen.
     pub recording: Option<PathBuf>,
+    /// Each rank's first device where it does not say (a snapshot's trace): the device of
+    /// its first events.
+    first_device: BTreeMap<u32, u8>,
 }
 
 /// What the screen shows of a job's ranks besides the one it draws.
@@ -51,7 +54,7 @@ impl Ranks {
 
     /// Rank 0 already holding `store` (a replay's title and log, a test's screen).
     pub fn with(store: Store, history_cap: usize) -> Ranks {
-        Ranks { stores: BTreeMap::from([((0, None), store)]), shown: 0, shown_device: None, history_cap, recording: None }
+        Ranks { stores: BTreeMap::from([((0, None), store)]), shown: 0, shown_device: None, history_cap, recording: None, first_device: BTreeMap::new() }
     }
 
     /// Routes an item: device gauges are the machine's and go to every store; a rank's
@@ -69,7 +72,18 @@ impl Ranks {
                 }
             }
             Incoming::Batch(b) => {
+                if let Some(d) = b.events.first().map(|e| e.device) {
+                    self.first_device.entry(rank).or_insert(d);
+                }
                 let device = b.events.first().map(|e| e.device).filter(|d| self.is_other_device(rank, *d));
+                // Names are the rank's, whichever device's batch brought them.
+                if !b.scopes.is_empty() {
+                    for (k, s) in self.stores.range_mut((rank, None)..=(rank, Some(u8::MAX))) {
+                        if k.1 != device {
+                            s.ingest_batch(crate::event::Batch { scopes: b.scopes.clone(), ..Default::default() });
+                        }
+                    }
+                }
                 self.store((rank, device)).ingest(Incoming::Batch(b));
             }
             Incoming::Report(Report::Step(r)) => self.store((rank, r.device)).ingest_report(Report::Step(r)),
@@ -88,10 +102,12 @@ impl Ranks {
         }
     }
 
-    /// Device `d`'s events are not those of the rank's first device (a CUDA job's).
+    /// Device `d`'s events are not those of the rank's first device: the CUDA device it
+    /// says it follows, else the device of its first events.
     fn is_other_device(&self, rank: u32, d: u8) -> bool {
-        let first = self.stores.get(&(rank, None)).and_then(|s| s.info.as_ref()).filter(|i| i.cuda).and_then(|i| i.device.strip_prefix("cuda:")?.parse::<u8>().ok());
-        first.is_some_and(|f| f != d)
+        let info = self.stores.get(&(rank, None)).and_then(|s| s.info.as_ref());
+        let said = info.filter(|i| i.cuda).and_then(|i| i.device.strip_prefix("cuda:")?.parse::<u8>().ok());
+        said.or_else(|| if info.is_some_and(|i| i.cuda) { None } else { self.first_device.get(&rank).copied() }).is_some_and(|f| f != d)
     }
 
     /// The store at `key`, made at its first item; another device's starts knowing who the
@@ -103,8 +119,12 @@ impl Ranks {
             if let Some(other) = self.stores.values().next() {
                 s.adopt_gauges(&other.gauges);
             }
-            if let Some(d) = key.1 {
-                if let Some(info) = self.stores.get(&(key.0, None)).and_then(|m| m.info.clone()) {
+            if let (Some(d), Some(main)) = (key.1, self.stores.get(&(key.0, None))) {
+                // Another device of a rank: who the rank is, the names it gave, and, in a
+                // replay, what is replayed, with the device said.
+                s.ingest_batch(crate::event::Batch { scopes: main.scopes.iter().cloned().enumerate().map(|(i, n)| (i as u32, n)).collect(), ..Default::default() });
+                s.title = main.title.clone();
+                if let Some(info) = main.info.clone() {
                     s.ingest_report(Report::Started(Self::of_device(&info, d)));
                 }
             }
@@ -185,7 +205,12 @@ impl Ranks {
     pub fn summary(&self) -> RankSummary {
         let devices = self.devices();
         let (names, device_shown) = if devices.len() > 1 {
-            let name = |d: &Option<u8>| self.stores[&(self.shown, *d)].info.as_ref().map(|i| i.device.clone()).unwrap_or_default();
+            let first = self.first_device.get(&self.shown).map_or_else(|| "first".to_string(), |d| format!("cuda:{d}"));
+            let name = |d: &Option<u8>| match (self.stores[&(self.shown, *d)].info.as_ref(), d) {
+                (Some(i), _) => i.device.clone(),
+                (None, Some(d)) => format!("cuda:{d}"),
+                (None, None) => first.clone(),
+            };
             (devices.iter().map(name).collect(), devices.iter().position(|d| *d == self.shown_device).unwrap_or(0))
         } else {
             (Vec::new(), 0)
