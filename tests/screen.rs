@@ -385,6 +385,24 @@ fn out_of_memory_state() {
 }
 
 #[test]
+fn lost_events_show_the_jobs_exact_figures_and_mark_what_the_events_draw_incomplete() {
+    let mut store = session();
+    let whole_screen = text(&store, &whole(&store), 160, 40);
+    assert!(whole_screen.contains("capture ok") && !whole_screen.contains("incomplete"), "{whole_screen}");
+    // A gap in the stream: events between were lost on their way to the screen.
+    let mut gap = Batch { first_seq: 1_000_000, ..Batch::default() };
+    gap.events.push(MemEvent { t_ns: 9_000_000, addr: 0xdead_0000, size: 512 * 1024, stream: 0, step: 2, scope: 0, action: Act::Alloc, phase: Phase::Other, device: 0, category: Category::Input });
+    store.ingest_batch(gap);
+    assert!(store.lost_events > 0);
+    let (active, _, exact) = store.active_figures();
+    assert_eq!((active, exact), (96 * MIB, false), "the last step's own live bytes, not the events' sum");
+    let screen = text(&store, &whole(&store), 160, 40);
+    assert!(screen.contains("at step end  96.0 MiB"), "{screen}");
+    assert!(screen.contains("incomplete: events were lost"), "{screen}");
+    assert!(screen.contains("figures at step end exact; timeline and table incomplete"), "{screen}");
+}
+
+#[test]
 fn a_job_that_crashed_says_so_instead_of_finished() {
     let mut store = session();
     store.ingest_report(Report::Finished);

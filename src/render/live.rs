@@ -168,7 +168,9 @@ pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSumma
     let dropped = last.map(|s| s.dropped_events).unwrap_or(0) + store.lost_events;
     spans.push(sep());
     if dropped > 0 {
-        spans.push(Span::styled(format!("capture dropping: {dropped} events lost (totals exact)"), Style::default().fg(theme.ui.warning)));
+        // The step reports' figures stay exact; what the events draw (the timeline, the
+        // table) misses what was lost.
+        spans.push(Span::styled(format!("capture dropping: {dropped} events lost (figures at step end exact; timeline and table incomplete)"), Style::default().fg(theme.ui.warning)));
     } else {
         spans.push(Span::styled("capture ok", dim));
     }
@@ -460,13 +462,14 @@ pub fn render_side(f: &mut Frame, area: Rect, store: &Store, view: &View, theme:
     // Every figure here but reserved is active memory (what live allocations asked for,
     // memory_viz's measure); the block's title says so, and reserved says its own name.
     let swatch = |glyph: &str, c: Color| Span::styled(format!("{glyph} "), Style::default().fg(c));
+    let (active, cats, live) = store.active_figures();
     let mut lines = vec![
-        kv("active", bytes(store.history.live_total())),
+        // Live while every event arrives; else the job's exact figure at its last step end.
+        kv(if live { "active" } else { "at step end" }, bytes(active)),
         Line::from(vec![swatch("─", theme.chart.reserved), Span::styled(format!("{:<11}", "reserved"), dim), Span::styled(bytes(store.history.reserved()), val)]),
         kv("peak (step)", store.last_step_peak().map(bytes).unwrap_or_else(|| "–".into())),
         kv("peak (all)", bytes(store.session_peak())),
     ];
-    let cats = store.history.category_bytes();
     // Swatch, label, a space, and room for "1023 MiB". Every category keeps its row, so the
     // legend does not jump as one empties.
     let label_w = (inner.width as usize).saturating_sub(2 + 1 + 8).min(16);
@@ -625,7 +628,8 @@ pub fn render_table(f: &mut Frame, area: Rect, store: &Store, view: &View, theme
         })
         .collect();
     let focus = if view.table_focus { " · ↑↓ select · enter inspect" } else { "" };
-    let title = format!(" largest live allocations ({} live){focus} ", store.live_count());
+    let incomplete = if store.events_complete() { "" } else { " · incomplete: events were lost" };
+    let title = format!(" largest live allocations ({} live){incomplete}{focus} ", store.live_count());
     let table = Table::new(rows, [Constraint::Length(10), Constraint::Length(18), Constraint::Length(10), Constraint::Min(14), Constraint::Length(5)])
         .header(Row::new(vec!["size", "category", "phase", "what", "age"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
         .style(Style::default().fg(theme.ui.text))

@@ -551,6 +551,22 @@ impl Store {
         self.lost_events == 0 && !self.reported_drops
     }
 
+    /// Active bytes now and by category, and whether they are exact: summed from the events
+    /// while every one arrived; once some were lost, the job's own figures at the end of its
+    /// last step (its tracker saw every event), which the events here can no longer give.
+    pub fn active_figures(&self) -> (u64, [u64; 8], bool) {
+        match self.last_step().filter(|_| !self.events_complete()) {
+            Some(s) => {
+                let mut cats = [0u64; 8];
+                for c in Category::ALL {
+                    cats[c as usize] = s.category_bytes.get(c.as_str()).copied().unwrap_or(0);
+                }
+                (s.live_bytes, cats, false)
+            }
+            None => (self.history.live_total(), self.history.category_bytes(), true),
+        }
+    }
+
     /// The session's peak of live bytes, as the timeline draws it; when events were lost,
     /// the step reports' exact figure if higher.
     pub fn session_peak(&self) -> u64 {
