@@ -241,30 +241,7 @@ mod tests {
     fn what_follows_the_last_finished_step_is_not_a_step() {
         // Outputs kept every step; at exit (step 5, never finished) nothing more is kept.
         let samples: Vec<StepLive> = (0..6).map(|s| live(s, &[(Phase::Forward, "fc", 64 * (s.min(4) as u64 + 1))])).collect();
-        let report = |step: u64| StepReport {
-            step,
-            mode: crate::step_config::Mode::Train,
-            precision: crate::step_config::Precision::Fp32,
-            attention: None,
-            ctx: 0,
-            batch: 1,
-            peak_allocated_bytes: 1 << 20,
-            reserved_bytes: 0,
-            peak_reserved_bytes: 0,
-            peak_active_bytes: 0,
-            phase_peak_bytes: Default::default(),
-            category_bytes: Default::default(),
-            live_bytes: 0,
-            step_time_s: 1.0,
-            tokens_per_s: 0.0,
-            samples_per_s: 1.0,
-            loss: 0.0,
-            dropped_batches: 0,
-            dropped_events: 0,
-            rank: None,
-            device: None,
-        };
-        let steps: Vec<StepReport> = (0..5).map(report).collect();
+        let steps: Vec<StepReport> = (0..5).map(|s| StepReport::of_peak(s, 1 << 20)).collect();
         let r = check(&samples, &steps);
         assert_eq!((r.growth.len(), r.steps_checked), (1, 4), "{r}");
     }

@@ -236,32 +236,9 @@ impl Ranks {
 mod tests {
     use super::*;
     use crate::stream::StepReport;
-    use crate::step_config::{Mode, Precision};
 
     fn step(rank: u32, peak: u64) -> Incoming {
-        Incoming::Report(Report::Step(StepReport {
-            step: 0,
-            mode: Mode::Train,
-            precision: Precision::Fp32,
-            attention: None,
-            ctx: 8,
-            batch: 2,
-            peak_allocated_bytes: peak,
-            reserved_bytes: 0,
-            peak_reserved_bytes: 0,
-            peak_active_bytes: 0,
-            phase_peak_bytes: Default::default(),
-            category_bytes: Default::default(),
-            live_bytes: 0,
-            step_time_s: 1.0,
-            tokens_per_s: 16.0,
-            samples_per_s: 2.0,
-            loss: 0.0,
-            dropped_batches: 0,
-            dropped_events: 0,
-            rank: Some(rank),
-            device: None,
-        }))
+        Incoming::Report(Report::Step(StepReport { rank: Some(rank), ..StepReport::of_peak(0, peak) }))
     }
 
     #[test]

@@ -126,6 +126,35 @@ pub struct StepReport {
 }
 
 impl StepReport {
+    /// A training step's report with `peak` allocated bytes and nothing else of note, for
+    /// tests that need one.
+    #[cfg(test)]
+    pub(crate) fn of_peak(step: u64, peak: u64) -> StepReport {
+        StepReport {
+            step,
+            mode: Mode::Train,
+            precision: Precision::Fp32,
+            attention: None,
+            ctx: 8,
+            batch: 2,
+            peak_allocated_bytes: peak,
+            reserved_bytes: 0,
+            peak_reserved_bytes: 0,
+            peak_active_bytes: 0,
+            phase_peak_bytes: BTreeMap::new(),
+            category_bytes: BTreeMap::new(),
+            live_bytes: 0,
+            step_time_s: 1.0,
+            tokens_per_s: 16.0,
+            samples_per_s: 2.0,
+            loss: 0.0,
+            dropped_batches: 0,
+            dropped_events: 0,
+            rank: None,
+            device: None,
+        }
+    }
+
     /// How fast the step went, in tokens where its inputs are sequences, else samples.
     pub fn throughput(&self) -> String {
         if self.ctx > 0 || self.samples_per_s == 0.0 {
