@@ -580,11 +580,7 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
 pub extern "C" fn vsh_foreign_oom(message: *const c_char) -> c_int {
     with_core(|c| {
         let message = cstr(message)?.to_string();
-        let mut s = lock(&c.session);
-        s.drain();
-        let (step, phase) = (s.step, s.phase);
-        s.report(Report::Oom(vramscope::stream::OomReport { step, phase, message, snapshot: None }));
-        s.flush();
+        lock(&c.session).report_oom(message, None);
         Ok(())
     })
 }

@@ -266,23 +266,19 @@ impl Session {
     /// Events of the job's other CUDA devices, each into its own tracker (made, and said,
     /// at the device's first event).
     fn ingest_other_devices(&mut self, events: &[RawEvent]) {
+        let mut by_device: BTreeMap<u8, Vec<RawEvent>> = BTreeMap::new();
         for e in events {
-            if !self.others.contains_key(&e.device) {
-                let mut t = Tracker::new(Backend::Cuda { device: e.device }, OTHER_DEVICE_RING);
-                t.mark(e.t_ns, self.step as u32, self.phase);
-                self.others.insert(e.device, t);
-                let first = self.devices.followed.unwrap_or(0);
-                self.report(Report::Note(format!(
-                    "the job also allocates on cuda:{}: shown as its own device beside cuda:{first} (D switches)",
-                    e.device
-                )));
-            }
+            by_device.entry(e.device).or_default().push(*e);
         }
-        for (d, t) in self.others.iter_mut() {
-            let mine: Vec<RawEvent> = events.iter().filter(|e| e.device == *d).copied().collect();
-            if !mine.is_empty() {
-                t.ingest(&mine);
+        for (d, mine) in by_device {
+            if !self.others.contains_key(&d) {
+                let mut t = Tracker::new(Backend::Cuda { device: d }, OTHER_DEVICE_RING);
+                t.mark(mine[0].t_ns, self.step as u32, self.phase);
+                self.others.insert(d, t);
+                let first = self.devices.followed.unwrap_or(0);
+                self.report(Report::Note(format!("the job also allocates on cuda:{d}: shown as its own device beside cuda:{first} (D switches)")));
             }
+            self.others.get_mut(&d).expect("made above").ingest(&mine);
         }
     }
 
@@ -521,11 +517,17 @@ impl Session {
     /// An allocation failed in a job that handles it itself (the hook's): say so, with the
     /// snapshot written for it (or why there is none), and go on.
     pub fn oom(&mut self, requested: u64, snapshot: Option<PathBuf>, note: Option<&str>) {
-        self.drain();
         let message = match note {
             Some(n) => format!("out of memory: tried to allocate {requested} bytes ({n})"),
             None => format!("out of memory: tried to allocate {requested} bytes"),
         };
+        self.report_oom(message, snapshot);
+    }
+
+    /// Says an out-of-memory error in the step and phase it happened in (`message` as the
+    /// job saw it, or as `oom` words it).
+    pub fn report_oom(&mut self, message: String, snapshot: Option<PathBuf>) {
+        self.drain();
         self.report(Report::Oom(OomReport { step: self.step, phase: self.phase, message, snapshot }));
         self.flush();
     }

@@ -72,10 +72,11 @@ impl Ranks {
                 }
             }
             Incoming::Batch(b) => {
-                if let Some(d) = b.events.first().map(|e| e.device) {
+                let events_device = b.events.first().map(|e| e.device);
+                if let Some(d) = events_device {
                     self.first_device.entry(rank).or_insert(d);
                 }
-                let device = b.events.first().map(|e| e.device).filter(|d| self.is_other_device(rank, *d));
+                let device = events_device.filter(|d| self.is_other_device(rank, *d));
                 // Names are the rank's, whichever device's batch brought them.
                 if !b.scopes.is_empty() {
                     for (k, s) in self.stores.range_mut((rank, None)..=(rank, Some(u8::MAX))) {
@@ -105,9 +106,11 @@ impl Ranks {
     /// Device `d`'s events are not those of the rank's first device: the CUDA device it
     /// says it follows, else the device of its first events.
     fn is_other_device(&self, rank: u32, d: u8) -> bool {
-        let info = self.stores.get(&(rank, None)).and_then(|s| s.info.as_ref());
-        let said = info.filter(|i| i.cuda).and_then(|i| i.device.strip_prefix("cuda:")?.parse::<u8>().ok());
-        said.or_else(|| if info.is_some_and(|i| i.cuda) { None } else { self.first_device.get(&rank).copied() }).is_some_and(|f| f != d)
+        let first = match self.stores.get(&(rank, None)).and_then(|s| s.info.as_ref()) {
+            Some(i) if i.cuda => i.device.strip_prefix("cuda:").and_then(|n| n.parse::<u8>().ok()),
+            _ => self.first_device.get(&rank).copied(),
+        };
+        first.is_some_and(|f| f != d)
     }
 
     /// The store at `key`, made at its first item; another device's starts knowing who the
