@@ -6,9 +6,9 @@ mod common;
 use std::hint::black_box;
 use std::time::Instant;
 
-use vramscope::allocator::{AllocatorConfig, CachingAllocatorModel};
-use vramscope::snapshot::model::Action;
-use vramscope::snapshot::timeline::TimelineBuilder;
+use vramscope_core::allocator::{AllocatorConfig, CachingAllocatorModel};
+use vramscope_core::snapshot::model::Action;
+use vramscope_core::snapshot::timeline::TimelineBuilder;
 
 /// xorshift64: deterministic, no dependency.
 struct Rng(u64);

@@ -5,9 +5,9 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
-use vramscope::source::gauges::host::{clock_ticks_per_sec, parse_task_ticks};
-use vramscope::source::gauges::sampler::THREAD_NAME;
-use vramscope::source::gauges::{spawn_gauges, GaugeConfig, GaugeReader, HostReader};
+use vramscope_core::source::gauges::host::{clock_ticks_per_sec, parse_task_ticks};
+use vramscope_core::source::gauges::sampler::THREAD_NAME;
+use vramscope_core::source::gauges::{spawn_gauges, GaugeConfig, GaugeReader, HostReader};
 
 fn sampler_tid() -> u32 {
     fs::read_dir("/proc/self/task")
@@ -41,7 +41,7 @@ fn main() {
     let interval = cfg.interval;
 
     // Cost of one host sample in isolation, for reference.
-    let mut reader = HostReader::open(vramscope::source::gauges::Watched::default()).expect("host gauges");
+    let mut reader = HostReader::open(vramscope_core::source::gauges::Watched::default()).expect("host gauges");
     let n = 2000;
     let t = Instant::now();
     for _ in 0..n {

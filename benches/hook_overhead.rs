@@ -11,9 +11,9 @@ use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use vramscope::stream::chunk::ChunkReader;
-use vramscope::stream::codec::Record;
-use vramscope::stream::Incoming;
+use vramscope_core::stream::chunk::ChunkReader;
+use vramscope_core::stream::codec::Record;
+use vramscope_core::stream::Incoming;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -56,7 +56,7 @@ impl<R: Read> Read for Counting<R> {
 /// (bytes, events) a viewer receives from one run of the script.
 fn wire(args: &[String], dir: &Path) -> (u64, u64) {
     let sockets = dir.join("wire");
-    vramscope::channel::dir::ensure_private_dir(&sockets).expect("socket dir");
+    vramscope_core::channel::dir::ensure_private_dir(&sockets).expect("socket dir");
     let mut job = Command::new(common::python())
         .args(["-m", "vramscope_hook"])
         .arg(script())
@@ -76,7 +76,7 @@ fn wire(args: &[String], dir: &Path) -> (u64, u64) {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
-    let (r, _w) = vramscope::source::job::connect(&vramscope::channel::Endpoint::Unix(sock), None).expect("attach");
+    let (r, _w) = vramscope_core::source::job::connect(&vramscope_core::channel::Endpoint::Unix(sock), None).expect("attach");
     let bytes = std::rc::Rc::new(std::cell::Cell::new(0));
     let mut reader = ChunkReader::new(Counting(r, bytes.clone())).expect("a stream");
     let mut events = 0u64;
@@ -100,7 +100,7 @@ fn main() {
         .map(|s| s.to_string())
         .collect();
     let dir = tempfile::tempdir().expect("temp dir");
-    vramscope::channel::dir::ensure_private_dir(&dir.path().join("sockets")).expect("socket dir");
+    vramscope_core::channel::dir::ensure_private_dir(&dir.path().join("sockets")).expect("socket dir");
     let (mut plain, mut hooked) = (Vec::new(), Vec::new());
     for r in 0..rounds as usize {
         // Alternate which goes first, so a trend in machine load favours neither.

@@ -6,12 +6,12 @@
 
 mod common;
 
-use vramscope::record::player::Script;
-use vramscope::record::writer::{RecordSummary, Recorder};
-use vramscope::source::job::Output;
-use vramscope::source::launch::launch_engine;
-use vramscope::step_config::Preset;
-use vramscope::stream::{Incoming, Report};
+use vramscope_core::record::player::Script;
+use vramscope_core::record::writer::{RecordSummary, Recorder};
+use vramscope_core::source::job::Output;
+use vramscope_core::source::launch::launch_engine;
+use vramscope_core::step_config::Preset;
+use vramscope_core::stream::{Incoming, Report};
 
 /// Step times after one warm-up step, consumed the way `run --headless [--record]` does.
 fn session(record: Option<&std::path::Path>, steps: u64, ctx: i64, batch: i64) -> (Vec<f64>, Option<RecordSummary>) {

@@ -5,11 +5,11 @@
 
 use std::time::Instant;
 
-use vramscope::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
+use vramscope_core::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
 use vramscope::render::draw_to_buffer;
 use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
-use vramscope::store::Store;
+use vramscope_core::store::Store;
 use vramscope::app::keys::KeyMap;
 use vramscope::app::view::View;
 

@@ -8,16 +8,16 @@ mod common;
 
 use std::time::Instant;
 
-use vramscope::producer::cut::{FrameTables, SnapshotCut};
-use vramscope::producer::tracker::Tracker;
+use vramscope_core::producer::cut::{FrameTables, SnapshotCut};
+use vramscope_core::producer::tracker::Tracker;
 
 fn main() {
-    let mut tracker = Tracker::modelled(vramscope::allocator::AllocatorConfig::default());
+    let mut tracker = Tracker::modelled(vramscope_core::allocator::AllocatorConfig::default());
     for chunk in common::training_requests(1_500_000).chunks(8192) {
         tracker.ingest(chunk);
         std::hint::black_box(tracker.take_batch(Vec::new()));
     }
-    let frames = FrameTables::new(vramscope::snapshot::model::Frame { name: "bench".into(), filename: "benches/snapshot_cut.rs".into(), line: 0 });
+    let frames = FrameTables::new(vramscope_core::snapshot::model::Frame { name: "bench".into(), filename: "benches/snapshot_cut.rs".into(), line: 0 });
     println!("trace ring: {} entries", tracker.trace().count());
     println!("run  take_ms (training thread)  convert_ms (writer thread)  take / (take + convert)");
     for run in 1..=5 {

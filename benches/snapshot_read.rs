@@ -22,11 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use vramscope::record::trace::trace_items;
+use vramscope_core::record::trace::trace_items;
 use vramscope::render::export::{render_svg, ExportOptions};
-use vramscope::report::snapshot_summary::summarize;
-use vramscope::snapshot::read_snapshot_file;
-use vramscope::snapshot::timeline::Timeline;
+use vramscope_core::report::snapshot_summary::summarize;
+use vramscope_core::snapshot::read_snapshot_file;
+use vramscope_core::snapshot::timeline::Timeline;
 
 const ENTRIES: usize = 375_000;
 
@@ -112,7 +112,7 @@ fn commands(path: &Path) -> [(&'static str, f64); 4] {
     });
     let tl = Timeline::from_snapshot(&snap, device);
     let replay = best(&|| drop(std::hint::black_box(trace_items(&snap, 0))));
-    let diff = best(&|| drop(std::hint::black_box(vramscope::report::diff::diff((&snap, &tl, device), (&snap, &tl, device), 10))));
+    let diff = best(&|| drop(std::hint::black_box(vramscope_core::report::diff::diff((&snap, &tl, device), (&snap, &tl, device), 10))));
     let o = ExportOptions { device, ..ExportOptions::default() };
     let export = best(&|| drop(std::hint::black_box(render_svg(&snap, &o).expect("svg"))));
     [("timeline + summary", summary), ("replay conversion", replay), ("diff", diff), ("export svg", export)]

@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use vramscope::allocator::replay::{oom_capacity, state_before_trace};
-use vramscope::report::whatif::{default_configs, recorded_config, replay_row, whatif};
-use vramscope::snapshot::model::Snapshot;
+use vramscope_core::allocator::replay::{oom_capacity, state_before_trace};
+use vramscope_core::report::whatif::{default_configs, recorded_config, replay_row, whatif};
+use vramscope_core::snapshot::model::Snapshot;
 
 const FIXTURES: &str = "../shared/fixtures/snapshots";
 const REPEATS: usize = 100;
@@ -35,7 +35,7 @@ fn largest_trace() -> (String, Snapshot, usize) {
         if path.extension().is_none_or(|e| e != "pickle") {
             continue;
         }
-        let snap = vramscope::snapshot::read_snapshot_file(&path).expect("a fixture reads");
+        let snap = vramscope_core::snapshot::read_snapshot_file(&path).expect("a fixture reads");
         let device = (0..snap.device_traces.len()).max_by_key(|&d| snap.device_traces[d].len()).unwrap_or(0);
         let len = |b: &(String, Snapshot, usize)| b.1.device_traces[b.2].len();
         let cand = (path.file_name().unwrap().to_string_lossy().into_owned(), snap, device);

@@ -1,20 +1,8 @@
-//! vramscope: GPU memory of PyTorch training, live, in the terminal. This crate is the light
-//! side (screens, store, snapshots, allocator model, reports) and the job side that does not
-//! need libtorch (producer); the training engine is its own crate and process (engine/).
+//! vramscope: GPU memory of PyTorch training, live, in the terminal. This crate is the app:
+//! the screens, their keys and drawing, and the metrics endpoint, on top of
+//! `vramscope_core` (stream, store, snapshots, allocator model, reports). The training
+//! engine (engine/) and the Python hook's native core (hook/) build on the core alone.
 
-pub mod allocator;
 pub mod app;
-pub mod channel;
-pub mod event;
-pub mod input;
 pub mod metrics;
-pub mod producer;
-pub mod record;
 pub mod render;
-pub mod report;
-pub mod selftest;
-pub mod snapshot;
-pub mod source;
-pub mod step_config;
-pub mod store;
-pub mod stream;

@@ -6,20 +6,20 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use vramscope::step_config::{
+use vramscope_core::step_config::{
     validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::app::keys::KeyMap;
 use vramscope::app::live::{LiveOptions, Screen};
-use vramscope::record::player::Script;
-use vramscope::record::writer::Recorder;
-use vramscope::source::job::Output;
-use vramscope::source::launch::{launch_engine, EngineOptions};
+use vramscope_core::record::player::Script;
+use vramscope_core::record::writer::Recorder;
+use vramscope_core::source::job::Output;
+use vramscope_core::source::launch::{launch_engine, EngineOptions};
 use vramscope::render::theme::Theme;
 use vramscope::render::export::{self, ExportOptions};
-use vramscope::render::format::parse_bytes;
-use vramscope::report::{estimate, fit, sweep};
+use vramscope_core::format::parse_bytes;
+use vramscope_core::report::{estimate, fit, sweep};
 
 #[derive(Parser)]
 #[command(name = "vramscope", version, about = "Watch GPU memory move while a transformer trains")]
@@ -59,10 +59,10 @@ enum Command {
     Export(ExportArgs),
     /// Replay a snapshot's trace under other allocator settings: peaks, fragmentation,
     /// and whether the request that ran out of memory would have fit.
-    Whatif(vramscope::report::whatif::WhatifArgs),
+    Whatif(vramscope_core::report::whatif::WhatifArgs),
     /// Check the capture on this machine: a few steps recorded and compared with the
     /// allocator's own figures (and PyTorch's own recorder on CUDA). Exit 1 on a mismatch.
-    Selftest(vramscope::app::selftest::SelftestArgs),
+    Selftest(vramscope_core::selftest::run::SelftestArgs),
 }
 
 #[derive(Args, Clone)]
@@ -208,7 +208,7 @@ impl AllocConfArgs {
             Some(c) => (c.clone(), "--alloc-conf"),
             None => (std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default(), "PYTORCH_CUDA_ALLOC_CONF"),
         };
-        vramscope::allocator::AllocatorConfig::parse_conf(&conf).map_err(|e| anyhow::anyhow!("{from}: {e}"))?;
+        vramscope_core::allocator::AllocatorConfig::parse_conf(&conf).map_err(|e| anyhow::anyhow!("{from}: {e}"))?;
         Ok(conf)
     }
 }
@@ -466,14 +466,14 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &a.images {
         for r in &rows {
             let Some(snap_path) = &r.snapshot else { continue };
-            let snap = vramscope::snapshot::read_snapshot_file(snap_path).with_context(|| vramscope::input::shown(snap_path))?;
+            let snap = vramscope_core::snapshot::read_snapshot_file(snap_path).with_context(|| vramscope_core::input::shown(snap_path))?;
             let stem = snap_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
             let c = &r.config;
             let o = ExportOptions {
                 title: format!("{} ctx {} batch {} {} {} {} attention", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention),
                 ..ExportOptions::default()
             };
-            let path = vramscope::snapshot::unique_path(dir, &format!("{stem}.png"));
+            let path = vramscope_core::snapshot::unique_path(dir, &format!("{stem}.png"));
             export::export(&snap, &path, &o)?;
         }
     }
@@ -495,8 +495,7 @@ fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
-    let snap = vramscope::snapshot::read_snapshot_file(&a.snapshot).with_context(|| vramscope::input::shown(&a.snapshot))?;
-    let device = a.device.unwrap_or_else(|| snap.default_device());
+    let (snap, device) = vramscope_core::snapshot::read_device(&a.snapshot, a.device)?;
     let o = ExportOptions { width: a.width, height: a.height, device, title: a.title };
     let path = export::export(&snap, &a.output, &o)?;
     println!("wrote {}", path.display());
@@ -523,13 +522,13 @@ fn diff(args: DiffArgs) -> anyhow::Result<()> {
     use vramscope::app::snapshot_viewer::ViewerData;
     let a = ViewerData::open(&args.a, args.device)?;
     let b = ViewerData::open(&args.b, args.device)?;
-    let d = vramscope::report::diff::diff((&a.snap, &a.tl, a.device), (&b.snap, &b.tl, b.device), args.top);
+    let d = vramscope_core::report::diff::diff((&a.snap, &a.tl, a.device), (&b.snap, &b.tl, b.device), args.top);
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &d)?;
         std::io::Write::write_all(&mut out, b"\n")?;
     } else {
-        vramscope::report::diff::write_text(&mut out, &a.name, &b.name, &d)?;
+        vramscope_core::report::diff::write_text(&mut out, &a.name, &b.name, &d)?;
     }
     Ok(())
 }
@@ -553,8 +552,8 @@ fn main() -> ExitCode {
         Some(Command::Sweep(a)) => sweep_cmd(a),
         Some(Command::Estimate(a)) => estimate_cmd(a),
         Some(Command::Export(a)) => export_cmd(a),
-        Some(Command::Whatif(a)) => vramscope::report::whatif::run(a).map(|()| ExitCode::SUCCESS),
-        Some(Command::Selftest(a)) => vramscope::app::selftest::run(a),
+        Some(Command::Whatif(a)) => vramscope_core::report::whatif::run(a).map(|()| ExitCode::SUCCESS),
+        Some(Command::Selftest(a)) => vramscope_core::selftest::run::run(a),
         None => run(cli.run),
     };
     match result {
@@ -564,7 +563,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         // Said already, line by line, as it happened.
-        Err(e) if e.downcast_ref::<vramscope::report::headless::Failed>().is_some() => ExitCode::from(2),
+        Err(e) if e.downcast_ref::<vramscope_core::report::headless::Failed>().is_some() => ExitCode::from(2),
         Err(e) => {
             eprintln!("vramscope: {e:#}");
             ExitCode::from(2)

@@ -4,7 +4,7 @@
 
 mod common;
 
-use vramscope::allocator::AllocatorConfig;
+use vramscope_core::allocator::AllocatorConfig;
 
 #[test]
 fn settings_come_from_the_environment_and_are_recorded_as_pytorch_records_them() {

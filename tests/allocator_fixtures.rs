@@ -4,7 +4,7 @@
 
 mod common;
 
-use vramscope::allocator::{replay_snapshot, AllocatorConfig, ReplayReport};
+use vramscope_core::allocator::{replay_snapshot, AllocatorConfig, ReplayReport};
 
 fn replay(name: &str, device: usize) -> ReplayReport {
     let s = common::load(name);

@@ -103,7 +103,7 @@ fn snapshots_at_chosen_steps_open_in_pytorchs_tools() {
     let names: Vec<String> = files.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, ["tiny_ctx32_fp32_train_naive_reference_step0.pickle", "tiny_ctx32_fp32_train_naive_reference_step1.pickle"]);
     for f in &files {
-        let snap = vramscope::snapshot::read_snapshot_file(f).expect("our reader opens it");
+        let snap = vramscope_core::snapshot::read_snapshot_file(f).expect("our reader opens it");
         assert!(!snap.segments.is_empty() && snap.trace_entry_count() > 100);
         assert!(snap.external_annotations.iter().any(|a| a.name.starts_with("backward")));
         // PyTorch's own tools, run from a neutral directory.

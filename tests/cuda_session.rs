@@ -8,19 +8,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vramscope::allocator::{AllocatorConfig, CachingAllocatorModel};
-use vramscope::channel::Endpoint;
-use vramscope::event::{Action, Phase};
-use vramscope::producer::raw::{CudaStats, RawEvent};
-use vramscope::producer::scopes::Scopes;
-use vramscope::producer::server::{Listen, Log, Server};
-use vramscope::producer::session::{Capture, Session, SessionOptions, StepEnd};
-use vramscope::producer::tracker::Backend;
-use vramscope::snapshot::model::Frame;
-use vramscope::source::job::JobSource;
-use vramscope::step_config::{Mode, Precision};
-use vramscope::store::ranks::Ranks;
-use vramscope::stream::{EngineInfo, Incoming, Report};
+use vramscope_core::allocator::{AllocatorConfig, CachingAllocatorModel};
+use vramscope_core::channel::Endpoint;
+use vramscope_core::event::{Action, Phase};
+use vramscope_core::producer::raw::{CudaStats, RawEvent};
+use vramscope_core::producer::scopes::Scopes;
+use vramscope_core::producer::server::{Listen, Log, Server};
+use vramscope_core::producer::session::{Capture, Session, SessionOptions, StepEnd};
+use vramscope_core::producer::tracker::Backend;
+use vramscope_core::snapshot::model::Frame;
+use vramscope_core::source::job::JobSource;
+use vramscope_core::step_config::{Mode, Precision};
+use vramscope_core::store::ranks::Ranks;
+use vramscope_core::stream::{EngineInfo, Incoming, Report};
 
 const MIB: u64 = 1 << 20;
 
@@ -66,7 +66,7 @@ impl Capture for FakeCuda {
 
 fn socket(t: &tempfile::TempDir) -> PathBuf {
     let d = t.path().join("sockets");
-    vramscope::channel::dir::ensure_private_dir(&d).unwrap();
+    vramscope_core::channel::dir::ensure_private_dir(&d).unwrap();
     d.join("job-r0.sock")
 }
 

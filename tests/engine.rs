@@ -5,10 +5,10 @@ mod common;
 use std::collections::HashMap;
 
 use common::*;
-use vramscope::event::{Action, Category, Phase};
-use vramscope::store::Store;
-use vramscope::step_config::{Attention, Mode, Optimizer, Precision};
-use vramscope::stream::{Control, Incoming, Report};
+use vramscope_core::event::{Action, Category, Phase};
+use vramscope_core::store::Store;
+use vramscope_core::step_config::{Attention, Mode, Optimizer, Precision};
+use vramscope_core::stream::{Control, Incoming, Report};
 
 /// Feeds a run into a store, the way the live screen does.
 fn store_of(run: &Run) -> Store {
@@ -239,7 +239,7 @@ fn an_out_of_memory_step_is_snapshotted_pauses_and_resumes_with_a_smaller_ctx() 
     assert!(oom.message.contains("allocate"), "{}", oom.message);
     // The snapshot was written before the failure unwound: it ends in the oom entry.
     let snap_path = oom.snapshot.clone().expect("an OOM snapshot");
-    let snap = vramscope::snapshot::read_snapshot_file(&snap_path).unwrap();
+    let snap = vramscope_core::snapshot::read_snapshot_file(&snap_path).unwrap();
     let last = snap.device_traces[0].last().expect("a trace");
     assert_eq!((last.action, last.size), (Action::Oom, 2 * 4 * 65536 * 65536 * 4), "the failed request is the trace's last entry");
     let oom_event = before.iter().flat_map(|b| &b.events).find(|e| e.action == Action::Oom);
@@ -280,9 +280,9 @@ fn a_cpu_run_models_the_allocator_settings_it_is_given() {
     let Some(Report::Started(info)) = run.reports.first() else { panic!("started first") };
     assert_eq!(info.alloc_conf, "expandable_segments:True", "the header shows the settings in force");
     let path = run.reports.iter().find_map(|r| if let Report::SnapshotSaved { path, .. } = r { Some(path.clone()) } else { None }).expect("a snapshot");
-    let snap = vramscope::snapshot::read_snapshot_file(&path).unwrap();
+    let snap = vramscope_core::snapshot::read_snapshot_file(&path).unwrap();
     let settings = snap.allocator_settings.expect("the snapshot records the settings");
-    assert_eq!(settings.get("expandable_segments"), Some(&vramscope::snapshot::model::SettingValue::Bool(true)), "{settings:?}");
+    assert_eq!(settings.get("expandable_segments"), Some(&vramscope_core::snapshot::model::SettingValue::Bool(true)), "{settings:?}");
     assert!(snap.segments.iter().all(|s| s.is_expandable), "its segments are expandable");
     // A value PyTorch would refuse is a one-line error naming the option.
     let bad = common::vramscope().args(["run", "--headless", "--alloc-conf", "expandable_segments:maybe"]).output().unwrap();

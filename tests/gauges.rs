@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver};
-use vramscope::source::gauges::{
+use vramscope_core::source::gauges::{
     open_reader, spawn_gauges, spawn_gauges_with, GaugeBatch, GaugeConfig, GaugeHistory,
     GaugeReader, Gauges, Metric, NvmlQuery, NvmlReader, OpenedSource, RawDevice, RawError,
     RecordedQuery, SourceKind, SourceStatus, Watched,
@@ -209,7 +209,7 @@ fn history_keeps_only_its_capacity() {
         history.ingest(GaugeBatch {
             first_seq: seq,
             status: None,
-            samples: vec![vramscope::source::gauges::GaugeSample {
+            samples: vec![vramscope_core::source::gauges::GaugeSample {
                 t_ns: seq * 1000,
                 gauges: reader.sample().unwrap(),
             }],

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vramscope::stream::chunk::{header, ChunkWriter};
-use vramscope::stream::{Incoming, Report};
+use vramscope_core::stream::chunk::{header, ChunkWriter};
+use vramscope_core::stream::{Incoming, Report};
 
 /// A chunk whose zstd frame unpacks to `unpacked` zero bytes (end records, in the body's
 /// terms), its header claiming `claimed` bytes.
@@ -131,14 +131,14 @@ fn sample() -> PathBuf {
 fn hostile_producers_are_dropped_with_a_line_naming_them_while_a_good_one_streams() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("sockets");
-    vramscope::channel::dir::ensure_private_dir(&dir).unwrap();
+    vramscope_core::channel::dir::ensure_private_dir(&dir).unwrap();
     let good = std::fs::read(sample()).unwrap();
     let expected_steps = common::vramscope().args(["replay", "--headless", "--json"]).arg(sample()).output().unwrap().stdout.iter().filter(|b| **b == b'\n').count();
     let mut bomb = header().to_vec();
     bomb.extend(bomb_chunk(64 << 20, 64 << 20));
     // A valid chunk whose records claim a billion events.
     let mut absurd_body = vec![1u8, 0, 0];
-    vramscope::stream::codec::put_varint(&mut absurd_body, 1 << 30);
+    vramscope_core::stream::codec::put_varint(&mut absurd_body, 1 << 30);
     let packed = zstd::bulk::compress(&absurd_body, 1).unwrap();
     let mut absurd = header().to_vec();
     absurd.extend((packed.len() as u32).to_le_bytes());

@@ -76,7 +76,7 @@ static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn prometheus_stores_what_the_job_reports() {
     let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     let t = tempfile::tempdir().unwrap();
-    vramscope::channel::dir::ensure_private_dir(&t.path().join("sockets")).unwrap();
+    vramscope_core::channel::dir::ensure_private_dir(&t.path().join("sockets")).unwrap();
     let mut job = Killed(
         Command::new(assert_cmd::cargo::cargo_bin("vramscope"))
             .env("VRAMSCOPE_SOCKET_DIR", t.path().join("sockets"))

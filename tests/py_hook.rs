@@ -11,11 +11,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{python, repo_root, vramscope};
-use vramscope::channel::Endpoint;
-use vramscope::event::{Action, Batch, Phase};
-use vramscope::record::player::Script;
-use vramscope::source::job::JobSource;
-use vramscope::stream::{Control, Incoming, Report, StepReport};
+use vramscope_core::channel::Endpoint;
+use vramscope_core::event::{Action, Batch, Phase};
+use vramscope_core::record::player::Script;
+use vramscope_core::source::job::JobSource;
+use vramscope_core::stream::{Control, Incoming, Report, StepReport};
 
 fn script(name: &str) -> PathBuf {
     repo_root().join("tests/py").join(name)
@@ -24,7 +24,7 @@ fn script(name: &str) -> PathBuf {
 /// A private socket directory for one test, so tests never see each other's jobs.
 fn sockets(t: &tempfile::TempDir) -> PathBuf {
     let d = t.path().join("sockets");
-    vramscope::channel::dir::ensure_private_dir(&d).unwrap();
+    vramscope_core::channel::dir::ensure_private_dir(&d).unwrap();
     d
 }
 
@@ -192,7 +192,7 @@ fn an_oom_in_the_job_is_snapshotted_before_the_script_sees_the_error() {
     let oom = &json(&fig)["oom"];
     let caught: Vec<&str> = oom["snapshots_when_caught"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert_eq!(caught, ["train_transformer_rank0_step1_oom.pickle"], "on disk before the error reached the script");
-    let snap = vramscope::snapshot::read_snapshot_file(&t.path().join(caught[0])).unwrap();
+    let snap = vramscope_core::snapshot::read_snapshot_file(&t.path().join(caught[0])).unwrap();
     let last = snap.device_traces[0].last().unwrap();
     assert_eq!((last.action, last.size), (Action::Oom, 1 << 50), "the snapshot ends with the failed request");
     assert!(stdout.contains("trained 3 steps"), "the job went on after handling its OOM");

@@ -9,14 +9,14 @@ use common::vramscope;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use vramscope::record::player::Script;
-use vramscope::record::reader::{Ending, Recording};
-use vramscope::record::writer::Recorder;
-use vramscope::record::RecordError;
-use vramscope::stream::chunk::{CHUNK_HEADER_LEN, HEADER_LEN};
-use vramscope::stream::Incoming;
-use vramscope::step_config::{Mode, Precision};
-use vramscope::stream::StepReport;
+use vramscope_core::record::player::Script;
+use vramscope_core::record::reader::{Ending, Recording};
+use vramscope_core::record::writer::Recorder;
+use vramscope_core::record::RecordError;
+use vramscope_core::stream::chunk::{CHUNK_HEADER_LEN, HEADER_LEN};
+use vramscope_core::stream::Incoming;
+use vramscope_core::step_config::{Mode, Precision};
+use vramscope_core::stream::StepReport;
 
 fn sample(name: &str) -> PathBuf {
     common::repo_root().join("recordings").join(name)
@@ -24,7 +24,7 @@ fn sample(name: &str) -> PathBuf {
 
 fn replay_steps(mut script: Script) -> Vec<StepReport> {
     let mut failed = None;
-    let steps = vramscope::report::headless::run(script.stream(&mut failed), false, &mut Vec::new()).expect("replay runs");
+    let steps = vramscope_core::report::headless::run(script.stream(&mut failed), false, &mut Vec::new()).expect("replay runs");
     assert!(failed.is_none(), "{failed:?}");
     steps
 }
@@ -63,11 +63,11 @@ fn replaying_a_recording_prints_the_live_runs_step_lines_byte_for_byte() {
     // Same for the JSON lines, which carry every figure of every step.
     let json = vramscope().args(["replay", "--headless", "--json"]).arg(&rec).assert().success();
     let steps: Vec<StepReport> = String::from_utf8(json.get_output().stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let lines: Vec<String> = steps.iter().map(vramscope::report::headless::step_line).collect();
+    let lines: Vec<String> = steps.iter().map(vramscope_core::report::headless::step_line).collect();
     assert_eq!(lines, live.lines().filter(|l| l.starts_with("step ")).map(String::from).collect::<Vec<_>>());
     // The replay's screen holds what the allocator reserved: the segments made while the
     // model was built, before the recorder's viewer attached, included.
-    let mut store = vramscope::store::Store::new(1 << 20);
+    let mut store = vramscope_core::store::Store::new(1 << 20);
     let mut failed = None;
     for (_, item) in Script::open(&rec).unwrap().stream(&mut failed) {
         store.ingest(item);
@@ -163,16 +163,16 @@ fn the_sample_recordings_show_the_sessions_they_are_named_after() {
 #[test]
 fn a_snapshot_pickles_trace_plays_every_entry() {
     let path = common::fixture_path(common::MAGMA27);
-    let snap = vramscope::snapshot::reader::read_snapshot_file(&path).unwrap();
+    let snap = vramscope_core::snapshot::reader::read_snapshot_file(&path).unwrap();
     let mut script = Script::open(&path).unwrap();
     let mut failed = None;
-    let mut store = vramscope::store::Store::new(1 << 20);
+    let mut store = vramscope_core::store::Store::new(1 << 20);
     let mut finished = false;
     for (_, item) in script.stream(&mut failed) {
         match item {
             Incoming::Batch(b) => store.ingest_batch(b),
             Incoming::Report(r) => {
-                finished |= r == vramscope::stream::Report::Finished;
+                finished |= r == vramscope_core::stream::Report::Finished;
                 store.ingest_report(r)
             }
             other => panic!("unexpected {other:?}"),
@@ -181,7 +181,7 @@ fn a_snapshot_pickles_trace_plays_every_entry() {
     assert!(finished && failed.is_none());
     // Every entry plays, after the blocks alive at the start (memory_viz's), and the
     // peak is memory_viz's.
-    let tl = vramscope::snapshot::timeline::Timeline::from_snapshot(&snap, 0);
+    let tl = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&snap, 0);
     let events = snap.trace_entry_count() + tl.allocations.iter().filter(|a| a.alive_at_start).count();
     assert_eq!(store.history.end() as usize, events);
     assert_eq!(store.lost_events, 0);
@@ -209,8 +209,8 @@ fn a_multi_gpu_snapshot_replays_each_device_on_its_own() {
         eprintln!("skipped: {} is one of the real snapshots in ../shared/fixtures (see its README), absent here", path.display());
         return;
     }
-    let snap = vramscope::snapshot::reader::read_snapshot_file(&path).unwrap();
-    let mut ranks = vramscope::store::ranks::Ranks::new(1 << 20);
+    let snap = vramscope_core::snapshot::reader::read_snapshot_file(&path).unwrap();
+    let mut ranks = vramscope_core::store::ranks::Ranks::new(1 << 20);
     let mut failed = None;
     for (rank, item) in Script::open_at(&path, Some(1)).unwrap().stream(&mut failed) {
         ranks.ingest(rank, item);
@@ -219,7 +219,7 @@ fn a_multi_gpu_snapshot_replays_each_device_on_its_own() {
     let summary = ranks.summary();
     assert_eq!(summary.devices, ["cuda:1", "cuda:0", "cuda:2"], "--device 1 first, then the others");
     for d in [1usize, 0, 2] {
-        let tl = vramscope::snapshot::timeline::Timeline::from_snapshot(&snap, d);
+        let tl = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&snap, d);
         assert_eq!(ranks.shown().session_peak(), tl.peak_bytes, "cuda:{d}'s peak is its own");
         ranks.next_device();
     }

@@ -9,11 +9,11 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use vramscope::event::{Action, Batch, Phase};
-use vramscope::record::player::Script;
-use vramscope::report::estimate::estimate_on;
-use vramscope::step_config::{Attention, Mode, ModelDims, Precision, StepConfig};
-use vramscope::stream::{Incoming, Report, StepReport};
+use vramscope_core::event::{Action, Batch, Phase};
+use vramscope_core::record::player::Script;
+use vramscope_core::report::estimate::estimate_on;
+use vramscope_core::step_config::{Attention, Mode, ModelDims, Precision, StepConfig};
+use vramscope_core::stream::{Incoming, Report, StepReport};
 
 /// The tiny preset's widths with two layers and one sequence: a training step at ctx 512
 /// takes seconds on two CPU cores.
@@ -121,7 +121,7 @@ fn engine_run(cfg: &StepConfig) -> Captured {
 fn python_run(cfg: &StepConfig, pythonpath: Option<&str>, reference: bool) -> Captured {
     let t = tempfile::tempdir().unwrap();
     let sockets = t.path().join("sockets");
-    vramscope::channel::dir::ensure_private_dir(&sockets).unwrap();
+    vramscope_core::channel::dir::ensure_private_dir(&sockets).unwrap();
     let rec = t.path().join("run.vsrec");
     let d = cfg.dims;
     let mut cmd = common::vramscope();

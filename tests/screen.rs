@@ -13,18 +13,18 @@ use vramscope::app::keys::{Action, KeyMap};
 use vramscope::app::live::{handle, Controls};
 use vramscope::app::view::View;
 use vramscope::render::theme::ColorSupport;
-use vramscope::store::ranks::Ranks;
-use vramscope::stream::Incoming;
-use vramscope::event::{Retag, Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
+use vramscope_core::store::ranks::Ranks;
+use vramscope_core::stream::Incoming;
+use vramscope_core::event::{Retag, Action as Act, Batch, Category, MemEvent, Phase, PhaseMark};
 use vramscope::render::draw_to_buffer;
 use common::colour_capture::colours;
 use vramscope::render::live::render_live;
 use vramscope::render::theme::Theme;
-use vramscope::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind, SourceStatus};
-use vramscope::store::ranks::RankSummary;
-use vramscope::store::{LogKind, Store};
-use vramscope::step_config::{Attention, Mode, Precision, Preset, StepConfig};
-use vramscope::stream::{EngineInfo, KnobChange, OomReport, Report, StepReport};
+use vramscope_core::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind, SourceStatus};
+use vramscope_core::store::ranks::RankSummary;
+use vramscope_core::store::{LogKind, Store};
+use vramscope_core::step_config::{Attention, Mode, Precision, Preset, StepConfig};
+use vramscope_core::stream::{EngineInfo, KnobChange, OomReport, Report, StepReport};
 
 const MIB: u64 = 1 << 20;
 const PARAMS: [&str; 8] = [

@@ -13,10 +13,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{options, repo_root, tiny};
-use vramscope::channel::Endpoint;
-use vramscope::source::job::JobSource;
-use vramscope::step_config::{Attention, Mode, Precision};
-use vramscope::stream::{Control, Incoming, Report};
+use vramscope_core::channel::Endpoint;
+use vramscope_core::source::job::JobSource;
+use vramscope_core::step_config::{Attention, Mode, Precision};
+use vramscope_core::stream::{Control, Incoming, Report};
 
 const OTHER: &str = "vramscope-test";
 
@@ -209,7 +209,7 @@ fn over_tcp_nothing_is_sent_or_accepted_without_the_token() {
 
     // The token's owner attaches with it, from the file or as given.
     assert!(started(&JobSource::attach("tcp".into(), &[(0, Endpoint::Tcp(addr))], Some(&token)).unwrap()));
-    let read = vramscope::channel::token::read_token_file(&token_file).unwrap();
+    let read = vramscope_core::channel::token::read_token_file(&token_file).unwrap();
     assert_eq!(read, token);
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let loose = common::vramscope().args(["attach", &addr.to_string(), "--headless", "--token-file"]).arg(&token_file).output().unwrap();
@@ -246,7 +246,7 @@ fn a_control_that_names_a_path_is_refused_and_the_job_goes_on() {
 fn recordings_are_their_owners_alone() {
     let t = tempfile::tempdir().unwrap();
     let p = t.path().join("r.vsrec");
-    let r = vramscope::record::writer::Recorder::create(&p).unwrap();
+    let r = vramscope_core::record::writer::Recorder::create(&p).unwrap();
     assert_eq!(mode(&p), 0o600);
     r.finish().unwrap();
 }

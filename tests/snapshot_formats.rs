@@ -9,10 +9,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::vramscope;
-use vramscope::report::snapshot_summary::allocation_info;
-use vramscope::snapshot::model::{BlockState, HOST_TRACE};
-use vramscope::snapshot::timeline::Timeline;
-use vramscope::snapshot::{read_snapshot, read_snapshot_file, write_snapshot};
+use vramscope_core::report::snapshot_summary::allocation_info;
+use vramscope_core::snapshot::model::{BlockState, HOST_TRACE};
+use vramscope_core::snapshot::timeline::Timeline;
+use vramscope_core::snapshot::{read_snapshot, read_snapshot_file, write_snapshot};
 
 /// A snapshot as PyTorch 2.13 / main writes it, with every newer key, pickled with
 /// protocol 5 (Python 3.14's default). Device 0's trace is a wrapped ring: it starts with
@@ -338,8 +338,8 @@ fn malformed_files_are_named_by_the_key_or_shape_that_is_wrong() {
 /// timeline, `view --summary --json`, `replay` (the store fed by the trace), the caption
 /// `export` draws, and `diff --json` against itself.
 fn peaks_everywhere(path: &Path, dir: &Path) -> [(&'static str, u64); 5] {
-    use vramscope::record::player::Script;
-    use vramscope::stream::Incoming;
+    use vramscope_core::record::player::Script;
+    use vramscope_core::stream::Incoming;
     let json = |args: &[&str]| -> serde_json::Value {
         let out = vramscope().args(args).output().unwrap();
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -348,7 +348,7 @@ fn peaks_everywhere(path: &Path, dir: &Path) -> [(&'static str, u64); 5] {
     let file = path.to_str().unwrap();
     let view = vramscope::app::snapshot_viewer::ViewerData::open(path, None).unwrap().tl.peak_bytes;
     let summary = json(&["view", "--summary", "--json", file])["peak_active_bytes"].as_u64().unwrap();
-    let mut store = vramscope::store::Store::new(1 << 20);
+    let mut store = vramscope_core::store::Store::new(1 << 20);
     let mut failed = None;
     let mut script = Script::open(path).unwrap();
     for (_, item) in script.stream(&mut failed) {

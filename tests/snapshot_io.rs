@@ -7,11 +7,11 @@ use std::process::Command;
 
 mod common;
 
-use vramscope::snapshot::model::{
+use vramscope_core::snapshot::model::{
     Action, AllocatorSettings, Annotation, AnnotationStage, Block, BlockState, Frame, Segment,
     SegmentType, SettingValue, Snapshot, StackInterner, TraceEntry,
 };
-use vramscope::snapshot::{
+use vramscope_core::snapshot::{
     read_snapshot, read_snapshot_file, save_snapshot_atomic, unique_path, write_snapshot,
 };
 

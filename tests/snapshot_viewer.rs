@@ -10,8 +10,8 @@ use common::viewer::{screen, screen_buffer, text};
 use vramscope::app::keys::{KeyMap, ViewAction};
 use vramscope::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
 use vramscope::app::snapshot_viewer::ViewerData;
-use vramscope::report::snapshot_summary::segment_stats;
-use vramscope::snapshot::{read_snapshot_file_observed, ReadPass};
+use vramscope_core::report::snapshot_summary::segment_stats;
+use vramscope_core::snapshot::{read_snapshot_file_observed, ReadPass};
 use vramscope::render::draw_to_buffer;
 use vramscope::render::theme::Theme;
 
@@ -252,7 +252,7 @@ fn the_loading_timeline_grows_into_the_loaded_one() {
     assert!(fractions.windows(2).all(|w| w[0] <= w[1]) && *fractions.last().unwrap() == 1.0, "{fractions:?}");
     assert!(loading.timeline().is_none(), "the timeline went to the viewer");
     let tl = &data.tl;
-    let fresh = vramscope::snapshot::timeline::Timeline::from_snapshot(&data.snap, 0);
+    let fresh = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&data.snap, 0);
     assert!(tl.total_events > 100_000 && tl.categories.len() == 4, "{} {:?}", tl.total_events, tl.categories);
     // Completed from what the loading screen fed, it is the timeline built from scratch.
     assert_eq!(tl.allocations, fresh.allocations);
@@ -299,8 +299,8 @@ fn a_snapshot_of_another_gpu_opens_on_its_device() {
     for s in &mut snap.segments {
         s.device = 1;
     }
-    vramscope::snapshot::save_snapshot_atomic(&snap, &path).unwrap();
-    let fresh = vramscope::snapshot::timeline::Timeline::from_snapshot(&snap, 1);
+    vramscope_core::snapshot::save_snapshot_atomic(&snap, &path).unwrap();
+    let fresh = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&snap, 1);
     // Loaded in one go, or through the loading screen, it opens on device 1.
     let data = ViewerData::open(&path, None).unwrap();
     assert_eq!((data.device, data.tl.peak_bytes), (1, fresh.peak_bytes));
@@ -358,7 +358,7 @@ fn the_timeline_colours_by_category_or_by_allocation() {
     // Each category one colour: the bands take exactly the colours of the categories drawn.
     let want: std::collections::BTreeSet<String> = ["activation", "parameter", "temporary", "unknown"]
         .iter()
-        .map(|n| format!("{:?}", theme.category(vramscope::event::Category::parse(n).unwrap())))
+        .map(|n| format!("{:?}", theme.category(vramscope_core::event::Category::parse(n).unwrap())))
         .collect();
     // The selected band (accent, peak colour under the cursor) aside.
     let mut got = band_colours(&buf);
@@ -432,7 +432,7 @@ fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
 
 #[test]
 fn viewer_colours_at_256_and_truecolor() {
-    use vramscope::event::Category;
+    use vramscope_core::event::Category;
     use vramscope::render::theme::ColorSupport;
     for (depth, name) in [(ColorSupport::Palette256, "viewer_colours_256"), (ColorSupport::TrueColor, "viewer_colours_truecolor")] {
         let theme = Theme::load_at("dark", depth).unwrap();

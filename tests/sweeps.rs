@@ -8,8 +8,8 @@ use common::vramscope;
 use assert_cmd::Command;
 use serde_json::Value;
 
-use vramscope::report::estimate::estimate_on;
-use vramscope::step_config::{Attention, Mode, Precision};
+use vramscope_core::report::estimate::estimate_on;
+use vramscope_core::step_config::{Attention, Mode, Precision};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(cmd.assert().success().get_output().stdout.clone()).unwrap()
@@ -83,7 +83,7 @@ fn the_markdown_table_and_snapshots_per_configuration() {
     let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     assert_eq!(names, ["tiny_ctx16_b1_fp32_train_naive_reference.pickle", "tiny_ctx16_b2_fp32_train_naive_reference.pickle"]);
-    vramscope::snapshot::read_snapshot_file(&dir.path().join(&names[0])).expect("the snapshot reads back");
+    vramscope_core::snapshot::read_snapshot_file(&dir.path().join(&names[0])).expect("the snapshot reads back");
     // CSV: one header and a row per configuration, bytes as integers.
     let csv = stdout(vramscope().args(["sweep", "--device", "cpu", "--ctx", "16", "--batch", "1", "--warmup", "0", "--steps", "1", "--format", "csv"]));
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
@@ -241,8 +241,8 @@ fn a_sweep_rows_peak_snapshot_and_image_leave_out_the_models_initialisation() {
     let cold = row("0", false)["peak_allocated_bytes"].as_u64().unwrap();
     assert!(cold as f64 <= peak as f64 * 1.05, "step 0 measured {cold} B against a warm step's {peak} B");
     let snap_path = std::path::PathBuf::from(measured["snapshot"].as_str().unwrap());
-    let snap = vramscope::snapshot::read_snapshot_file(&snap_path).unwrap();
-    let tl = vramscope::snapshot::timeline::Timeline::from_snapshot(&snap, 0);
+    let snap = vramscope_core::snapshot::read_snapshot_file(&snap_path).unwrap();
+    let tl = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&snap, 0);
     assert!(tl.peak_bytes <= peak, "the snapshot's active peak {} B is within the measured step's allocated peak {peak} B", tl.peak_bytes);
     assert!(std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| e.path().extension().is_some_and(|x| x == "png")));
 }

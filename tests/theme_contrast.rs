@@ -2,7 +2,7 @@
 //! drawn on, bands and lines at 3:1 (WCAG contrast, the basic colours as xterm's default
 //! palette draws them), and the phase shades and category colours stay apart.
 
-use vramscope::event::{Category, Phase};
+use vramscope_core::event::{Category, Phase};
 use vramscope::render::colour::{distance, rgb};
 use vramscope::render::theme::{ColorSupport, Theme, BUILTIN};
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use vramscope::snapshot::timeline::Timeline;
+use vramscope_core::snapshot::timeline::Timeline;
 
 fn check(name: &str) {
     let want = common::MemoryVizTimeline::of(&common::fixture_path(name), 0);

@@ -49,7 +49,7 @@ fn keys_change_the_next_step_and_q_restores_the_terminal() {
             std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|e| e == "pickle")).expect("snapshot file")
         }
     };
-    let snap = vramscope::snapshot::read_snapshot_file(&saved).expect("the snapshot loads with our reader");
+    let snap = vramscope_core::snapshot::read_snapshot_file(&saved).expect("the snapshot loads with our reader");
     assert!(snap.trace_entry_count() > 0);
     s.keys("q");
     assert_eq!(wait_file(&dir.path().join("exit"), 60).trim(), "0", "exit code");

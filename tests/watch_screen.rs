@@ -7,7 +7,7 @@ use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 use vramscope::render::theme::Theme;
 use vramscope::render::watch::{render_watch, ProcessSort, WatchState};
-use vramscope::source::gauges::{
+use vramscope_core::source::gauges::{
     GaugeBatch, GaugeError, GaugeHistory, GaugeReader, GaugeSample, Gauges, HostSample, NvmlReader,
     RawDevice, RawProcess, RecordedQuery, SourceKind, SourceStatus,
 };
@@ -63,7 +63,7 @@ fn nvml_state(gpus: u32, selected: u32) -> WatchState {
     let frames = (0..SAMPLES)
         .map(|k| Ok((0..gpus).map(|i| reading(i, k)).collect()))
         .collect();
-    let mut reader = NvmlReader::new(RecordedQuery::new(frames), vramscope::source::gauges::Watched::of(&[SELF_PID]));
+    let mut reader = NvmlReader::new(RecordedQuery::new(frames), vramscope_core::source::gauges::Watched::of(&[SELF_PID]));
     let samples = (0..SAMPLES)
         .map(|k| GaugeSample {
             t_ns: k * INTERVAL_NS,

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use vramscope::step_config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
-use vramscope::source::launch::EngineOptions;
+use vramscope_core::step_config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
+use vramscope_core::source::launch::EngineOptions;
 
 /// Full fp32 training steps of `preset` on CPU: one warm-up step, then `steps` measured.
 pub fn cpu_train(preset: Preset, ctx: i64, batch: i64, steps: u64) -> EngineOptions {
@@ -76,8 +76,8 @@ pub fn status_kib(field: &str) -> u64 {
 
 /// `n` CPU allocation requests and frees shaped like a training step's (many small,
 /// some up to 16 MiB, a few thousand live), as the shim records them.
-pub fn training_requests(n: usize) -> Vec<vramscope::producer::raw::RawEvent> {
-    use vramscope::producer::raw::{RawEvent, CPU_DEVICE, RAW_ALLOC, RAW_FREE};
+pub fn training_requests(n: usize) -> Vec<vramscope_core::producer::raw::RawEvent> {
+    use vramscope_core::producer::raw::{RawEvent, CPU_DEVICE, RAW_ALLOC, RAW_FREE};
     let mut raw = Vec::with_capacity(n);
     let mut live: Vec<u64> = Vec::new();
     let mut x = 0x2545F4914F6CDD1Du64;

@@ -6,11 +6,11 @@
 #[path = "../../benches/common/mod.rs"]
 mod common;
 
-use vramscope::producer::session::Capture;
-use vramscope::source::job::Output;
-use vramscope::source::launch::launch_engine;
-use vramscope::step_config::Preset;
-use vramscope::stream::{Incoming, Report};
+use vramscope_core::producer::session::Capture;
+use vramscope_core::source::job::Output;
+use vramscope_core::source::launch::launch_engine;
+use vramscope_core::step_config::Preset;
+use vramscope_core::stream::{Incoming, Report};
 use vramscope_engine::capture;
 
 /// CPU seconds `who` (this process, or its children that have ended) has used.
@@ -66,12 +66,12 @@ fn measure(capture: bool, ctx: i64, batch: i64, steps: u64) -> (f64, f64) {
 /// (allocator model, categories, trace ring) over a training-shaped CPU request stream.
 /// The shim's side (a mutex and a push per allocation) is included by recording through it.
 fn per_event_cost_ns() -> f64 {
-    use vramscope::producer::tracker::Tracker;
+    use vramscope_core::producer::tracker::Tracker;
     let n = 1_000_000usize;
     // Allocate and free real CPU tensors through the recording allocator would mix in
     // libtorch's own cost; instead feed the tracker the shape of a step directly.
     let raw = common::training_requests(n);
-    let mut tracker = Tracker::modelled(vramscope::allocator::AllocatorConfig::default());
+    let mut tracker = Tracker::modelled(vramscope_core::allocator::AllocatorConfig::default());
     let t = process_cpu_s();
     for chunk in raw.chunks(8192) {
         tracker.ingest(chunk);

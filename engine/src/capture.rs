@@ -6,9 +6,9 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 use std::sync::OnceLock;
 
-use vramscope::event::Phase;
-use vramscope::producer::raw::{CudaStats, RawEvent};
-use vramscope::producer::session::Capture;
+use vramscope_core::event::Phase;
+use vramscope_core::producer::raw::{CudaStats, RawEvent};
+use vramscope_core::producer::session::Capture;
 
 /// Called with the device (`CPU_DEVICE` for the CPU) and the requested bytes when an
 /// allocation fails, before the error unwinds.

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use vramscope::producer::server::{Listen, Log, Server};
-use vramscope::source::launch::EngineOptions;
+use vramscope_core::producer::server::{Listen, Log, Server};
+use vramscope_core::source::launch::EngineOptions;
 
 #[derive(Parser)]
 #[command(name = "vramscope-engine", version, about = "vramscope's training engine (started by `vramscope run` and `sweep`)")]
@@ -59,7 +59,7 @@ fn serve(args: &Args) -> anyhow::Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
     // The selftest's CUDA pass where that device is not: nothing to check, and the evidence
     // says why (its checks are skipped, or the flag was bad).
-    if let (Some(path), vramscope::step_config::DeviceChoice::Cuda(n)) = (&opts.selftest, opts.device) {
+    if let (Some(path), vramscope_core::step_config::DeviceChoice::Cuda(n)) = (&opts.selftest, opts.device) {
         if let Some(evidence) = vramscope_engine::selftest::cuda_unavailable(n) {
             vramscope_engine::selftest::write(path, &evidence)?;
             let mut server = server;

@@ -13,8 +13,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use vramscope::producer::scopes::Scopes;
-use vramscope::step_config::{Attention, ModelDims};
+use vramscope_core::producer::scopes::Scopes;
+use vramscope_core::step_config::{Attention, ModelDims};
 
 const RMS_EPS: f64 = 1e-5;
 const ROPE_THETA: f64 = 10_000.0;

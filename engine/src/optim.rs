@@ -10,7 +10,7 @@
 
 use tch::Tensor;
 
-use vramscope::step_config::Optimizer;
+use vramscope_core::step_config::Optimizer;
 
 pub struct AdamW {
     lr: f64,

@@ -1,18 +1,18 @@
 //! The engine's side of `vramscope selftest`: a capture that keeps every raw event the shim
 //! hands over (and, asked to by `VRAMSCOPE_SELFTEST_FAULT`, spoils one on its way to the
 //! tracker, to show the checks catch it), NVML's readings, and the evidence file written at
-//! the end. The comparisons are the light crate's (`vramscope::selftest`).
+//! the end. The comparisons are the light crate's (`vramscope_core::selftest`).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use vramscope::event::Phase;
-use vramscope::event::Action;
-use vramscope::producer::raw::{CudaStats, RawEvent, CPU_DEVICE, RAW_ALLOC, RAW_FREE};
-use vramscope::producer::session::{Capture, Session};
-use vramscope::producer::tracker::Backend;
-use vramscope::selftest::evidence::{Evidence, Figures, NvmlFigures, OomFigures, RawRecord};
-use vramscope::source::gauges::nvml::{DeviceQuery, NvmlQuery, RawDevice};
+use vramscope_core::event::Phase;
+use vramscope_core::event::Action;
+use vramscope_core::producer::raw::{CudaStats, RawEvent, CPU_DEVICE, RAW_ALLOC, RAW_FREE};
+use vramscope_core::producer::session::{Capture, Session};
+use vramscope_core::producer::tracker::Backend;
+use vramscope_core::selftest::evidence::{Evidence, Figures, NvmlFigures, OomFigures, RawRecord};
+use vramscope_core::source::gauges::nvml::{DeviceQuery, NvmlQuery, RawDevice};
 
 use crate::capture::{self, Shim};
 
@@ -268,13 +268,13 @@ pub fn cuda_unavailable(n: u8) -> Option<Evidence> {
 
 pub fn write(path: &Path, ev: &Evidence) -> anyhow::Result<()> {
     let json = serde_json::to_vec(ev)?;
-    vramscope::selftest::check::write_atomic(path, &json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    vramscope_core::selftest::check::write_atomic(path, &json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vramscope::producer::tracker::Tracker;
+    use vramscope_core::producer::tracker::Tracker;
 
     /// A CUDA training stream as the trace tracker hands it over: CPU events and another
     /// device's interleaved with device 0's alloc, free_requested, free_completed.

@@ -10,17 +10,17 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
-use vramscope::allocator::AllocatorConfig;
-use vramscope::event::{Category, Phase};
-use vramscope::producer::scopes::Scopes;
-use vramscope::producer::session::{between_steps, lock, Capture, Flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
-use vramscope::producer::server::Server;
-use vramscope::producer::tracker::Backend;
-use vramscope::snapshot::model::Frame;
-use vramscope::source::launch::EngineOptions;
-use vramscope::step_config::{DeviceChoice, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
-use vramscope::selftest::evidence::OomFigures;
-use vramscope::stream::EngineInfo;
+use vramscope_core::allocator::AllocatorConfig;
+use vramscope_core::event::{Category, Phase};
+use vramscope_core::producer::scopes::Scopes;
+use vramscope_core::producer::session::{between_steps, lock, Capture, Flusher, Boundary, Session, SessionOptions, Shared, StepEnd};
+use vramscope_core::producer::server::Server;
+use vramscope_core::producer::tracker::Backend;
+use vramscope_core::snapshot::model::Frame;
+use vramscope_core::source::launch::EngineOptions;
+use vramscope_core::step_config::{DeviceChoice, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use vramscope_core::selftest::evidence::OomFigures;
+use vramscope_core::stream::EngineInfo;
 
 use crate::capture::{self, Shim};
 use crate::selftest::{self, Recorder};
@@ -117,7 +117,7 @@ pub fn setup(opts: &EngineOptions) -> anyhow::Result<Setup> {
             capture::cuda_attach()?;
             // The selftest has PyTorch keep its own trace too, from the same moment.
             if opts.selftest.is_some() {
-                capture::cuda_record_history(vramscope::producer::tracker::RING_ENTRIES as i64)?;
+                capture::cuda_record_history(vramscope_core::producer::tracker::RING_ENTRIES as i64)?;
             }
             Backend::Cuda { device: n as u8 }
         }
@@ -125,7 +125,7 @@ pub fn setup(opts: &EngineOptions) -> anyhow::Result<Setup> {
             let alloc = AllocatorConfig::parse_conf(&opts.alloc_conf).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
             // Before any tensor exists, so every free is seen.
             capture::install_cpu_allocator()?;
-            Backend::Modelled(Box::new(vramscope::allocator::CachingAllocatorModel::new(alloc)))
+            Backend::Modelled(Box::new(vramscope_core::allocator::CachingAllocatorModel::new(alloc)))
         }
     };
     capture::discard_pending();
@@ -134,7 +134,7 @@ pub fn setup(opts: &EngineOptions) -> anyhow::Result<Setup> {
 
 impl Worker {
     /// Builds the model and the session on `server`.
-    pub fn new(opts: EngineOptions, setup: Setup, server: Server, stop: Arc<AtomicBool>, log: vramscope::producer::server::Log) -> Worker {
+    pub fn new(opts: EngineOptions, setup: Setup, server: Server, stop: Arc<AtomicBool>, log: vramscope_core::producer::server::Log) -> Worker {
         let Setup { device, backend, fault } = setup;
         let cuda = device.is_cuda();
         let note = (!cuda).then(|| {
@@ -158,7 +158,7 @@ impl Worker {
             pid: std::process::id(),
             rank: None,
             world_size: None,
-            host: vramscope::producer::host_name(),
+            host: vramscope_core::producer::host_name(),
             knobs: cfg.knobs(),
             clock_zero_ns: capture::clock_zero_ns(),
             alloc_conf: if cuda { std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default() } else { opts.alloc_conf.clone() },
@@ -259,7 +259,7 @@ impl Worker {
             let dir = path.parent().unwrap_or(std::path::Path::new("."));
             let evidence = recorder.gather(&mut lock(&self.session), self.forced_oom.take(), dir);
             if let Err(e) = selftest::write(path, &evidence) {
-                lock(&self.session).report(vramscope::stream::Report::Error(format!("selftest evidence: {e:#}")));
+                lock(&self.session).report(vramscope_core::stream::Report::Error(format!("selftest evidence: {e:#}")));
             }
         }
         lock(&self.session).finish();

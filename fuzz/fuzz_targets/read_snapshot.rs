@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope::snapshot::{read_snapshot as read, writer};
+use vramscope_core::snapshot::{read_snapshot as read, writer};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(snap) = read(data) else {

@@ -4,9 +4,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope::record::reader::Recording;
-use vramscope::stream::chunk::{header, ChunkReader, ChunkWriter};
-use vramscope::stream::codec::Record;
+use vramscope_core::record::reader::Recording;
+use vramscope_core::stream::chunk::{header, ChunkReader, ChunkWriter};
+use vramscope_core::stream::codec::Record;
 
 fuzz_target!(|data: &[u8]| {
     // As a socket or pipe delivers it: chunk by chunk until the first error.
@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
 /// What a stream holds, however its batches are cut: every event, mark, retag and name in
 /// order, and every other item.
 fn contents(v: &[Record]) -> [Vec<String>; 5] {
-    use vramscope::stream::Incoming;
+    use vramscope_core::stream::Incoming;
     let mut out: [Vec<String>; 5] = Default::default();
     for r in v {
         let Record::Item { stamp_ns, rank, item } = r else { continue };

@@ -16,16 +16,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use vramscope::allocator::{AllocatorConfig, CachingAllocatorModel};
-use vramscope::event::{Category, Phase};
-use vramscope::producer::raw::{CudaStats, RawEvent, CPU_DEVICE};
-use vramscope::producer::scopes::Scopes;
-use vramscope::producer::server::{Listen, Log, Server};
-use vramscope::producer::session::{between_steps, lock, Flusher, Boundary, Capture, Session, SessionOptions, Shared, StepEnd};
-use vramscope::producer::tracker::Backend;
-use vramscope::snapshot::model::Frame;
-use vramscope::step_config::{Mode, Precision};
-use vramscope::stream::{EngineInfo, Report};
+use vramscope_core::allocator::{AllocatorConfig, CachingAllocatorModel};
+use vramscope_core::event::{Category, Phase};
+use vramscope_core::producer::raw::{CudaStats, RawEvent, CPU_DEVICE};
+use vramscope_core::producer::scopes::Scopes;
+use vramscope_core::producer::server::{Listen, Log, Server};
+use vramscope_core::producer::session::{between_steps, lock, Flusher, Boundary, Capture, Session, SessionOptions, Shared, StepEnd};
+use vramscope_core::producer::tracker::Backend;
+use vramscope_core::snapshot::model::Frame;
+use vramscope_core::step_config::{Mode, Precision};
+use vramscope_core::stream::{EngineInfo, Report};
 
 /// How the Python side starts the core (JSON).
 #[derive(Deserialize)]
@@ -366,7 +366,7 @@ fn start(cfg: Config) -> Result<Core, String> {
         pid: std::process::id(),
         rank: Some(cfg.rank),
         world_size: cfg.world_size,
-        host: vramscope::producer::host_name(),
+        host: vramscope_core::producer::host_name(),
         knobs: Vec::new(),
         clock_zero_ns: (s.clock_zero_ns)(),
         alloc_conf: cfg.alloc_conf.clone(),

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::metrics::{Feed, Metrics};
-use crate::record::writer::Recorder;
-use crate::report::growth::{self, LiveByOrigin};
-use crate::source::job::JobSource;
-use crate::stream::{Control, Incoming};
+use vramscope_core::record::writer::Recorder;
+use vramscope_core::report::growth::{self, LiveByOrigin};
+use vramscope_core::source::job::JobSource;
+use vramscope_core::stream::{Control, Incoming};
 
 /// Prints the job's steps; the exit code says whether all went well (1: the growth check
 /// failed). A job this vramscope started is stopped at the end if it has not stopped
@@ -27,8 +27,8 @@ pub fn headless(source: &JobSource, mut recorder: Option<Recorder>, metrics: Opt
         }
     });
     let steps = match &mut recorder {
-        Some(r) => crate::report::headless::run(r.tee(items), json, &mut out),
-        None => crate::report::headless::run(items, json, &mut out),
+        Some(r) => vramscope_core::report::headless::run(r.tee(items), json, &mut out),
+        None => vramscope_core::report::headless::run(items, json, &mut out),
     };
     source.send(&Control::Stop);
     let exit = match source.wait_child(Duration::from_secs(60)) {
@@ -42,8 +42,8 @@ pub fn headless(source: &JobSource, mut recorder: Option<Recorder>, metrics: Opt
     let steps = steps?;
     // The job's own failure is passed on as its status (vramscope's are 2).
     if let Some(s) = exit.filter(|s| !s.success()) {
-        eprintln!("vramscope: the job {}", crate::source::job::describe_exit(s));
-        return Ok(crate::source::job::exit_code_of(s));
+        eprintln!("vramscope: the job {}", vramscope_core::source::job::describe_exit(s));
+        return Ok(vramscope_core::source::job::exit_code_of(s));
     }
     if check_growth {
         anyhow::ensure!(steps.iter().all(|s| s.dropped_events == 0), "events were dropped: the growth check needs all of them");

@@ -11,20 +11,19 @@ use crossterm::event::{Event, EventStream, KeyEventKind};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::event::Batch;
 use crate::metrics::Metrics;
-use crate::record::writer::Recorder;
+use vramscope_core::record::writer::Recorder;
 use crate::render::live::render_live;
 use crate::render::theme::Theme;
-use crate::source::feed::bridge;
-use crate::source::gauges::sampler::{spawn_gauges, GaugeConfig};
-use crate::source::gauges::Watched;
-use crate::source::job::{Fed, JobSource, Output};
-use crate::source::launch::{launch_engine, EngineOptions};
-use crate::step_config::{MAX_BATCH, MAX_CTX};
-use crate::store::ranks::Ranks;
-use crate::store::{LogKind, Store};
-use crate::stream::{monotonic_ns, Control, Incoming, Report};
+use vramscope_core::source::feed::bridge;
+use vramscope_core::source::gauges::sampler::{spawn_gauges, GaugeConfig};
+use vramscope_core::source::gauges::Watched;
+use vramscope_core::source::job::{Fed, JobSource, Output};
+use vramscope_core::source::launch::{launch_engine, EngineOptions};
+use vramscope_core::step_config::{MAX_BATCH, MAX_CTX};
+use vramscope_core::store::ranks::Ranks;
+use vramscope_core::store::LogKind;
+use vramscope_core::stream::{monotonic_ns, Control, Incoming, Report};
 
 use super::keys::{Action, KeyMap};
 use super::terminal::TerminalSession;
@@ -64,7 +63,7 @@ pub trait Controls {
 
 /// The gauge thread, stamping samples on the monotonic clock the jobs share and reading
 /// the processes of `job` as the job's.
-pub fn start_gauges(job: Watched) -> (crate::source::gauges::sampler::GaugeHandle, crossbeam_channel::Receiver<crate::source::gauges::sample::GaugeBatch>) {
+pub fn start_gauges(job: Watched) -> (vramscope_core::source::gauges::sampler::GaugeHandle, crossbeam_channel::Receiver<vramscope_core::source::gauges::sample::GaugeBatch>) {
     let (tx, rx) = crossbeam_channel::bounded(64);
     let origin = Instant::now() - Duration::from_nanos(monotonic_ns());
     (spawn_gauges(GaugeConfig { interval: GAUGE_INTERVAL, origin, job }, tx), rx)
@@ -128,7 +127,7 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metri
         JobKind::Started => {
             ended = source.wait_child(Duration::ZERO);
             if let Some(s) = ended.or_else(|| source.stop_child(Duration::from_secs(10))) {
-                eprintln!("vramscope: the job {}", crate::source::job::describe_exit(s));
+                eprintln!("vramscope: the job {}", vramscope_core::source::job::describe_exit(s));
             }
         }
         JobKind::Attached => eprintln!("vramscope: detached; the job runs on"),
@@ -272,7 +271,7 @@ pub struct JobControls<'a> {
 
 impl JobControls<'_> {
     fn start_recording(&mut self, ranks: &mut Ranks) {
-        let path = PathBuf::from(format!("vramscope-{}.vsrec", crate::render::format::local_timestamp()));
+        let path = PathBuf::from(format!("vramscope-{}.vsrec", vramscope_core::format::local_timestamp()));
         let started = match Recorder::create(&path) {
             Ok(mut r) => {
                 // Started mid-session: what each rank's screen already knows comes first (who
@@ -309,9 +308,9 @@ impl JobControls<'_> {
     fn knob_value(a: Action, now: &str) -> Option<String> {
         let int = || now.parse::<i64>().ok();
         Some(match a {
-            Action::TogglePrecision => now.parse::<crate::step_config::Precision>().ok()?.toggled().to_string(),
-            Action::ToggleMode => now.parse::<crate::step_config::Mode>().ok()?.toggled().to_string(),
-            Action::ToggleAttention => now.parse::<crate::step_config::Attention>().ok()?.toggled().to_string(),
+            Action::TogglePrecision => now.parse::<vramscope_core::step_config::Precision>().ok()?.toggled().to_string(),
+            Action::ToggleMode => now.parse::<vramscope_core::step_config::Mode>().ok()?.toggled().to_string(),
+            Action::ToggleAttention => now.parse::<vramscope_core::step_config::Attention>().ok()?.toggled().to_string(),
             Action::CtxHalve => (int()? / 2).max(1).to_string(),
             Action::CtxDouble => (int()? * 2).min(MAX_CTX).to_string(),
             Action::BatchDown => (int()? - 1).max(1).to_string(),
@@ -417,17 +416,3 @@ impl JobControls<'_> {
     }
 }
 
-
-
-impl Store {
-    /// What a recording started now needs first so it replays to this store's state: who
-    /// the job is, every name, every live allocation.
-    pub fn resync_items(&self) -> Vec<Incoming> {
-        let mut items: Vec<Incoming> = self.info.clone().map(|i| Incoming::Report(Report::Started(i))).into_iter().collect();
-        let scopes = (1..self.scopes.len()).map(|i| (i as u32, self.scopes[i].clone())).collect();
-        let events = self.live_events();
-        let first_seq = self.history.end();
-        items.push(Incoming::Batch(Batch { first_seq, events, scopes, ..Batch::default() }));
-        items
-    }
-}

@@ -6,7 +6,6 @@ pub mod keys;
 pub mod live;
 pub mod py;
 pub mod replay;
-pub mod selftest;
 pub mod snapshot_loading;
 pub mod snapshot_viewer;
 pub mod terminal;

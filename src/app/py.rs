@@ -8,12 +8,12 @@ use std::process::Command;
 
 use anyhow::Context;
 
-use crate::channel::{token, Endpoint};
+use vramscope_core::channel::{token, Endpoint};
 use crate::metrics::Metrics;
-use crate::record::writer::Recorder;
-use crate::source::job::{list_jobs, JobSource, Output};
-use crate::source::launch::job_name;
-use crate::store::ranks::Ranks;
+use vramscope_core::record::writer::Recorder;
+use vramscope_core::source::job::{list_jobs, JobSource, Output};
+use vramscope_core::source::launch::job_name;
+use vramscope_core::store::ranks::Ranks;
 
 use super::headless::headless;
 use super::live::{watch, JobKind, Screen, HISTORY_CAP};
@@ -156,7 +156,7 @@ fn hook_env(cmd: &mut Command, python: &Path, a: &PyArgs) -> anyhow::Result<()> 
         cmd.env("VRAMSCOPE_DEVICE", d);
     }
     if let Some(c) = &a.alloc_conf {
-        crate::allocator::AllocatorConfig::parse_conf(c).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
+        vramscope_core::allocator::AllocatorConfig::parse_conf(c).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
         cmd.env("PYTORCH_CUDA_ALLOC_CONF", c);
     }
     Ok(())
@@ -191,12 +191,12 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
     // viewer's death or hangup leaves it running.
     use std::os::unix::process::CommandExt;
     cmd.process_group(0);
-    let log = crate::channel::dir::socket_dir()?.join(format!("{job}.log"));
+    let log = vramscope_core::channel::dir::socket_dir()?.join(format!("{job}.log"));
     let source = JobSource::launch(cmd, &job, "the job", Output::File(log))?;
     let screen = screen.expect("a screen when not headless");
     // A job that failed on its own passes its status on, as it would have run without us.
     match watch(source, JobKind::Started, recorder, metrics.as_ref(), &screen, Ranks::new(HISTORY_CAP))? {
-        Some(s) if !s.success() => Ok(crate::source::job::exit_code_of(s)),
+        Some(s) if !s.success() => Ok(vramscope_core::source::job::exit_code_of(s)),
         _ => Ok(std::process::ExitCode::SUCCESS),
     }
 }
@@ -209,12 +209,12 @@ fn resolve(addr: Option<&str>) -> anyhow::Result<(String, Vec<(u32, Endpoint)>)>
         }
         let p = Path::new(a);
         if p.extension().is_some_and(|e| e == "sock") {
-            let rank = p.file_name().and_then(|n| n.to_str()).and_then(crate::channel::dir::parse_socket_name).map_or(0, |(_, r)| r);
+            let rank = p.file_name().and_then(|n| n.to_str()).and_then(vramscope_core::channel::dir::parse_socket_name).map_or(0, |(_, r)| r);
             return Ok((a.to_string(), vec![(rank, Endpoint::Unix(p.to_path_buf()))]));
         }
     }
     let jobs = list_jobs()?;
-    let dir = crate::channel::dir::socket_dir()?;
+    let dir = vramscope_core::channel::dir::socket_dir()?;
     let matching: Vec<_> = jobs.into_iter().filter(|(name, _)| addr.is_none_or(|a| name.starts_with(a))).collect();
     match matching.len() {
         1 => Ok(matching.into_iter().next().expect("one")),

@@ -3,10 +3,10 @@
 
 use crossbeam_channel::Sender;
 
-use crate::record::player::{spawn_player, PlayerCommand, Script};
-use crate::source::feed::bridge;
-use crate::store::ranks::Ranks;
-use crate::store::{LogKind, Store};
+use vramscope_core::record::player::{spawn_player, PlayerCommand, Script};
+use vramscope_core::source::feed::bridge;
+use vramscope_core::store::ranks::Ranks;
+use vramscope_core::store::{LogKind, Store};
 
 use super::keys::Action;
 use super::live::{event_loop, Controls, Screen, HISTORY_CAP};
@@ -85,7 +85,7 @@ pub struct ReplayArgs {
 /// the recording ends goes to stderr, so stdout matches the live run's byte for byte.
 pub fn run_replay_headless(script: &mut Script, json: bool, out: &mut impl std::io::Write) -> anyhow::Result<()> {
     let mut failed = None;
-    let played = crate::report::headless::run(script.stream(&mut failed), json, out);
+    let played = vramscope_core::report::headless::run(script.stream(&mut failed), json, out);
     match (failed, script.failure()) {
         // The error says where the file broke; nothing else to add.
         (Some(e), _) => Err(e.into()),

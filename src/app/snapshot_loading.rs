@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::app::snapshot_viewer::{check_device, default_detail_step, drawn_count, ViewerData};
-use crate::report::snapshot_summary::{segment_stats, SegmentTotals};
-use crate::snapshot::model::{Action, Snapshot, TraceEntry};
-use crate::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};
-use crate::snapshot::{read_snapshot_file_observed, ReadPass, ReadProgress};
+use crate::app::snapshot_viewer::{default_detail_step, drawn_count, ViewerData};
+use vramscope_core::report::snapshot_summary::{segment_stats, SegmentTotals};
+use vramscope_core::snapshot::model::{Action, Snapshot, TraceEntry};
+use vramscope_core::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};
+use vramscope_core::snapshot::{pick_device, read_snapshot_file_observed, OpenError, ReadPass, ReadProgress};
 
 /// What the reader thread sends: progress with segments, the device and its events
 /// between, then `Done`.
@@ -64,12 +64,11 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
                     let _ = tx.send(LoadUpdate::Events(events, names.clone()));
                 }
             };
+            let shown = vramscope_core::input::shown(&path);
             let done = read_snapshot_file_observed(&path, &mut observe)
-                .map_err(|e| anyhow::Error::new(e).context(crate::input::shown(&path)))
-                .and_then(|snap| {
-                    let device = device.unwrap_or_else(|| snap.default_device());
-                    check_device(&path, &snap, device).map(|()| (snap, device))
-                });
+                .map_err(|err| OpenError::Read { shown: shown.clone(), err })
+                .and_then(|snap| pick_device(&shown, &snap, device).map(|d| (snap, d)))
+                .map_err(anyhow::Error::new);
             let _ = tx.send(LoadUpdate::Done(Box::new(done)));
         })
         .expect("spawning the snapshot reader thread");

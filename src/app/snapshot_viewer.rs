@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use crossterm::event::{self, Event, KeyCode, KeyEventKind};
 
 use crate::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
@@ -15,14 +14,14 @@ use crate::app::terminal::TerminalSession;
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::render::snapshot_viewer::{inspector_overflow, plot_columns, render_loading, render_viewer};
 use crate::render::theme::Theme;
-use crate::report::oom::{oom_marks, oom_reports, OomReport};
-use crate::report::whatif::{default_configs, recorded_config, whatif, Whatif};
-use crate::report::snapshot_summary::{
+use vramscope_core::report::oom::{oom_marks, oom_reports, OomReport};
+use vramscope_core::report::whatif::{default_configs, recorded_config, whatif, Whatif};
+use vramscope_core::report::snapshot_summary::{
     annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_figures, segment_stats,
     AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
 };
-use crate::snapshot::model::Snapshot;
-use crate::snapshot::timeline::{DetailView, StackColumn, Timeline};
+use vramscope_core::snapshot::model::Snapshot;
+use vramscope_core::snapshot::timeline::{DetailView, StackColumn, Timeline};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ViewArgs {
@@ -50,13 +49,6 @@ pub struct ViewArgs {
     /// set 0 to see it on small files).
     #[arg(long, default_value_t = 150, hide = true)]
     pub loading_screen_after: u64,
-}
-
-/// That the snapshot read from `path` has `device` (a file without traces has device 0).
-pub fn check_device(path: &Path, snap: &Snapshot, device: usize) -> anyhow::Result<()> {
-    let devices = snap.device_count();
-    anyhow::ensure!(device < devices, "{}: no device {device} (the file has {devices})", path.display());
-    Ok(())
 }
 
 /// Share of allocations drawn one by one, in percent, for the detail control.
@@ -140,10 +132,8 @@ impl ViewerData {
 
     /// Reads `path` and shows `device`, or by default the first with trace entries.
     pub fn open(path: &Path, device: Option<usize>) -> anyhow::Result<ViewerData> {
-        let snap = crate::snapshot::read_snapshot_file(path).with_context(|| crate::input::shown(path))?;
-        let device = device.unwrap_or_else(|| snap.default_device());
-        check_device(path, &snap, device)?;
-        Ok(ViewerData::new(crate::input::title(path), snap, device))
+        let (snap, device) = vramscope_core::snapshot::read_device(path, device)?;
+        Ok(ViewerData::new(vramscope_core::input::title(path), snap, device))
     }
 
     pub fn drawn(&self) -> usize {
@@ -490,17 +480,15 @@ pub fn type_search(code: KeyCode, data: &ViewerData, ui: &mut ViewerUi) {
 /// `view --summary`: the report of `args.file`'s device on stdout.
 fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
     let path = &args.file;
-    let snap = crate::snapshot::read_snapshot_file(path).with_context(|| crate::input::shown(path))?;
-    let device = args.device.unwrap_or_else(|| snap.default_device());
-    check_device(path, &snap, device)?;
+    let (snap, device) = vramscope_core::snapshot::read_device(path, args.device)?;
     let tl = Timeline::from_snapshot(&snap, device);
-    let summary = crate::report::snapshot_summary::summarize(&snap, &tl, device, args.top);
+    let summary = vramscope_core::report::snapshot_summary::summarize(&snap, &tl, device, args.top);
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &summary)?;
         std::io::Write::write_all(&mut out, b"\n")?;
     } else {
-        crate::report::snapshot_summary::write_text(&mut out, &crate::input::title(path), &summary)?;
+        vramscope_core::report::snapshot_summary::write_text(&mut out, &vramscope_core::input::title(path), &summary)?;
     }
     // The process ends next: freeing millions of records one by one first only costs time.
     std::mem::forget((snap, tl));
@@ -514,7 +502,7 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     let keys = KeyMap::<ViewAction>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;
     let rx = spawn_loader(args.file.clone(), args.device);
-    let mut loading = Loading::new(crate::input::title(&args.file));
+    let mut loading = Loading::new(vramscope_core::input::title(&args.file));
     // A file read within a moment opens straight into the viewer (or fails before the
     // screen is entered); a larger one gets the loading screen meanwhile.
     let early = loading.receive(&rx, Duration::from_millis(args.loading_screen_after));

@@ -9,10 +9,10 @@ use serde::Serialize;
 
 use crate::app::terminal::TerminalSession;
 use crate::metrics::{Figures, Metrics};
-use crate::render::format::bytes;
+use vramscope_core::format::bytes;
 use crate::render::theme::{ColorSupport, Theme};
 use crate::render::watch::{render_watch, WatchState};
-use crate::source::gauges::{
+use vramscope_core::source::gauges::{
     open_reader, spawn_gauges, GaugeBatch, Watched, GaugeConfig, GaugeHistory, GaugeSample, Gauges,
     SourceStatus,
 };

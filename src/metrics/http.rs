@@ -55,9 +55,9 @@ fn answer(c: TcpStream, registry: &Registry) -> std::io::Result<()> {
     c.set_read_timeout(Some(Duration::from_secs(5)))?;
     c.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut r = BufReader::new(c.try_clone()?);
-    let line = crate::channel::read_line(&mut r)?.unwrap_or_default();
+    let line = vramscope_core::channel::read_line(&mut r)?.unwrap_or_default();
     // The rest of the request's headers, bounded like its first line.
-    while crate::channel::read_line(&mut r)?.is_some_and(|l| !l.trim().is_empty()) {}
+    while vramscope_core::channel::read_line(&mut r)?.is_some_and(|l| !l.trim().is_empty()) {}
     let mut w = c;
     let path = line.split_whitespace().nth(1).unwrap_or("");
     if line.starts_with("GET ") && (path == "/metrics" || path.starts_with("/metrics?")) {

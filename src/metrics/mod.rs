@@ -17,10 +17,10 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::event::Category;
-use crate::source::gauges::history::GaugeHistory;
-use crate::store::ranks::Ranks;
-use crate::store::Store;
+use vramscope_core::event::Category;
+use vramscope_core::source::gauges::history::GaugeHistory;
+use vramscope_core::store::ranks::Ranks;
+use vramscope_core::store::Store;
 
 /// Which job, rank and machine a figure is of (`rank` empty for a single process).
 type Labels = Vec<(&'static str, String)>;
@@ -106,7 +106,7 @@ impl RankFigures {
 impl Figures {
     /// A job's ranks, and the readings in the shown rank's gauges (shared by all ranks).
     pub fn of_ranks(ranks: &Ranks) -> Figures {
-        let host = crate::producer::host_name();
+        let host = vramscope_core::producer::host_name();
         let mut f = Figures::of_gauges(&ranks.shown().gauges);
         f.ranks = ranks.iter().map(|(_, s)| RankFigures::of(s, &host)).collect();
         f
@@ -134,7 +134,7 @@ impl Figures {
             memory_total: h.mem_total,
             cpu: h.cpu_percent.map(|c| c as f64 / 100.0),
         });
-        Figures { host: crate::producer::host_name(), ranks: Vec::new(), gpus, host_gauges }
+        Figures { host: vramscope_core::producer::host_name(), ranks: Vec::new(), gpus, host_gauges }
     }
 }
 
@@ -254,7 +254,7 @@ pub struct Metrics {
 impl Metrics {
     /// Serves on `addr` (`PORT` binds loopback; `HOST:PORT` what it names).
     pub fn serve(addr: &str) -> anyhow::Result<Metrics> {
-        let at = crate::channel::parse_listen(addr).map_err(|e| anyhow::anyhow!("{}", e.to_string().replacen("--listen", "--metrics", 1)))?;
+        let at = vramscope_core::channel::parse_listen(addr).map_err(|e| anyhow::anyhow!("{}", e.to_string().replacen("--listen", "--metrics", 1)))?;
         let figures = Arc::new(Mutex::new(Figures::default()));
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Snapshot(figures.clone())));
@@ -285,8 +285,8 @@ impl<'a> Feed<'a> {
         Feed { metrics, ranks: Ranks::new(1 << 16), published: std::time::Instant::now() }
     }
 
-    pub fn ingest(&mut self, rank: u32, item: &crate::stream::Incoming) {
-        let step = matches!(item, crate::stream::Incoming::Report(crate::stream::Report::Step(_)));
+    pub fn ingest(&mut self, rank: u32, item: &vramscope_core::stream::Incoming) {
+        let step = matches!(item, vramscope_core::stream::Incoming::Report(vramscope_core::stream::Report::Step(_)));
         self.ranks.ingest(rank, item.clone());
         if step || self.published.elapsed() >= std::time::Duration::from_millis(250) {
             self.metrics.publish(Figures::of_ranks(&self.ranks));
@@ -298,7 +298,7 @@ impl<'a> Feed<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::{EngineInfo, Incoming, Report};
+    use vramscope_core::stream::{EngineInfo, Incoming, Report};
 
     #[test]
     fn a_scrape_serves_each_rank_s_figures_under_the_documented_names() {

@@ -79,19 +79,6 @@ impl ByteAxis {
     }
 }
 
-/// A time, as precise as a chart label needs: "45 µs", "3.5 ms", "0.35 s", "12.4 s", "734 s".
-pub fn seconds(ns: u64) -> String {
-    let s = ns as f64 / 1e9;
-    match s {
-        s if s < 1e-3 => format!("{:.0} µs", s * 1e6),
-        s if s < 1e-2 => format!("{:.1} ms", s * 1e3),
-        s if s < 0.1 => format!("{:.0} ms", s * 1e3),
-        s if s < 10.0 => format!("{s:.2} s"),
-        s if s < 100.0 => format!("{s:.1} s"),
-        s => format!("{s:.0} s"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,15 +114,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn seconds_keep_three_figures() {
-        assert_eq!(seconds(45_000), "45 µs");
-        assert_eq!(seconds(3_500_000), "3.5 ms");
-        assert_eq!(seconds(42_000_000), "42 ms");
-        assert_eq!(seconds(350_000_000), "0.35 s");
-        assert_eq!(seconds(12_440_000_000), "12.4 s");
-        assert_eq!(seconds(734_000_000_000), "734 s");
     }
 }

@@ -13,12 +13,12 @@ use plotters::style::FontStyle;
 use ratatui::style::Color as TermColor;
 use thiserror::Error;
 
-use crate::event::{Category, Phase};
-use crate::render::format::bytes;
+use vramscope_core::event::{Category, Phase};
+use vramscope_core::format::bytes;
 use crate::render::theme::Theme;
-use crate::snapshot::model::{AnnotationStage, Snapshot};
-use crate::snapshot::timeline::Timeline;
-use crate::snapshot::writer::{save_atomic, WriteError};
+use vramscope_core::snapshot::model::{AnnotationStage, Snapshot};
+use vramscope_core::snapshot::timeline::Timeline;
+use vramscope_core::snapshot::writer::{save_atomic, WriteError};
 
 #[derive(Debug, Error)]
 pub enum ExportError {

@@ -7,13 +7,15 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
-use crate::event::{Category, Phase};
-use crate::source::gauges::history::Metric;
-use crate::source::gauges::sample::SourceKind;
-use crate::render::axis::{seconds, ByteAxis};
-use crate::render::format::{bytes, fit};
-use crate::store::ranks::RankSummary;
-use crate::store::{Column, LiveAlloc, LogKind, LogLine, Store};
+use vramscope_core::event::{Category, Phase};
+use vramscope_core::source::gauges::history::Metric;
+use vramscope_core::source::gauges::sample::SourceKind;
+use crate::render::axis::ByteAxis;
+use vramscope_core::format::seconds;
+use crate::render::text::fit;
+use vramscope_core::format::bytes;
+use vramscope_core::store::ranks::RankSummary;
+use vramscope_core::store::{Column, LiveAlloc, LogKind, LogLine, Store};
 use crate::app::keys::{Action, Bindable, KeyMap};
 use crate::app::view::View;
 
@@ -84,7 +86,7 @@ pub fn render_too_small(f: &mut Frame, area: Rect, theme: &Theme) {
 
 /// What the job is and runs with: vramscope's model and its knobs, or a user's script, its
 /// rank and the knobs it declared.
-fn job_facts(info: &crate::stream::EngineInfo, wide: bool) -> (String, Vec<String>) {
+fn job_facts(info: &vramscope_core::stream::EngineInfo, wide: bool) -> (String, Vec<String>) {
     let params = format!("{:.1}M params", info.parameters as f64 / 1e6);
     let mut facts = Vec::new();
     let name = match &info.config {
@@ -391,7 +393,7 @@ fn render_markers_and_peak(buf: &mut ratatui::buffer::Buffer, plot: Rect, store:
         // A marker at the newest index (said after the last event) belongs at the right edge.
         .filter(|m| (from..=to).contains(&m.at))
         .map(|m| {
-            let color = if matches!(m.marker, crate::store::Marker::Oom(_)) { theme.ui.error } else { theme.ui.accent };
+            let color = if matches!(m.marker, vramscope_core::store::Marker::Oom(_)) { theme.ui.error } else { theme.ui.accent };
             (column_of(bounds, m.at), m.tag(), m.marker.label(), color)
         })
         .collect();

@@ -3,9 +3,9 @@
 pub mod axis;
 pub mod colour;
 pub mod export;
-pub mod format;
 pub mod live;
 pub mod snapshot_viewer;
+pub mod text;
 pub mod theme;
 pub mod watch;
 

@@ -12,12 +12,13 @@ use ratatui::Frame;
 use crate::app::keys::{KeyMap, ViewAction};
 use crate::app::snapshot_loading::Loading;
 use crate::app::snapshot_viewer::{Panel, Tab, ViewerData, ViewerUi, DETAIL_STEPS};
-use crate::event::Category;
-use crate::render::format::{bar, bytes, duration, fit};
-use crate::report::snapshot_summary::{allocation_info, event_time, frame_label, has_categories, ShownFrame};
-use crate::report::whatif::{oom_outcome, self_check_sentence, setting_label};
-use crate::snapshot::timeline::{DetailView, Timeline};
-use crate::snapshot::ReadPass;
+use vramscope_core::event::Category;
+use crate::render::text::{bar, fit};
+use vramscope_core::format::{bytes, duration};
+use vramscope_core::report::snapshot_summary::{allocation_info, event_time, frame_label, has_categories, ShownFrame};
+use vramscope_core::report::whatif::{oom_outcome, self_check_sentence, setting_label};
+use vramscope_core::snapshot::timeline::{DetailView, Timeline};
+use vramscope_core::snapshot::ReadPass;
 
 use super::live::{key_hints, render_help, render_too_small, MIN_HEIGHT, MIN_WIDTH};
 use super::theme::Theme;
@@ -339,7 +340,7 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
             cells.extend([
                 Cell::from(format!("0x{:x}", a.addr)),
                 Cell::from(lifetime(start, a.end)),
-                Cell::from(crate::report::snapshot_summary::top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into())),
+                Cell::from(vramscope_core::report::snapshot_summary::top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into())),
             ]);
             Row::new(cells).style(style)
         })

@@ -13,7 +13,7 @@ use ratatui::style::Color;
 use thiserror::Error;
 
 use super::colour::{contrast, nearest_basic, nearest_xterm256, rgb, BASIC};
-use crate::event::{Category, Phase};
+use vramscope_core::event::{Category, Phase};
 
 /// The built-in themes, by name; the first is the default.
 pub const BUILTIN: [(&str, &str); 3] = [

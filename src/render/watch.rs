@@ -10,9 +10,10 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Sparkline, Wrap};
 use ratatui::Frame;
 
-use super::format::{bar, bytes, fit};
+use super::text::{bar, fit};
+use vramscope_core::format::bytes;
 use super::theme::Theme;
-use crate::source::gauges::{DeviceSample, GaugeHistory, HostSample, Metric, SourceKind};
+use vramscope_core::source::gauges::{DeviceSample, GaugeHistory, HostSample, Metric, SourceKind};
 
 /// Below this size the screen shows a message instead of a cramped layout.
 pub const MIN_WIDTH: u16 = 60;

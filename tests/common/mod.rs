@@ -7,12 +7,12 @@ pub mod viewer;
 
 use std::path::PathBuf;
 
-use vramscope::event::Batch;
-use vramscope::snapshot::model::Snapshot;
-use vramscope::source::job::{JobSource, Output};
-use vramscope::source::launch::{launch_engine, EngineOptions};
-use vramscope::step_config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
-use vramscope::stream::{Incoming, Report, StepReport};
+use vramscope_core::event::Batch;
+use vramscope_core::snapshot::model::Snapshot;
+use vramscope_core::source::job::{JobSource, Output};
+use vramscope_core::source::launch::{launch_engine, EngineOptions};
+use vramscope_core::step_config::{Attention, DeviceChoice, Mode, Precision, Preset, StepConfig};
+use vramscope_core::stream::{Incoming, Report, StepReport};
 
 /// The tiny preset at a CPU-friendly shape.
 pub fn tiny(ctx: i64, batch: i64, mode: Mode, precision: Precision, attention: Attention) -> StepConfig {
@@ -108,7 +108,7 @@ pub fn fixture_path(name: &str) -> PathBuf {
 }
 
 pub fn load(name: &str) -> Snapshot {
-    vramscope::snapshot::read_snapshot_file(&fixture_path(name)).unwrap()
+    vramscope_core::snapshot::read_snapshot_file(&fixture_path(name)).unwrap()
 }
 
 /// Runs `script` with the project venv's Python on `file` and parses the JSON it prints:
@@ -139,7 +139,7 @@ pub fn long_snapshot_file(name: &str, copies: usize, path: &std::path::Path) -> 
             e
         }));
     }
-    vramscope::snapshot::save_snapshot_atomic(&snap, path).expect("write the long snapshot");
+    vramscope_core::snapshot::save_snapshot_atomic(&snap, path).expect("write the long snapshot");
     snap
 }
 
@@ -217,13 +217,13 @@ impl MemoryVizTimeline {
 }
 
 /// Applies a stream's allocs and frees to `live` (address → requested bytes).
-pub fn apply_events<'e>(live: &mut std::collections::HashMap<u64, u64>, events: impl IntoIterator<Item = &'e vramscope::event::MemEvent>) {
+pub fn apply_events<'e>(live: &mut std::collections::HashMap<u64, u64>, events: impl IntoIterator<Item = &'e vramscope_core::event::MemEvent>) {
     for e in events {
         match e.action {
-            vramscope::event::Action::Alloc => {
+            vramscope_core::event::Action::Alloc => {
                 live.insert(e.addr, e.size);
             }
-            vramscope::event::Action::FreeRequested => {
+            vramscope_core::event::Action::FreeRequested => {
                 live.remove(&e.addr);
             }
             _ => {}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::event::Phase;
-use crate::render::format::bytes;
+use crate::format::bytes;
 use crate::source::job::Output;
 use crate::source::launch::{launch_engine, EngineOptions};
 use crate::step_config::{Attention, DeviceChoice, Mode, Precision, StepConfig};
@@ -123,7 +123,7 @@ pub fn requested_size(message: &str) -> Option<u64> {
     let number = words.next()?;
     let unit = words.next().unwrap_or("").trim_end_matches(|c: char| !c.is_ascii_alphabetic());
     let unit = if unit.eq_ignore_ascii_case("bytes") { "B" } else { unit };
-    crate::render::format::parse_bytes(&format!("{number}{unit}")).ok()
+    crate::format::parse_bytes(&format!("{number}{unit}")).ok()
 }
 
 fn snapshot_name(c: &StepConfig) -> String {

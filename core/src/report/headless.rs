@@ -5,7 +5,7 @@ use std::io::Write;
 use crate::source::job::Fed;
 use crate::stream::{Incoming, Report, StepReport};
 
-use crate::render::format::bytes;
+use crate::format::bytes;
 
 pub fn step_line(r: &StepReport) -> String {
     let phases = crate::event::Phase::ALL
@@ -26,7 +26,7 @@ pub fn step_line(r: &StepReport) -> String {
         bytes(r.peak_allocated_bytes),
         phases,
         bytes(r.reserved_bytes),
-        crate::render::format::duration(r.step_time_s),
+        crate::format::duration(r.step_time_s),
         r.throughput(),
         if r.dropped_events > 0 { format!(" | dropped {} events", r.dropped_events) } else { String::new() }
     )

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use crate::event::{Batch, Phase};
-use crate::render::format::bytes;
+use crate::format::bytes;
 use crate::snapshot::model::Action;
 use crate::stream::StepReport;
 

@@ -310,7 +310,7 @@ pub struct FiguresConflict {
 
 impl FiguresConflict {
     pub fn describe(&self) -> String {
-        use crate::render::format::bytes;
+        use crate::format::bytes;
         format!(
             "active memory {} at action {} is above the {} reserved then: this file's figures cannot all be true",
             bytes(self.active_bytes),
@@ -563,9 +563,9 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
 
 /// The summary as lines for a terminal.
 pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary) -> std::io::Result<()> {
-    use crate::render::format::bytes;
+    use crate::format::bytes;
     let at = match (s.peak_active_time_us, s.trace_start_time_us) {
-        (Some(t), Some(t0)) => format!(", {} into the trace", crate::render::format::duration((t - t0) as f64 / 1e6)),
+        (Some(t), Some(t0)) => format!(", {} into the trace", crate::format::duration((t - t0) as f64 / 1e6)),
         _ => String::new(),
     };
     writeln!(out, "{name} · {} of {}", s.device_name, s.devices)?;

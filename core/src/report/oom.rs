@@ -12,7 +12,7 @@ use crate::allocator::replay::{
     feed_trace, oom_capacity, reserved_before_trace, reserved_change, state_before_trace,
 };
 use crate::allocator::{AllocatorConfig, CachingAllocatorModel, ModelOp};
-use crate::render::format::bytes;
+use crate::format::bytes;
 use crate::snapshot::model::{Action, Snapshot};
 use crate::snapshot::timeline::Timeline;
 

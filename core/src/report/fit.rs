@@ -7,7 +7,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::sweep::SweepRow;
-use crate::render::format::bytes;
+use crate::format::bytes;
 
 /// y ≈ Σ coeffs[k]·x^k.
 #[derive(Clone, Debug, PartialEq, Serialize)]

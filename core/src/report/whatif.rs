@@ -8,13 +8,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use serde::Serialize;
 
 use super::snapshot_summary::reserved_peak;
 use crate::allocator::replay::{feed_trace, oom_capacity, replay_snapshot, state_before_trace};
 use crate::allocator::{AllocatorConfig, CachingAllocatorModel};
-use crate::render::format::bytes;
+use crate::format::bytes;
 use crate::snapshot::model::{Action, Segment, Snapshot};
 
 /// The max_split_size of the default row: blocks this large are never split, so large
@@ -308,9 +307,7 @@ pub fn setting_label(r: &WhatifRow) -> String {
 
 /// `vramscope whatif`.
 pub fn run(args: WhatifArgs) -> anyhow::Result<()> {
-    let snap = crate::snapshot::read_snapshot_file(&args.file).with_context(|| crate::input::shown(&args.file))?;
-    let device = args.device.unwrap_or_else(|| snap.default_device());
-    crate::app::snapshot_viewer::check_device(&args.file, &snap, device)?;
+    let (snap, device) = crate::snapshot::read_device(&args.file, args.device)?;
     anyhow::ensure!(
         snap.device_traces.get(device).is_some_and(|t| !t.is_empty()),
         "{}: device {device} has no trace entries to replay",

@@ -8,6 +8,7 @@ pub mod cuda;
 pub mod evidence;
 pub mod peaks;
 pub mod rules;
+pub mod run;
 
 pub use check::{Check, Outcome, Results, Status};
 pub use evidence::Evidence;

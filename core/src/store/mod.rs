@@ -163,6 +163,17 @@ pub struct Store {
 }
 
 impl Store {
+    /// What a recording started now needs first so it replays to this store's state: who
+    /// the job is, every name, every live allocation.
+    pub fn resync_items(&self) -> Vec<Incoming> {
+        let mut items: Vec<Incoming> = self.info.clone().map(|i| Incoming::Report(Report::Started(i))).into_iter().collect();
+        let scopes = (1..self.scopes.len()).map(|i| (i as u32, self.scopes[i].clone())).collect();
+        let events = self.live_events();
+        let first_seq = self.history.end();
+        items.push(Incoming::Batch(Batch { first_seq, events, scopes, ..Batch::default() }));
+        items
+    }
+
     pub fn new(history_cap: usize) -> Store {
         Store {
             history: History::new(history_cap),

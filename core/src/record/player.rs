@@ -144,11 +144,7 @@ impl Script {
                     ReadError::Io { path, err } => RecordError::Io { path, source: err },
                     e => e.into(),
                 })?;
-                let first = device.unwrap_or_else(|| snap.default_device());
-                let devices = snap.device_count();
-                if first >= devices {
-                    return Err(RecordError::NoDevice { name, device: first, devices });
-                }
+                let first = crate::snapshot::pick_device(&name, &snap, device)?;
                 Kind::Trace(Trace::new(trace_items(&snap, first)))
             }
         };
@@ -224,7 +220,7 @@ impl Script {
                 "replay: {}: snapshot trace, {} events over {}{} (no training config: {}, categories where recorded)",
                 self.name,
                 t.events,
-                crate::render::axis::seconds(t.span_ns),
+                crate::format::seconds(t.span_ns),
                 if t.stretch > 1 { format!(", played {}× slower to be watchable", t.stretch) } else { String::new() },
                 if t.has_steps { "phases and steps from annotations" } else { "no step annotations, so n and N cannot seek" },
             ),

@@ -124,7 +124,7 @@ pub fn diff(a: (&Snapshot, &Timeline, usize), b: (&Snapshot, &Timeline, usize), 
 
 /// The diff as lines for a terminal.
 pub fn write_text(out: &mut impl std::io::Write, a: &str, b: &str, d: &SnapshotDiff) -> std::io::Result<()> {
-    use crate::render::format::bytes;
+    use crate::format::bytes;
     let signed = |v: i64| if v < 0 { format!("-{}", bytes(v.unsigned_abs())) } else { format!("+{}", bytes(v as u64)) };
     let line = |out: &mut dyn std::io::Write, what: &str, c: &Change| writeln!(out, "{what:<16} {:>10} → {:>10}  ({})", bytes(c.a), bytes(c.b), signed(c.delta));
     writeln!(out, "A = {a}\nB = {b}")?;

@@ -577,7 +577,7 @@ pub fn estimate_on(cfg: &StepConfig, cpu: bool) -> Estimate {
         residual_bytes: residual,
         residual_derivation: format!(
             "batch × ctx × d_model × 4 B = {b} × {t} × {dm} × 4 B = {residual} B = {}",
-            crate::render::format::bytes(residual)
+            crate::format::bytes(residual)
         ),
         peak_transients,
         forward_peak_bytes: no_grad.peak,
@@ -634,7 +634,7 @@ pub fn fit_in(cfg: &StepConfig, budget: u64) -> FitVerdict {
 
 /// The report `vramscope estimate` prints (Markdown).
 pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
-    use crate::render::format::bytes;
+    use crate::format::bytes;
     use std::fmt::Write;
     let c = &e.config;
     let train = c.mode == Mode::Train;

@@ -236,7 +236,7 @@ pub(crate) mod recorded {
     pub const CONSTRUCTOR_SUN: &str = "Constructor-Sun_code_location_memory_snapshot.pickle";
 
     pub fn fixture_path(name: &str) -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/snapshots").join(name)
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/snapshots").join(name)
     }
 
     pub fn fixture(name: &str) -> Snapshot {

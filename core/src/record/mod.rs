@@ -29,8 +29,8 @@ pub enum RecordError {
     Encode(#[from] EncodeError),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::reader::ReadError),
-    #[error("{name}: no device {device} (the file has {devices}: 0 to {})", devices.saturating_sub(1))]
-    NoDevice { name: String, device: usize, devices: usize },
+    #[error(transparent)]
+    Device(#[from] crate::snapshot::OpenError),
     #[error("{0}: --device picks a snapshot's device; a recording's devices are switched on screen with D")]
     DeviceOfRecording(String),
 }
