@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vramscope::app::keys::{KeyMap, ViewAction};
+use vramscope::app::keys::{KeyMap, ViewerKey};
 use vramscope::app::snapshot_loading::{spawn_loader, Loading};
 use vramscope::app::snapshot_viewer::{ViewerUi, LOADING_REDRAW};
 use vramscope::render::draw_to_buffer;
@@ -79,7 +79,7 @@ os.replace(out + '.tmp', out)
 /// entries it showed, the loaded viewer's frame (all in seconds from the start), peak
 /// RSS in KiB and the trace's entries.
 fn child(path: &Path) {
-    let keys = KeyMap::<ViewAction>::default();
+    let keys = KeyMap::<ViewerKey>::default();
     let theme = Theme::load("dark").unwrap();
     let t0 = Instant::now();
     let rx = spawn_loader(path.to_path_buf(), None);

@@ -5,7 +5,7 @@ mod common;
 
 use common::viewer::screen;
 use common::vramscope;
-use vramscope::app::keys::ViewAction;
+use vramscope::app::keys::ViewerKey;
 use vramscope::app::snapshot_viewer::ViewerData;
 
 /// Per device: the recorded peak reserved bytes (final segments rewound through the
@@ -176,28 +176,28 @@ fn the_viewer_marks_the_oom_and_explains_it() {
     assert!(s.lines().next().unwrap().contains("OUT OF MEMORY at action 287"), "{s}");
     assert!(s.lines().any(|l| l.contains('!')), "the timeline marks it: {s}");
     assert!(s.lines().last().unwrap().contains("o why OOM"), "{s}");
-    let s = screen(&mut data, &[ViewAction::OomReport]);
+    let s = screen(&mut data, &[ViewerKey::OomReport]);
     for want in ["out of memory · device 1", "4.94 GiB at trace entry 421", "91.2 MiB", "too much alive", "update_nodes (models.py:174)"] {
         assert!(s.contains(want), "{want}: {s}");
     }
     insta::assert_snapshot!(s);
     // The key moved the cursor to the OOM; closing the report shows it there.
-    let s = screen(&mut data, &[ViewAction::OomReport, ViewAction::OomReport]);
+    let s = screen(&mut data, &[ViewerKey::OomReport, ViewerKey::OomReport]);
     assert!(s.contains("action 287") && s.contains("out of memory just before"), "{s}");
     // A device that did not run out says so.
-    let s = screen(&mut constructor(0), &[ViewAction::OomReport]);
+    let s = screen(&mut constructor(0), &[ViewerKey::OomReport]);
     assert!(s.contains("no out-of-memory entry"), "{s}");
     assert!(!s.lines().last().unwrap().contains("why OOM"), "{s}");
 }
 
 #[test]
 fn the_viewer_shows_the_whatif_rows() {
-    let s = screen(&mut constructor(1), &[ViewAction::WhatIf]);
+    let s = screen(&mut constructor(1), &[ViewerKey::WhatIf]);
     for want in ["what if · device 1", "recorded: expandable_segments:True", "does not fit", "fails earlier, at entry 420", "self-check: the recorded settings reproduce the recording"] {
         assert!(s.contains(want), "{want}: {s}");
     }
     insta::assert_snapshot!(s);
     // The same key closes it.
-    let s = screen(&mut constructor(1), &[ViewAction::WhatIf, ViewAction::WhatIf]);
+    let s = screen(&mut constructor(1), &[ViewerKey::WhatIf, ViewerKey::WhatIf]);
     assert!(!s.contains("what if · device"), "{s}");
 }

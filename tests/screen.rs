@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use ratatui::buffer::Buffer;
 use ratatui::style::Color;
-use vramscope::app::keys::{Action, KeyMap};
+use vramscope::app::keys::{LiveKey, KeyMap};
 use vramscope::app::live::{handle, Controls};
 use vramscope::app::view::View;
 use vramscope::render::theme::ColorSupport;
@@ -24,7 +24,7 @@ use vramscope_core::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSamp
 use vramscope_core::store::ranks::RankSummary;
 use vramscope_core::store::{LogKind, Store};
 use vramscope_core::step_config::{Attention, Mode, Precision, Preset, StepConfig};
-use vramscope_core::stream::{EngineInfo, KnobChange, OomReport, Report, StepReport};
+use vramscope_core::stream::{EngineInfo, KnobChange, OutOfMemory, Report, StepReport};
 
 const MIB: u64 = 1 << 20;
 const PARAMS: [&str; 8] = [
@@ -219,7 +219,7 @@ fn help_overlay_is_generated_from_the_key_table() {
     let mut view = whole(&store);
     view.help = true;
     let screen = text(&store, &view, 200, 60);
-    for a in Action::ALL {
+    for a in LiveKey::ALL {
         assert_eq!(screen.contains(a.help()), a.offered(false), "live help and '{}'", a.help());
     }
     insta::assert_snapshot!(screen);
@@ -227,7 +227,7 @@ fn help_overlay_is_generated_from_the_key_table() {
     let mut replay = with_host(session());
     replay.title = Some("replay of run.vsrec".into());
     let screen = text(&replay, &view, 200, 60);
-    for a in Action::ALL {
+    for a in LiveKey::ALL {
         assert_eq!(screen.contains(a.help_for(true)), a.offered(true), "replay help and '{}'", a.help_for(true));
     }
 }
@@ -310,8 +310,8 @@ fn a_window_without_the_session_peak_labels_its_own_and_the_time_axis_counts_sec
 /// Keys through the app's own handler.
 struct NoControls;
 impl Controls for NoControls {
-    fn key(&mut self, a: Action, _: &mut Ranks) -> bool {
-        a == Action::Quit
+    fn key(&mut self, a: LiveKey, _: &mut Ranks) -> bool {
+        a == LiveKey::Quit
     }
 }
 
@@ -320,7 +320,7 @@ fn the_selection_stays_on_its_allocation_and_enter_inspects_it() {
     let mut ranks = Ranks::with(with_host(session()), 1 << 20);
     let mut view = whole(ranks.shown());
     let themes = vec![Theme::load("dark").unwrap(), Theme::load("light").unwrap()];
-    for a in [Action::SelectDown, Action::SelectDown] {
+    for a in [LiveKey::SelectDown, LiveKey::SelectDown] {
         assert!(!handle(a, &mut ranks, &mut view, &mut NoControls, &themes));
     }
     let chosen = view.selected.expect("a row is selected");
@@ -339,7 +339,7 @@ fn the_selection_stays_on_its_allocation_and_enter_inspects_it() {
     }));
     assert_eq!(selected_line(ranks.shown(), &view), before);
     assert_eq!(view.selected, Some(chosen));
-    handle(Action::Inspect, &mut ranks, &mut view, &mut NoControls, &themes);
+    handle(LiveKey::Inspect, &mut ranks, &mut view, &mut NoControls, &themes);
     let screen = text(ranks.shown(), &view, 120, 36);
     let name = before.split_whitespace().find(|w| w.contains("weight")).unwrap();
     for want in ["allocation (enter closes)", "4.00 MiB (4194304 bytes)", "address", name] {
@@ -348,7 +348,7 @@ fn the_selection_stays_on_its_allocation_and_enter_inspects_it() {
     // The biggest row names what it is by its module.
     assert!(screen.contains("64.0 MiB") && screen.contains("lm_head"), "{screen}");
     // t says which theme it switched to.
-    handle(Action::NextTheme, &mut ranks, &mut view, &mut NoControls, &themes);
+    handle(LiveKey::NextTheme, &mut ranks, &mut view, &mut NoControls, &themes);
     assert_eq!(ranks.shown().log.back().unwrap().text, "theme: light · truecolor (t for the next)");
 }
 
@@ -361,12 +361,12 @@ fn the_event_log_keeps_every_line_and_scrolls() {
     let mut ranks = Ranks::with(store, 1 << 20);
     let mut view = whole(ranks.shown());
     let themes = vec![Theme::load("dark").unwrap()];
-    handle(Action::EventLog, &mut ranks, &mut view, &mut NoControls, &themes);
+    handle(LiveKey::EventLog, &mut ranks, &mut view, &mut NoControls, &themes);
     let screen = text(ranks.shown(), &view, 120, 36);
     assert!(screen.contains("K41 ctx 256 → 551 from step 42"), "the newest, tagged as its marker:\n{screen}");
     assert!(!screen.contains("K1 precision fp32 → bf16"), "{screen}");
     for _ in 0..30 {
-        handle(Action::SelectUp, &mut ranks, &mut view, &mut NoControls, &themes);
+        handle(LiveKey::SelectUp, &mut ranks, &mut view, &mut NoControls, &themes);
     }
     let screen = text(ranks.shown(), &view, 120, 36);
     assert!(screen.contains("K1 precision fp32 → bf16 from step 2"), "scrolled back to the first knob:\n{screen}");
@@ -376,7 +376,7 @@ fn the_event_log_keeps_every_line_and_scrolls() {
 #[test]
 fn out_of_memory_state() {
     let mut store = with_host(session());
-    store.ingest_report(Report::Oom(OomReport { step: 2, phase: Phase::Backward, message: "CUDA out of memory. Tried to allocate 20.00 GiB".into(), snapshot: None }));
+    store.ingest_report(Report::Oom(OutOfMemory { step: 2, phase: Phase::Backward, message: "CUDA out of memory. Tried to allocate 20.00 GiB".into(), snapshot: None }));
     store.ingest_report(Report::Paused(true));
     let screen = text(&store, &whole(&store), 200, 60);
     assert!(screen.contains("OUT OF MEMORY"));

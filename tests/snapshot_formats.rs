@@ -453,7 +453,7 @@ print('{}')
 
 #[test]
 fn the_inspector_shows_what_newer_pytorch_records() {
-    use vramscope::app::keys::{KeyMap, ViewAction::*};
+    use vramscope::app::keys::{KeyMap, ViewerKey::*};
     use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = newer_file(dir.path());

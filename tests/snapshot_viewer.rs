@@ -7,7 +7,7 @@ mod common;
 use common::vramscope;
 use common::viewer::{screen, screen_buffer, text};
 
-use vramscope::app::keys::{KeyMap, ViewAction};
+use vramscope::app::keys::{KeyMap, ViewerKey};
 use vramscope::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
 use vramscope::app::snapshot_viewer::ViewerData;
 use vramscope_core::report::snapshot_summary::segment_stats;
@@ -164,7 +164,7 @@ fn view_timeline() {
 
 #[test]
 fn view_timeline_less_detail_zoomed_with_inspector() {
-    use ViewAction::*;
+    use ViewerKey::*;
     let s = screen(&mut magma(), &[DetailLess, DetailLess, ZoomIn, ZoomIn, SelectDown, Inspect]);
     assert!(s.contains("detail 25%") && s.contains(" allocation "), "{s}");
     insta::assert_snapshot!(s);
@@ -172,19 +172,19 @@ fn view_timeline_less_detail_zoomed_with_inspector() {
 
 #[test]
 fn view_largest_with_inspector() {
-    use ViewAction::*;
+    use ViewerKey::*;
     insta::assert_snapshot!(screen(&mut magma(), &[NextTab, SelectDown, Inspect]));
 }
 
 #[test]
 fn view_segments() {
-    use ViewAction::*;
+    use ViewerKey::*;
     insta::assert_snapshot!(screen(&mut magma(), &[NextTab, NextTab]));
 }
 
 #[test]
 fn view_categories() {
-    use ViewAction::*;
+    use ViewerKey::*;
     insta::assert_snapshot!(screen(&mut magma(), &[NextTab, NextTab, NextTab]));
 }
 
@@ -317,7 +317,7 @@ fn a_snapshot_of_another_gpu_opens_on_its_device() {
     let mut data = ViewerData::open(&path, Some(0)).unwrap();
     let s = screen(&mut data, &[]);
     assert!(s.contains(&format!("Device 1 has {n} trace entries: d shows the next device")), "{s}");
-    let s = screen(&mut data, &[ViewAction::NextDevice]);
+    let s = screen(&mut data, &[ViewerKey::NextDevice]);
     assert!(s.contains("device 1 of 2") && s.contains("▼ active peak"), "{s}");
     // Against the same run on device 0 (another rank), nothing changed.
     let out = vramscope().args(["diff", "--json"]).arg(common::fixture_path(common::KKAITLYN)).arg(&path).output().unwrap();
@@ -365,30 +365,30 @@ fn the_timeline_colours_by_category_or_by_allocation() {
     got.retain(|c| *c != format!("{:?}", theme.ui.accent) && *c != format!("{:?}", theme.chart.peak));
     assert!(got.len() >= 2 && got.is_subset(&want), "{got:?} not within {want:?}");
     // By allocation, neighbours differ: more colours than categories.
-    let buf = screen_buffer(&mut d, &[ViewAction::ColourBy], &theme, 160, 40);
+    let buf = screen_buffer(&mut d, &[ViewerKey::ColourBy], &theme, 160, 40);
     assert!(text(&buf).contains("by allocation (c: by category)"));
     assert!(band_colours(&buf).len() > want.len(), "{:?}", band_colours(&buf));
     // A file without categories says why it colours by allocation, and stays so.
-    let s = screen(&mut magma(), &[ViewAction::ColourBy]);
+    let s = screen(&mut magma(), &[ViewerKey::ColourBy]);
     assert!(s.contains("by allocation (no categories in the file)"), "{s}");
 }
 
 #[test]
 fn the_largest_list_has_a_category_column() {
-    let s = screen(&mut categorized(), &[ViewAction::NextTab]);
+    let s = screen(&mut categorized(), &[ViewerKey::NextTab]);
     let head = s.lines().find(|l| l.contains("requested")).unwrap();
     assert!(head.contains("category"), "{s}");
     // The logits-sized block is an activation.
     let row = |n: &str| s.lines().find(|l| l.starts_with(&format!("│{n} "))).unwrap().to_string();
     assert!(row("1").contains("█ activation") && row("1").contains("forward (model.py:39)"), "{s}");
     // Without categories there is no column saying unknown on every row.
-    let s = screen(&mut magma(), &[ViewAction::NextTab]);
+    let s = screen(&mut magma(), &[ViewerKey::NextTab]);
     assert!(!s.contains("category") && !s.contains("unknown"), "{s}");
 }
 
 #[test]
 fn the_inspector_shows_python_frames_first_and_scrolls() {
-    use ViewAction::*;
+    use ViewerKey::*;
     let mut d = ViewerData::open(&common::fixture_path(common::KKAITLYN), None).unwrap();
     // The top band at the peak with frames (blocks older than the trace have none).
     let mut keys = vec![Inspect];
@@ -406,7 +406,7 @@ fn the_inspector_shows_python_frames_first_and_scrolls() {
     assert!(!side.iter().any(|l| l.contains("at::") || l.contains("c10::")), "{}", side.join("\n"));
     insta::assert_snapshot!(side[header - 7..].join("\n"));
     // Unfolded, the frames run past the box: the title says where, and the keys scroll.
-    let with = |more: &[ViewAction]| [keys.as_slice(), more].concat();
+    let with = |more: &[ViewerKey]| [keys.as_slice(), more].concat();
     let s = screen(&mut d, &with(&[AllFrames]));
     assert!(s.contains(" allocation 1–35/182 (pageup/pagedown) ") && !s.contains("native frames (f"), "{s}");
     let scrolled = screen(&mut d, &with(&[AllFrames, InspectorDown, InspectorDown]));
@@ -418,8 +418,8 @@ fn the_inspector_shows_python_frames_first_and_scrolls() {
 #[test]
 fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
     let theme = Theme::load("dark").unwrap();
-    let s = text(&screen_buffer(&mut magma(), &[ViewAction::Help], &theme, 80, 24));
-    let keys = KeyMap::<ViewAction>::default();
+    let s = text(&screen_buffer(&mut magma(), &[ViewerKey::Help], &theme, 80, 24));
+    let keys = KeyMap::<ViewerKey>::default();
     // Every key and every word of every description is on screen whole.
     for (key, help) in keys.help_rows() {
         assert!(s.contains(&key), "{key}:\n{s}");

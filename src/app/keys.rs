@@ -40,7 +40,7 @@ macro_rules! actions {
 
 actions! {
     /// The live screen's actions.
-    Action, quit = Quit;
+    LiveKey, quit = Quit;
     TogglePrecision, "toggle_precision", "p", "precision fp32 / bf16 autocast";
     CtxHalve, "ctx_halve", "[", "halve context length";
     CtxDouble, "ctx_double", "]", "double context length";
@@ -77,11 +77,11 @@ actions! {
     Quit, "quit", "q", "quit (stops a job vramscope started; an attached one runs on)";
 }
 
-impl Action {
+impl LiveKey {
     /// Whether the screen offers this key: a replay cannot turn the knobs, save or record,
     /// and only a replay has a pace to change or steps to seek.
     pub fn offered(self, replay: bool) -> bool {
-        use Action::*;
+        use LiveKey::*;
         match self {
             SpeedUp | SpeedDown | NextStep | PrevStep => replay,
             TogglePrecision | CtxHalve | CtxDouble | BatchDown | BatchUp | ToggleMode | ToggleAttention | Snapshot | StepOnce | ToggleRecord | Detach => !replay,
@@ -92,8 +92,8 @@ impl Action {
     /// The help line, in a replay's words where they differ.
     pub fn help_for(self, replay: bool) -> &'static str {
         match self {
-            Action::TogglePause if replay => "pause / resume the replay",
-            Action::Quit if replay => "quit",
+            LiveKey::TogglePause if replay => "pause / resume the replay",
+            LiveKey::Quit if replay => "quit",
             a => a.help(),
         }
     }
@@ -101,7 +101,7 @@ impl Action {
 
 actions! {
     /// `vramscope view`'s actions.
-    ViewAction, quit = Quit;
+    ViewerKey, quit = Quit;
     NextTab, "next_tab", "tab", "next view: timeline, largest, segments, categories";
     CursorLeft, "cursor_left", "left", "timeline: cursor back (pans at the edge)";
     CursorRight, "cursor_right", "right", "timeline: cursor forward (pans at the edge)";
@@ -219,7 +219,7 @@ impl Key {
 
 /// A screen's key table: every action of `A` bound to one key, no key bound twice.
 #[derive(Clone, Debug)]
-pub struct KeyMap<A: Bindable = Action> {
+pub struct KeyMap<A: Bindable = LiveKey> {
     by_key: HashMap<Key, A>,
     by_action: Vec<(A, Key)>,
 }
@@ -317,54 +317,54 @@ mod tests {
     #[test]
     fn defaults_cover_every_action_from_the_issue() {
         let k: KeyMap = KeyMap::default();
-        assert_eq!(k.action(&press(KeyCode::Char('p'))), Some(Action::TogglePrecision));
-        assert_eq!(k.action(&press(KeyCode::Char(']'))), Some(Action::CtxDouble));
-        assert_eq!(k.action(&press(KeyCode::Char(' '))), Some(Action::TogglePause));
-        assert_eq!(k.action(&press(KeyCode::Tab)), Some(Action::FocusTable));
-        assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('}'), KeyModifiers::SHIFT)), Some(Action::BatchUp));
-        assert_eq!(k.help_rows().len(), Action::ALL.len());
-        assert_eq!(k.action(&press(KeyCode::End)), Some(Action::GoLive));
-        assert_eq!(k.action(&press(KeyCode::Enter)), Some(Action::Inspect));
+        assert_eq!(k.action(&press(KeyCode::Char('p'))), Some(LiveKey::TogglePrecision));
+        assert_eq!(k.action(&press(KeyCode::Char(']'))), Some(LiveKey::CtxDouble));
+        assert_eq!(k.action(&press(KeyCode::Char(' '))), Some(LiveKey::TogglePause));
+        assert_eq!(k.action(&press(KeyCode::Tab)), Some(LiveKey::FocusTable));
+        assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('}'), KeyModifiers::SHIFT)), Some(LiveKey::BatchUp));
+        assert_eq!(k.help_rows().len(), LiveKey::ALL.len());
+        assert_eq!(k.action(&press(KeyCode::End)), Some(LiveKey::GoLive));
+        assert_eq!(k.action(&press(KeyCode::Enter)), Some(LiveKey::Inspect));
         assert_eq!(Key::parse("end").unwrap().label(), "end");
     }
 
     #[test]
     fn live_and_replay_offer_their_own_keys() {
-        assert!(Action::TogglePrecision.offered(false) && !Action::TogglePrecision.offered(true));
-        assert!(Action::NextStep.offered(true) && !Action::NextStep.offered(false));
-        assert!(Action::Help.offered(true) && Action::Help.offered(false));
-        assert_eq!(Action::TogglePause.help_for(true), "pause / resume the replay");
-        assert_eq!(Action::TogglePause.help_for(false), Action::TogglePause.help());
+        assert!(LiveKey::TogglePrecision.offered(false) && !LiveKey::TogglePrecision.offered(true));
+        assert!(LiveKey::NextStep.offered(true) && !LiveKey::NextStep.offered(false));
+        assert!(LiveKey::Help.offered(true) && LiveKey::Help.offered(false));
+        assert_eq!(LiveKey::TogglePause.help_for(true), "pause / resume the replay");
+        assert_eq!(LiveKey::TogglePause.help_for(false), LiveKey::TogglePause.help());
     }
 
     #[test]
     fn the_viewer_table_is_complete_and_unique() {
-        let k: KeyMap<ViewAction> = KeyMap::default();
-        assert_eq!(k.help_rows().len(), ViewAction::ALL.len());
-        assert_eq!(k.action(&press(KeyCode::Char(']'))), Some(ViewAction::DetailMore));
-        assert_eq!(k.action(&press(KeyCode::Enter)), Some(ViewAction::Inspect));
-        assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(ViewAction::Quit));
-        let e = KeyMap::<ViewAction>::from_toml("[keys]\nsort = \"q\"\n").unwrap_err();
+        let k: KeyMap<ViewerKey> = KeyMap::default();
+        assert_eq!(k.help_rows().len(), ViewerKey::ALL.len());
+        assert_eq!(k.action(&press(KeyCode::Char(']'))), Some(ViewerKey::DetailMore));
+        assert_eq!(k.action(&press(KeyCode::Enter)), Some(ViewerKey::Inspect));
+        assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(ViewerKey::Quit));
+        let e = KeyMap::<ViewerKey>::from_toml("[keys]\nsort = \"q\"\n").unwrap_err();
         assert!(matches!(e, KeyError::Duplicate { .. }), "{e}");
     }
 
     #[test]
     fn a_file_overrides_and_duplicates_are_rejected() {
-        let k = KeyMap::<Action>::from_toml("[keys]\ntoggle_precision = \"P\"\n").unwrap();
-        assert_eq!(k.action(&press(KeyCode::Char('P'))), Some(Action::TogglePrecision));
+        let k = KeyMap::<LiveKey>::from_toml("[keys]\ntoggle_precision = \"P\"\n").unwrap();
+        assert_eq!(k.action(&press(KeyCode::Char('P'))), Some(LiveKey::TogglePrecision));
         assert_eq!(k.action(&press(KeyCode::Char('p'))), None);
-        let e = KeyMap::<Action>::from_toml("[keys]\nsnapshot = \"q\"\n").unwrap_err();
+        let e = KeyMap::<LiveKey>::from_toml("[keys]\nsnapshot = \"q\"\n").unwrap_err();
         assert!(matches!(e, KeyError::Duplicate { .. }), "{e}");
         assert!(e.to_string().contains("'q' is bound to both"), "{e}");
-        let e = KeyMap::<Action>::from_toml("[keys]\nfly = \"x\"\n").unwrap_err();
+        let e = KeyMap::<LiveKey>::from_toml("[keys]\nfly = \"x\"\n").unwrap_err();
         assert!(e.to_string().contains("unknown action 'fly'"));
-        let e = KeyMap::<Action>::from_toml("[keys]\nquit = \"xyz\"\n").unwrap_err();
+        let e = KeyMap::<LiveKey>::from_toml("[keys]\nquit = \"xyz\"\n").unwrap_err();
         assert!(matches!(e, KeyError::BadKey { .. }));
     }
 
     #[test]
     fn ctrl_c_always_quits() {
-        let k = KeyMap::<Action>::from_toml("[keys]\nquit = \"Q\"\n").unwrap();
-        assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(Action::Quit));
+        let k = KeyMap::<LiveKey>::from_toml("[keys]\nquit = \"Q\"\n").unwrap();
+        assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(LiveKey::Quit));
     }
 }

@@ -25,7 +25,7 @@ use vramscope_core::store::ranks::Ranks;
 use vramscope_core::store::LogKind;
 use vramscope_core::stream::{monotonic_ns, Control, Incoming, Report};
 
-use super::keys::{Action, KeyMap};
+use super::keys::{LiveKey, KeyMap};
 use super::terminal::TerminalSession;
 use super::view::View;
 
@@ -55,7 +55,7 @@ pub struct LiveOptions {
 /// pace and seek for a replay), and a look at every item before the store gets it.
 pub trait Controls {
     /// Handles `a`; true when the screen should close.
-    fn key(&mut self, a: Action, ranks: &mut Ranks) -> bool;
+    fn key(&mut self, a: LiveKey, ranks: &mut Ranks) -> bool;
     fn seen(&mut self, _rank: u32, _item: &Incoming, _ranks: &mut Ranks) {}
     /// Called on every frame tick.
     fn tick(&mut self, _ranks: &mut Ranks) {}
@@ -201,22 +201,22 @@ pub async fn event_loop(
 
 /// What a key does: view changes stay here, the rest goes to the source's controls. True
 /// when the screen should close.
-pub fn handle(a: Action, ranks: &mut Ranks, view: &mut View, controls: &mut dyn Controls, themes: &[Theme]) -> bool {
+pub fn handle(a: LiveKey, ranks: &mut Ranks, view: &mut View, controls: &mut dyn Controls, themes: &[Theme]) -> bool {
     let store = ranks.shown();
     let (start, end) = (store.history.start(), store.history.end());
     let table_order = || store.live_by_size().iter().map(|l| l.addr).collect::<Vec<u64>>();
     match a {
-        Action::FreezeView => view.toggle_freeze(end),
-        Action::PanLeft => view.pan(true, start, end),
-        Action::PanRight => view.pan(false, start, end),
-        Action::GoLive => view.go_live(),
-        Action::ZoomIn => view.zoom_in(),
-        Action::ZoomOut => view.zoom_out(start, end),
-        Action::ToggleAxis => view.time_axis = !view.time_axis,
-        Action::ToggleBands => view.by_category = !view.by_category,
-        Action::FocusTable => view.table_focus = !view.table_focus,
-        Action::SelectUp | Action::SelectDown => {
-            let down = a == Action::SelectDown;
+        LiveKey::FreezeView => view.toggle_freeze(end),
+        LiveKey::PanLeft => view.pan(true, start, end),
+        LiveKey::PanRight => view.pan(false, start, end),
+        LiveKey::GoLive => view.go_live(),
+        LiveKey::ZoomIn => view.zoom_in(),
+        LiveKey::ZoomOut => view.zoom_out(start, end),
+        LiveKey::ToggleAxis => view.time_axis = !view.time_axis,
+        LiveKey::ToggleBands => view.by_category = !view.by_category,
+        LiveKey::FocusTable => view.table_focus = !view.table_focus,
+        LiveKey::SelectUp | LiveKey::SelectDown => {
+            let down = a == LiveKey::SelectDown;
             if view.log.is_some() {
                 view.scroll_log(if down { -1 } else { 1 }, store.log.len());
             } else {
@@ -224,23 +224,23 @@ pub fn handle(a: Action, ranks: &mut Ranks, view: &mut View, controls: &mut dyn 
                 view.move_selection(&table_order(), if down { 1 } else { -1 });
             }
         }
-        Action::Inspect => {
+        LiveKey::Inspect => {
             if !view.inspect && view.selected.is_none() {
                 view.move_selection(&table_order(), 0);
             }
             view.inspect = !view.inspect && view.selected.is_some();
             view.table_focus |= view.inspect;
         }
-        Action::EventLog => view.log = if view.log.is_some() { None } else { Some(0) },
-        Action::NextTheme => {
+        LiveKey::EventLog => view.log = if view.log.is_some() { None } else { Some(0) },
+        LiveKey::NextTheme => {
             view.theme = (view.theme + 1) % themes.len().max(1);
             if let Some(t) = themes.get(view.theme) {
                 ranks.shown_mut().log_line(LogKind::Info, format!("theme: {} (t for the next)", t.label()));
             }
         }
-        Action::NextRank => ranks.next_rank(),
-        Action::NextDevice => ranks.next_device(),
-        Action::Help => view.help = !view.help,
+        LiveKey::NextRank => ranks.next_rank(),
+        LiveKey::NextDevice => ranks.next_device(),
+        LiveKey::Help => view.help = !view.help,
         _ => {
             if controls.key(a, ranks) {
                 return true;
@@ -305,35 +305,35 @@ impl JobControls<'_> {
     }
 
     /// The value knob `name` goes to under key `a`, from its value now.
-    fn knob_value(a: Action, now: &str) -> Option<String> {
+    fn knob_value(a: LiveKey, now: &str) -> Option<String> {
         let int = || now.parse::<i64>().ok();
         Some(match a {
-            Action::TogglePrecision => now.parse::<vramscope_core::step_config::Precision>().ok()?.toggled().to_string(),
-            Action::ToggleMode => now.parse::<vramscope_core::step_config::Mode>().ok()?.toggled().to_string(),
-            Action::ToggleAttention => now.parse::<vramscope_core::step_config::Attention>().ok()?.toggled().to_string(),
-            Action::CtxHalve => (int()? / 2).max(1).to_string(),
-            Action::CtxDouble => (int()? * 2).min(MAX_CTX).to_string(),
-            Action::BatchDown => (int()? - 1).max(1).to_string(),
-            Action::BatchUp => (int()? + 1).min(MAX_BATCH).to_string(),
+            LiveKey::TogglePrecision => now.parse::<vramscope_core::step_config::Precision>().ok()?.toggled().to_string(),
+            LiveKey::ToggleMode => now.parse::<vramscope_core::step_config::Mode>().ok()?.toggled().to_string(),
+            LiveKey::ToggleAttention => now.parse::<vramscope_core::step_config::Attention>().ok()?.toggled().to_string(),
+            LiveKey::CtxHalve => (int()? / 2).max(1).to_string(),
+            LiveKey::CtxDouble => (int()? * 2).min(MAX_CTX).to_string(),
+            LiveKey::BatchDown => (int()? - 1).max(1).to_string(),
+            LiveKey::BatchUp => (int()? + 1).min(MAX_BATCH).to_string(),
             _ => return None,
         })
     }
 }
 
 /// The knob a knob key drives.
-fn knob_of(a: Action) -> Option<&'static str> {
+fn knob_of(a: LiveKey) -> Option<&'static str> {
     Some(match a {
-        Action::TogglePrecision => "precision",
-        Action::ToggleMode => "mode",
-        Action::ToggleAttention => "attention",
-        Action::CtxHalve | Action::CtxDouble => "ctx",
-        Action::BatchDown | Action::BatchUp => "batch",
+        LiveKey::TogglePrecision => "precision",
+        LiveKey::ToggleMode => "mode",
+        LiveKey::ToggleAttention => "attention",
+        LiveKey::CtxHalve | LiveKey::CtxDouble => "ctx",
+        LiveKey::BatchDown | LiveKey::BatchUp => "batch",
         _ => return None,
     })
 }
 
 impl Controls for JobControls<'_> {
-    fn key(&mut self, a: Action, ranks: &mut Ranks) -> bool {
+    fn key(&mut self, a: LiveKey, ranks: &mut Ranks) -> bool {
         let store = ranks.shown_mut();
         if let Some(knob) = knob_of(a) {
             let now = store.info.as_ref().and_then(|i| i.knob(knob)).map(str::to_string);
@@ -351,24 +351,24 @@ impl Controls for JobControls<'_> {
             return false;
         }
         match a {
-            Action::Quit => return true,
-            Action::Detach if self.kind == JobKind::Started => {
+            LiveKey::Quit => return true,
+            LiveKey::Detach if self.kind == JobKind::Started => {
                 self.detached = true;
                 return true;
             }
-            Action::Detach => store.log_line(LogKind::Info, "d leaves a job started by `vramscope py` running; q already leaves this one running".into()),
+            LiveKey::Detach => store.log_line(LogKind::Info, "d leaves a job started by `vramscope py` running; q already leaves this one running".into()),
             // Nothing runs to save it at the end of: say so rather than promise it.
-            Action::Snapshot if store.finished => store.log_line(
+            LiveKey::Snapshot if store.finished => store.log_line(
                 LogKind::Info,
                 "the run has ended: no step is left to save a snapshot at (s saves one at the end of a running step)".into(),
             ),
-            Action::Snapshot => {
+            LiveKey::Snapshot => {
                 self.source.send(&Control::Snapshot);
                 store.log_line(LogKind::Info, "snapshot requested: saved at the end of this step".into());
             }
-            Action::TogglePause => self.source.send(if store.paused { &Control::Resume } else { &Control::Pause }),
-            Action::StepOnce => self.source.send(&Control::StepOnce),
-            Action::ToggleRecord => match self.stop_recording() {
+            LiveKey::TogglePause => self.source.send(if store.paused { &Control::Resume } else { &Control::Pause }),
+            LiveKey::StepOnce => self.source.send(&Control::StepOnce),
+            LiveKey::ToggleRecord => match self.stop_recording() {
                 Ok(Some(line)) => {
                     ranks.recording = None;
                     ranks.shown_mut().log_line(LogKind::Info, line);
@@ -376,7 +376,7 @@ impl Controls for JobControls<'_> {
                 Ok(None) => self.start_recording(ranks),
                 Err(e) => store.log_line(LogKind::Error, format!("recording failed: {e:#}")),
             },
-            Action::SpeedUp | Action::SpeedDown | Action::NextStep | Action::PrevStep => {
+            LiveKey::SpeedUp | LiveKey::SpeedDown | LiveKey::NextStep | LiveKey::PrevStep => {
                 store.log_line(LogKind::Info, "live: speed and seek keys work in replay".into())
             }
             _ => {}

@@ -8,7 +8,7 @@ use vramscope_core::source::feed::bridge;
 use vramscope_core::store::ranks::Ranks;
 use vramscope_core::store::{LogKind, Store};
 
-use super::keys::Action;
+use super::keys::LiveKey;
 use super::live::{event_loop, Controls, Screen, HISTORY_CAP};
 use super::terminal::TerminalSession;
 
@@ -20,20 +20,20 @@ struct ReplayControls {
 }
 
 impl Controls for ReplayControls {
-    fn key(&mut self, a: Action, ranks: &mut Ranks) -> bool {
+    fn key(&mut self, a: LiveKey, ranks: &mut Ranks) -> bool {
         let store = ranks.shown_mut();
         let cmd = match a {
-            Action::Quit | Action::Detach => return true,
-            Action::TogglePause | Action::StepOnce => PlayerCommand::TogglePause,
-            Action::SpeedUp | Action::SpeedDown => {
-                let s = if a == Action::SpeedUp { self.speed * 2.0 } else { self.speed / 2.0 };
+            LiveKey::Quit | LiveKey::Detach => return true,
+            LiveKey::TogglePause | LiveKey::StepOnce => PlayerCommand::TogglePause,
+            LiveKey::SpeedUp | LiveKey::SpeedDown => {
+                let s = if a == LiveKey::SpeedUp { self.speed * 2.0 } else { self.speed / 2.0 };
                 self.speed = s.clamp(*SPEEDS.start(), *SPEEDS.end());
                 store.log_line(LogKind::Info, format!("replay speed ×{}", self.speed));
                 PlayerCommand::Speed(self.speed)
             }
-            Action::NextStep => PlayerCommand::NextStep,
-            Action::PrevStep => PlayerCommand::PrevStep,
-            Action::ToggleRecord => {
+            LiveKey::NextStep => PlayerCommand::NextStep,
+            LiveKey::PrevStep => PlayerCommand::PrevStep,
+            LiveKey::ToggleRecord => {
                 store.log_line(LogKind::Info, "replay: this is a recording already".into());
                 return false;
             }

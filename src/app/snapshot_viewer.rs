@@ -11,7 +11,7 @@ use crossterm::event::{self, Event, KeyCode, KeyEventKind};
 
 use crate::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
 use crate::app::terminal::TerminalSession;
-use crate::app::keys::{KeyMap, ViewAction};
+use crate::app::keys::{KeyMap, ViewerKey};
 use crate::render::snapshot_viewer::{inspector_overflow, plot_columns, render_loading, render_viewer};
 use crate::render::theme::Theme;
 use vramscope_core::report::oom::{oom_marks, oom_reports, OomReport};
@@ -377,47 +377,47 @@ impl ViewerUi {
 }
 
 /// What a key does to the UI (and the detail level or device of the data).
-pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_count: usize) {
+pub fn handle(a: ViewerKey, data: &mut ViewerData, ui: &mut ViewerUi, theme_count: usize) {
     let total = data.tl.total_events;
     // Another allocation, or its frames shown another way, is read from its top.
-    if !matches!(a, ViewAction::InspectorUp | ViewAction::InspectorDown | ViewAction::Help | ViewAction::NextTheme) {
+    if !matches!(a, ViewerKey::InspectorUp | ViewerKey::InspectorDown | ViewerKey::Help | ViewerKey::NextTheme) {
         ui.inspector_scroll = 0;
     }
     match a {
-        ViewAction::NextTab => {
+        ViewerKey::NextTab => {
             let i = Tab::ALL.iter().position(|t| *t == ui.tab).unwrap_or(0);
             ui.tab = Tab::ALL[(i + 1) % Tab::ALL.len()];
             if ui.tab == Tab::Largest && ui.rows.is_empty() {
                 ui.refresh_rows(data);
             }
         }
-        ViewAction::CursorLeft => ui.move_cursor(true, total),
-        ViewAction::CursorRight => ui.move_cursor(false, total),
-        ViewAction::SelectUp => match ui.tab {
+        ViewerKey::CursorLeft => ui.move_cursor(true, total),
+        ViewerKey::CursorRight => ui.move_cursor(false, total),
+        ViewerKey::SelectUp => match ui.tab {
             Tab::Largest => ui.row = ui.row.saturating_sub(1),
             _ => ui.band = ui.band.saturating_sub(1),
         },
-        ViewAction::SelectDown => match ui.tab {
+        ViewerKey::SelectDown => match ui.tab {
             Tab::Largest => ui.row = (ui.row + 1).min(ui.rows.len().saturating_sub(1)),
             _ => ui.band = (ui.band + 1).min(data.stack_at_cursor(ui).bands.len().saturating_sub(1)),
         },
-        ViewAction::ZoomIn => ui.zoom(total, (ui.to - ui.from) / 2),
-        ViewAction::ZoomOut => ui.zoom(total, (ui.to - ui.from) * 2),
-        ViewAction::DetailLess => data.set_detail_step(data.detail_step.saturating_sub(1)),
-        ViewAction::DetailMore => data.set_detail_step(data.detail_step + 1),
-        ViewAction::JumpToPeak => {
+        ViewerKey::ZoomIn => ui.zoom(total, (ui.to - ui.from) / 2),
+        ViewerKey::ZoomOut => ui.zoom(total, (ui.to - ui.from) * 2),
+        ViewerKey::DetailLess => data.set_detail_step(data.detail_step.saturating_sub(1)),
+        ViewerKey::DetailMore => data.set_detail_step(data.detail_step + 1),
+        ViewerKey::JumpToPeak => {
             ui.cursor = data.tl.peak_index;
             if !(ui.from..ui.to).contains(&ui.cursor) {
                 ui.zoom(total, ui.to - ui.from);
             }
             ui.band = 0;
         }
-        ViewAction::Inspect => ui.inspector = !ui.inspector,
-        ViewAction::InspectorUp => ui.inspector_scroll = ui.inspector_scroll.min(ui.inspector_overflow).saturating_sub(INSPECTOR_SCROLL),
-        ViewAction::InspectorDown => ui.inspector_scroll = (ui.inspector_scroll + INSPECTOR_SCROLL).min(ui.inspector_overflow),
-        ViewAction::ColourBy => ui.by_category = !ui.by_category && has_categories(&data.tl),
-        ViewAction::AllFrames => ui.all_frames = !ui.all_frames,
-        ViewAction::Sort => {
+        ViewerKey::Inspect => ui.inspector = !ui.inspector,
+        ViewerKey::InspectorUp => ui.inspector_scroll = ui.inspector_scroll.min(ui.inspector_overflow).saturating_sub(INSPECTOR_SCROLL),
+        ViewerKey::InspectorDown => ui.inspector_scroll = (ui.inspector_scroll + INSPECTOR_SCROLL).min(ui.inspector_overflow),
+        ViewerKey::ColourBy => ui.by_category = !ui.by_category && has_categories(&data.tl),
+        ViewerKey::AllFrames => ui.all_frames = !ui.all_frames,
+        ViewerKey::Sort => {
             ui.sort = match ui.sort {
                 SortBy::Size => SortBy::Start,
                 SortBy::Start => SortBy::Lifetime,
@@ -425,11 +425,11 @@ pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_cou
             };
             ui.refresh_rows(data);
         }
-        ViewAction::Search => {
+        ViewerKey::Search => {
             ui.tab = Tab::Largest;
             ui.typing = Some(ui.filter.clone());
         }
-        ViewAction::NextDevice => {
+        ViewerKey::NextDevice => {
             let devices = data.snap.device_count();
             let device = (data.device + 1) % devices;
             if device != data.device {
@@ -438,7 +438,7 @@ pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_cou
                 *ui = ViewerUi { theme: ui.theme, columns: ui.columns, ..ViewerUi::new(data) };
             }
         }
-        ViewAction::OomReport => {
+        ViewerKey::OomReport => {
             ui.panel = (ui.panel != Some(Panel::Oom)).then_some(Panel::Oom);
             // The cursor goes to the (first) OOM, where the timeline marks it.
             if let (Some(_), Some(&(_, action))) = (ui.panel, data.ooms().first()) {
@@ -448,10 +448,10 @@ pub fn handle(a: ViewAction, data: &mut ViewerData, ui: &mut ViewerUi, theme_cou
                 }
             }
         }
-        ViewAction::WhatIf => ui.panel = (ui.panel != Some(Panel::WhatIf)).then_some(Panel::WhatIf),
-        ViewAction::NextTheme => ui.theme = (ui.theme + 1) % theme_count.max(1),
-        ViewAction::Help => ui.help = !ui.help,
-        ViewAction::Quit => {}
+        ViewerKey::WhatIf => ui.panel = (ui.panel != Some(Panel::WhatIf)).then_some(Panel::WhatIf),
+        ViewerKey::NextTheme => ui.theme = (ui.theme + 1) % theme_count.max(1),
+        ViewerKey::Help => ui.help = !ui.help,
+        ViewerKey::Quit => {}
     }
     if ui.tab != Tab::Largest {
         let bands = data.stack_at_cursor(ui).bands.len();
@@ -499,7 +499,7 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     if args.summary {
         return print_summary(&args);
     }
-    let keys = KeyMap::<ViewAction>::load(args.keys.as_deref())?;
+    let keys = KeyMap::<ViewerKey>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;
     let rx = spawn_loader(args.file.clone(), args.device);
     let mut loading = Loading::new(vramscope_core::input::title(&args.file));
@@ -531,7 +531,7 @@ fn loading_loop(
     session: &mut TerminalSession,
     loading: &mut Loading,
     rx: &Receiver<LoadUpdate>,
-    keys: &KeyMap<ViewAction>,
+    keys: &KeyMap<ViewerKey>,
     themes: &[Theme],
     theme: &mut usize,
 ) -> anyhow::Result<Option<ViewerData>> {
@@ -550,8 +550,8 @@ fn loading_loop(
         while event::poll(Duration::ZERO)? {
             match event::read()? {
                 Event::Key(k) if k.kind != KeyEventKind::Release => match keys.action(&k) {
-                    Some(ViewAction::Quit) => return Ok(None),
-                    Some(ViewAction::NextTheme) => *theme = (*theme + 1) % themes.len().max(1),
+                    Some(ViewerKey::Quit) => return Ok(None),
+                    Some(ViewerKey::NextTheme) => *theme = (*theme + 1) % themes.len().max(1),
                     _ => continue,
                 },
                 Event::Resize(..) => {}
@@ -563,7 +563,7 @@ fn loading_loop(
     Ok(None)
 }
 
-fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewAction>, themes: &[Theme]) -> anyhow::Result<()> {
+fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewerKey>, themes: &[Theme]) -> anyhow::Result<()> {
     let mut dirty = true;
     while !session.stop_requested() {
         if dirty {
@@ -581,7 +581,7 @@ fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut Vi
                 if ui.typing.is_some() {
                     type_search(k.code, data, ui);
                 } else if let Some(a) = keys.action(&k) {
-                    if a == ViewAction::Quit {
+                    if a == ViewerKey::Quit {
                         return Ok(());
                     }
                     handle(a, data, ui, themes.len());

@@ -16,7 +16,7 @@ use crate::render::text::fit;
 use vramscope_core::format::bytes;
 use vramscope_core::store::ranks::RankSummary;
 use vramscope_core::store::{Column, LiveAlloc, LogKind, LogLine, Store};
-use crate::app::keys::{Action, Bindable, KeyMap};
+use crate::app::keys::{LiveKey, Bindable, KeyMap};
 use crate::app::view::View;
 
 use super::theme::Theme;
@@ -660,7 +660,7 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme
         Some(l) => {
             let mut spans = log_spans(l, theme);
             if store.log.len() > 1 {
-                let more = format!("  ({} the whole log)", keys.key_of(Action::EventLog).label());
+                let more = format!("  ({} the whole log)", keys.key_of(LiveKey::EventLog).label());
                 let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
                 if used + more.chars().count() <= area.width as usize {
                     spans.push(Span::styled(more, Style::default().fg(theme.ui.dim)));
@@ -673,26 +673,26 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme
         None => Line::from(Span::styled("nothing logged yet", Style::default().fg(theme.ui.dim))),
     };
     // A replay cannot turn the knobs: its footer names its own keys.
-    let items: &[(Action, &str)] = if is_replay(store) {
+    let items: &[(LiveKey, &str)] = if is_replay(store) {
         &[
-            (Action::Help, "help"),
-            (Action::TogglePause, "pause"),
-            (Action::SpeedUp, "faster"),
-            (Action::SpeedDown, "slower"),
-            (Action::NextStep, "next step"),
-            (Action::PrevStep, "previous step"),
-            (Action::Quit, "quit"),
+            (LiveKey::Help, "help"),
+            (LiveKey::TogglePause, "pause"),
+            (LiveKey::SpeedUp, "faster"),
+            (LiveKey::SpeedDown, "slower"),
+            (LiveKey::NextStep, "next step"),
+            (LiveKey::PrevStep, "previous step"),
+            (LiveKey::Quit, "quit"),
         ]
     } else {
         &[
-            (Action::Help, "help"),
-            (Action::TogglePrecision, "precision"),
-            (Action::CtxDouble, "ctx×2"),
-            (Action::CtxHalve, "ctx÷2"),
-            (Action::ToggleMode, "mode"),
-            (Action::Snapshot, "snapshot"),
-            (Action::TogglePause, "pause"),
-            (Action::Quit, "quit"),
+            (LiveKey::Help, "help"),
+            (LiveKey::TogglePrecision, "precision"),
+            (LiveKey::CtxDouble, "ctx×2"),
+            (LiveKey::CtxHalve, "ctx÷2"),
+            (LiveKey::ToggleMode, "mode"),
+            (LiveKey::Snapshot, "snapshot"),
+            (LiveKey::TogglePause, "pause"),
+            (LiveKey::Quit, "quit"),
         ]
     };
     let hints = key_hints(keys, items, theme);

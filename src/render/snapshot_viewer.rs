@@ -9,7 +9,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
-use crate::app::keys::{KeyMap, ViewAction};
+use crate::app::keys::{KeyMap, ViewerKey};
 use crate::app::snapshot_loading::Loading;
 use crate::app::snapshot_viewer::{Panel, Tab, ViewerData, ViewerUi, DETAIL_STEPS};
 use vramscope_core::event::Category;
@@ -32,7 +32,7 @@ pub fn plot_columns(width: u16, inspector: bool) -> usize {
     width.saturating_sub(side + 2 + AXIS_WIDTH).max(1) as usize
 }
 
-pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
+pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, theme: &Theme) {
     let area = f.area();
     f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
@@ -123,9 +123,9 @@ fn rel_seconds(data: &ViewerData, event: usize) -> Option<f64> {
     event_time(&data.snap, &data.tl, data.device, event).map(|t| (t - t0) as f64 / 1e6)
 }
 
-pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
+pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, theme: &Theme) {
     let tl = &data.tl;
-    let toggle = keys.key_of(ViewAction::ColourBy).label();
+    let toggle = keys.key_of(ViewerKey::ColourBy).label();
     let (colouring, why) = match (ui.by_category, has_categories(tl)) {
         (true, _) => ("by category", format!(" ({toggle}: by allocation)")),
         (false, true) => ("by allocation", format!(" ({toggle}: by category)")),
@@ -156,7 +156,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         if let Some(d) = other {
             let name = s.device_name(d);
             let name = name[..1].to_uppercase() + &name[1..];
-            msg += &format!(". {name} has {} trace entries: {} shows the next device.", s.trace(d).len(), keys.key_of(ViewAction::NextDevice).label());
+            msg += &format!(". {name} has {} trace entries: {} shows the next device.", s.trace(d).len(), keys.key_of(ViewerKey::NextDevice).label());
         }
         f.render_widget(Paragraph::new(msg).style(dim).wrap(Wrap { trim: true }), plot);
         return;
@@ -437,7 +437,7 @@ fn header_height(data: &ViewerData) -> u16 {
 }
 
 /// How many rows the inspector's text runs past its box on a `size` screen.
-pub fn inspector_overflow(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme, size: ratatui::layout::Size) -> usize {
+pub fn inspector_overflow(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, theme: &Theme, size: ratatui::layout::Size) -> usize {
     if !ui.inspector {
         return 0;
     }
@@ -446,14 +446,14 @@ pub fn inspector_overflow(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAc
     text.line_count(INSPECTOR_WIDTH - 2).saturating_sub(rows)
 }
 
-pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
+pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, theme: &Theme) {
     let text = Paragraph::new(inspector_lines(data, ui, keys, theme)).wrap(Wrap { trim: false });
     let inner_w = area.width.saturating_sub(2);
     let (total, rows) = (text.line_count(inner_w), area.height.saturating_sub(2) as usize);
     let scroll = ui.inspector_scroll.min(total.saturating_sub(rows));
     // Taller than its box: the title says which rows show and how to see the rest.
     let title = if total > rows {
-        let (up, down) = (keys.key_of(ViewAction::InspectorUp).label(), keys.key_of(ViewAction::InspectorDown).label());
+        let (up, down) = (keys.key_of(ViewerKey::InspectorUp).label(), keys.key_of(ViewerKey::InspectorDown).label());
         format!(" allocation {}–{}/{total} ({up}/{down}) ", scroll + 1, (scroll + rows).min(total))
     } else {
         " allocation ".to_string()
@@ -464,7 +464,7 @@ pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewe
 
 /// What the inspector says about the selected allocation: its figures, then its frames,
 /// Python first with the native ones folded into a line unless all are asked for.
-fn inspector_lines(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) -> Vec<Line<'static>> {
+fn inspector_lines(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, theme: &Theme) -> Vec<Line<'static>> {
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let Some(id) = ui.selected(data) else {
@@ -473,7 +473,7 @@ fn inspector_lines(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, 
     let a = allocation_info(&data.snap, &data.tl, data.device, id, ui.all_frames);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<11}"), dim), Span::styled(v, val)]);
     let secs = |e: Option<usize>| e.and_then(|e| rel_seconds(data, e));
-    let all = keys.key_of(ViewAction::AllFrames).label();
+    let all = keys.key_of(ViewerKey::AllFrames).label();
     let time = match (secs(a.start_event), secs(a.end_event)) {
         (Some(s), Some(e)) => format!("t+{s:.3}–{e:.3} s ({})", duration(e - s)),
         (Some(s), None) => format!("t+{s:.3} s – end"),
@@ -533,25 +533,25 @@ fn push_frames(lines: &mut Vec<Line<'static>>, frames: &[ShownFrame], fold: bool
     }
 }
 
-pub fn render_footer(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewAction>, theme: &Theme) {
+pub fn render_footer(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, theme: &Theme) {
     if ui.typing.is_some() {
         f.render_widget(Paragraph::new("type a frame name, file or address · enter applies · esc cancels").style(Style::default().fg(theme.ui.accent)), area);
         return;
     }
     let mut items = vec![
-        (ViewAction::Help, "help"),
-        (ViewAction::NextTab, "view"),
-        (ViewAction::DetailLess, "detail-"),
-        (ViewAction::DetailMore, "detail+"),
-        (ViewAction::ZoomIn, "zoom"),
-        (ViewAction::Inspect, "inspect"),
-        (ViewAction::Search, "search"),
-        (ViewAction::JumpToPeak, "peak"),
+        (ViewerKey::Help, "help"),
+        (ViewerKey::NextTab, "view"),
+        (ViewerKey::DetailLess, "detail-"),
+        (ViewerKey::DetailMore, "detail+"),
+        (ViewerKey::ZoomIn, "zoom"),
+        (ViewerKey::Inspect, "inspect"),
+        (ViewerKey::Search, "search"),
+        (ViewerKey::JumpToPeak, "peak"),
     ];
     if !data.ooms().is_empty() {
-        items.push((ViewAction::OomReport, "why OOM"));
+        items.push((ViewerKey::OomReport, "why OOM"));
     }
-    items.extend([(ViewAction::WhatIf, "what-if"), (ViewAction::Quit, "quit")]);
+    items.extend([(ViewerKey::WhatIf, "what-if"), (ViewerKey::Quit, "quit")]);
     f.render_widget(Paragraph::new(key_hints(keys, &items, theme)), area);
 }
 
@@ -566,13 +566,13 @@ fn panel_frame(f: &mut Frame, area: Rect, (width, height): (u16, u16), title: St
 
 /// Why the device ran out of memory: the request, what was free, reserved against
 /// allocated then, the verdict, and what was alive by call site and category.
-pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewAction>, theme: &Theme) {
-    let close = keys.key_of(ViewAction::OomReport).label();
+pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewerKey>, theme: &Theme) {
+    let close = keys.key_of(ViewerKey::OomReport).label();
     let title = format!(" out of memory · device {} ({close} closes) ", data.device);
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<22}"), dim), Span::styled(v, val)]);
-    let whatif = keys.key_of(ViewAction::WhatIf).label();
+    let whatif = keys.key_of(ViewerKey::WhatIf).label();
     let reports = data.oom_reports();
     if reports.is_empty() {
         let inner = panel_frame(f, area, (80, 5), title, theme);
@@ -608,8 +608,8 @@ pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &Key
 
 /// The trace replayed under other allocator settings: a row per setting, the recorded
 /// one first with its self-check.
-pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewAction>, theme: &Theme) {
-    let close = keys.key_of(ViewAction::WhatIf).label();
+pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewerKey>, theme: &Theme) {
+    let close = keys.key_of(ViewerKey::WhatIf).label();
     let title = format!(" what if · device {}: the trace under other allocator settings ({close} closes) ", data.device);
     let dim = Style::default().fg(theme.ui.dim);
     if data.tl.total_events == 0 {
@@ -683,7 +683,7 @@ pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &
 
 /// `vramscope view` while a large file is read: progress, the segment totals once read,
 /// and the timeline of the trace decoded so far.
-pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewAction>, theme: &Theme) {
+pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewerKey>, theme: &Theme) {
     let area = f.area();
     f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
@@ -738,5 +738,5 @@ pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewAction>, the
         let note = "the other views, the inspector and search open once the file is loaded";
         f.buffer_mut().set_string(plot.x, plot.y + plot.height + 1, fit(note, plot.width as usize), dim);
     }
-    f.render_widget(Paragraph::new(key_hints(keys, &[(ViewAction::NextTheme, "theme"), (ViewAction::Quit, "quit")], theme)), footer);
+    f.render_widget(Paragraph::new(key_hints(keys, &[(ViewerKey::NextTheme, "theme"), (ViewerKey::Quit, "quit")], theme)), footer);
 }

@@ -1,6 +1,6 @@
 //! `vramscope view` screens drawn to a buffer, as text.
 
-use vramscope::app::keys::{KeyMap, ViewAction};
+use vramscope::app::keys::{KeyMap, ViewerKey};
 use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
 use vramscope::render::draw_to_buffer;
 use vramscope::render::snapshot_viewer::{inspector_overflow, plot_columns, render_viewer};
@@ -14,13 +14,13 @@ pub fn text(buf: &ratatui::buffer::Buffer) -> String {
 }
 
 /// The viewer at 160×40 after `keys_pressed`.
-pub fn screen(data: &mut ViewerData, keys_pressed: &[ViewAction]) -> String {
+pub fn screen(data: &mut ViewerData, keys_pressed: &[ViewerKey]) -> String {
     text(&screen_buffer(data, keys_pressed, &Theme::load("dark").unwrap(), 160, 40))
 }
 
 /// The viewer's buffer at `width`×`height` in `theme` after `keys_pressed`.
-pub fn screen_buffer(data: &mut ViewerData, keys_pressed: &[ViewAction], theme: &Theme, width: u16, height: u16) -> ratatui::buffer::Buffer {
-    let keys = KeyMap::<ViewAction>::default();
+pub fn screen_buffer(data: &mut ViewerData, keys_pressed: &[ViewerKey], theme: &Theme, width: u16, height: u16) -> ratatui::buffer::Buffer {
+    let keys = KeyMap::<ViewerKey>::default();
     let mut ui = ViewerUi::new(data);
     ui.columns = plot_columns(width, false);
     for a in keys_pressed {

@@ -15,7 +15,7 @@ use crate::event::{Batch, Category, Phase};
 use crate::snapshot::model::Frame;
 use crate::snapshot::writer::{save_snapshot_atomic, unique_path};
 use crate::step_config::{Attention, Mode, Precision};
-use crate::stream::{Control, EngineInfo, Incoming, Knob, KnobChange, OomReport, Report, StepReport};
+use crate::stream::{Control, EngineInfo, Incoming, Knob, KnobChange, OutOfMemory, Report, StepReport};
 
 use super::cut::{FrameTables, SnapshotCut};
 use super::raw::{CudaStats, RawEvent, CPU_DEVICE};
@@ -493,7 +493,7 @@ impl Session {
             let _ = t.take_step_stats();
         }
         let r = if oom {
-            Report::Oom(OomReport { step: self.step, phase, message: message.to_string(), snapshot })
+            Report::Oom(OutOfMemory { step: self.step, phase, message: message.to_string(), snapshot })
         } else {
             Report::Error(format!("step {} failed: {message}", self.step))
         };
@@ -528,7 +528,7 @@ impl Session {
     /// job saw it, or as `oom` words it).
     pub fn report_oom(&mut self, message: String, snapshot: Option<PathBuf>) {
         self.drain();
-        self.report(Report::Oom(OomReport { step: self.step, phase: self.phase, message, snapshot }));
+        self.report(Report::Oom(OutOfMemory { step: self.step, phase: self.phase, message, snapshot }));
         self.flush();
     }
 

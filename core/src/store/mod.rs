@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use crate::event::{Action, Batch, Category, MemEvent, Phase, Retag};
 use crate::source::gauges::history::GaugeHistory;
 use crate::source::gauges::sample::{GaugeBatch, GaugeSample, SourceKind};
-use crate::stream::{EngineInfo, Incoming, KnobChange, OomReport, Report, StepReport};
+use crate::stream::{EngineInfo, Incoming, KnobChange, OutOfMemory, Report, StepReport};
 
 pub use history::{Column, Entry, History};
 
@@ -47,7 +47,7 @@ pub struct LiveAlloc {
 pub enum Marker {
     Knob(KnobChange),
     Snapshot(PathBuf),
-    Oom(OomReport),
+    Oom(OutOfMemory),
 }
 
 impl Marker {
@@ -141,7 +141,7 @@ pub struct Store {
     pub finished: bool,
     /// How a job vramscope started ended, and whether that was a success.
     pub exited: Option<(String, bool)>,
-    pub oom: Option<OomReport>,
+    pub oom: Option<OutOfMemory>,
     /// Out-of-memory errors so far.
     pub ooms: u64,
     /// Events known lost between producer and store (sequence gaps).

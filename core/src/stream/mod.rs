@@ -183,8 +183,10 @@ pub struct KnobChange {
     pub to: String,
 }
 
+/// The job ran out of memory (the error as it reached the job); `report::oom::OomReport`
+/// is the analysis of an `oom` entry in a snapshot.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OomReport {
+pub struct OutOfMemory {
     pub step: u64,
     pub phase: Phase,
     pub message: String,
@@ -200,7 +202,7 @@ pub enum Report {
     Step(StepReport),
     SnapshotSaved { step: u64, path: PathBuf },
     SnapshotFailed { step: u64, error: String },
-    Oom(OomReport),
+    Oom(OutOfMemory),
     Paused(bool),
     /// A step failed for a reason other than OOM; the loop pauses.
     Error(String),
