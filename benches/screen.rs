@@ -6,12 +6,12 @@
 use std::time::Instant;
 
 use vramscope_core::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
-use vramscope::render::draw_to_buffer;
-use vramscope::render::live::render_live;
-use vramscope::render::theme::Theme;
+use vramscope::draw::draw_to_buffer;
+use vramscope::screens::live::render::render_live;
+use vramscope::theme::Theme;
 use vramscope_core::store::Store;
-use vramscope::app::keys::KeyMap;
-use vramscope::app::view::View;
+use vramscope::keys::KeyMap;
+use vramscope::screens::live::view::View;
 
 /// A training-shaped stream: per step, forward allocations that mostly survive, backward
 /// freeing them, optimizer temporaries; 8192 events per batch as the engine sends them.

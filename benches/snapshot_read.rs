@@ -23,7 +23,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use vramscope_core::record::trace::trace_items;
-use vramscope::render::export::{render_svg, ExportOptions};
+use vramscope::export::{render_svg, ExportOptions};
 use vramscope_core::report::snapshot_summary::summarize;
 use vramscope_core::snapshot::read_snapshot_file;
 use vramscope_core::snapshot::timeline::Timeline;

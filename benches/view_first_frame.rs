@@ -16,12 +16,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vramscope::app::keys::{KeyMap, ViewerKey};
-use vramscope::app::snapshot_loading::{spawn_loader, Loading};
-use vramscope::app::snapshot_viewer::{ViewerUi, LOADING_REDRAW};
-use vramscope::render::draw_to_buffer;
-use vramscope::render::snapshot_viewer::{render_loading, render_viewer};
-use vramscope::render::theme::Theme;
+use vramscope::keys::KeyMap;
+use vramscope::screens::viewer::keys::ViewerKey;
+use vramscope::screens::viewer::loading::{spawn_loader, Loading};
+use vramscope::screens::viewer::ui::ViewerUi;
+use vramscope::screens::viewer::run::LOADING_REDRAW;
+use vramscope::draw::draw_to_buffer;
+use vramscope::screens::viewer::render::{render_loading, render_viewer};
+use vramscope::theme::Theme;
 
 const ENTRIES: usize = 4_500_000;
 

@@ -10,14 +10,14 @@ use vramscope_core::step_config::{
     validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
-use vramscope::app::keys::KeyMap;
-use vramscope::app::live::{LiveOptions, Screen};
+use vramscope::keys::KeyMap;
+use vramscope::screens::live::run::{LiveOptions, Screen};
 use vramscope_core::record::player::Script;
 use vramscope_core::record::writer::Recorder;
 use vramscope_core::source::job::Output;
 use vramscope_core::source::launch::{launch_engine, EngineOptions};
-use vramscope::render::theme::Theme;
-use vramscope::render::export::{self, ExportOptions};
+use vramscope::theme::Theme;
+use vramscope::export::{self, ExportOptions};
 use vramscope_core::format::parse_bytes;
 use vramscope_core::report::{estimate, fit, sweep};
 
@@ -42,11 +42,11 @@ enum Command {
     /// `python -m vramscope_hook`); quitting leaves it running.
     Attach(AttachCommand),
     /// Device gauges for every GPU and its processes (host gauges without NVML).
-    Watch(vramscope::app::watch::WatchArgs),
+    Watch(vramscope::screens::watch::run::WatchArgs),
     /// Play a recording (or a memory snapshot's trace) on the screen, or --headless.
     Replay(ReplayCommand),
     /// Open a PyTorch memory snapshot: timeline, largest allocations, segments, categories.
-    View(vramscope::app::snapshot_viewer::ViewArgs),
+    View(vramscope::screens::viewer::run::ViewArgs),
     /// Compare two snapshots: peaks, categories, and the allocations that grew or shrank.
     Diff(DiffArgs),
     /// Measure every combination of the listed models, ctx, batch, precision, mode and
@@ -68,7 +68,7 @@ enum Command {
 #[derive(Args, Clone)]
 struct ReplayCommand {
     #[command(flatten)]
-    replay: vramscope::app::replay::ReplayArgs,
+    replay: vramscope::screens::replay::ReplayArgs,
     #[command(flatten)]
     screen: ScreenArgs,
 }
@@ -76,7 +76,7 @@ struct ReplayCommand {
 #[derive(Args, Clone)]
 struct PyCommand {
     #[command(flatten)]
-    py: vramscope::app::py::PyArgs,
+    py: vramscope::py::PyArgs,
     #[command(flatten)]
     screen: ScreenArgs,
 }
@@ -84,7 +84,7 @@ struct PyCommand {
 #[derive(Args, Clone)]
 struct AttachCommand {
     #[command(flatten)]
-    attach: vramscope::app::py::AttachArgs,
+    attach: vramscope::py::AttachArgs,
     #[command(flatten)]
     screen: ScreenArgs,
 }
@@ -419,12 +419,12 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
         let output = if args.json { Output::InheritToStderr } else { Output::Inherit };
         let source = launch_engine(&opts, output).context("starting the training engine")?;
-        return vramscope::app::headless::headless(&source, recorder, metrics.as_ref(), args.json, args.check_growth.is_some());
+        return vramscope::headless::headless(&source, recorder, metrics.as_ref(), args.json, args.check_growth.is_some());
     }
     anyhow::ensure!(!args.json, "--json needs --headless");
     let screen = args.screen.load()?;
     let engine = args.engine_options(None)?;
-    vramscope::app::live::run(LiveOptions { engine, screen, record: args.record, metrics })?;
+    vramscope::screens::live::run::run(LiveOptions { engine, screen, record: args.record, metrics })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -506,10 +506,10 @@ fn replay(args: ReplayCommand) -> anyhow::Result<()> {
     let r = args.replay;
     let mut script = Script::open_at(&r.file, r.device)?;
     if r.headless {
-        return vramscope::app::replay::run_replay_headless(&mut script, r.json, &mut std::io::stdout().lock());
+        return vramscope::screens::replay::run_replay_headless(&mut script, r.json, &mut std::io::stdout().lock());
     }
     anyhow::ensure!(!r.json, "--json needs --headless");
-    vramscope::app::replay::run_replay(script, r.speed, args.screen.load()?)
+    vramscope::screens::replay::run_replay(script, r.speed, args.screen.load()?)
 }
 
 impl ScreenArgs {
@@ -519,7 +519,7 @@ impl ScreenArgs {
 }
 
 fn diff(args: DiffArgs) -> anyhow::Result<()> {
-    use vramscope::app::snapshot_viewer::ViewerData;
+    use vramscope::screens::viewer::data::ViewerData;
     let a = ViewerData::open(&args.a, args.device)?;
     let b = ViewerData::open(&args.b, args.device)?;
     let d = vramscope_core::report::diff::diff((&a.snap, &a.tl, a.device), (&b.snap, &b.tl, b.device), args.top);
@@ -539,15 +539,15 @@ fn main() -> ExitCode {
         Some(Command::Run(a)) => run(a),
         Some(Command::Py(a)) => {
             let screen = if a.py.headless { None } else { Some(a.screen.load()) }.transpose();
-            screen.and_then(|s| vramscope::app::py::run_py(a.py, s))
+            screen.and_then(|s| vramscope::py::run_py(a.py, s))
         }
         Some(Command::Attach(a)) => {
             let screen = if a.attach.headless { None } else { Some(a.screen.load()) }.transpose();
-            screen.and_then(|s| vramscope::app::py::run_attach(a.attach, s))
+            screen.and_then(|s| vramscope::py::run_attach(a.attach, s))
         }
-        Some(Command::Watch(a)) => vramscope::app::watch::run_watch(a).map(|()| ExitCode::SUCCESS),
+        Some(Command::Watch(a)) => vramscope::screens::watch::run::run_watch(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Replay(a)) => replay(a).map(|()| ExitCode::SUCCESS),
-        Some(Command::View(a)) => vramscope::app::snapshot_viewer::run_view(a).map(|()| ExitCode::SUCCESS),
+        Some(Command::View(a)) => vramscope::screens::viewer::run::run_view(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Diff(a)) => diff(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Sweep(a)) => sweep_cmd(a),
         Some(Command::Estimate(a)) => estimate_cmd(a),

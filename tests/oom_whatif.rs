@@ -5,8 +5,8 @@ mod common;
 
 use common::viewer::screen;
 use common::vramscope;
-use vramscope::app::keys::ViewerKey;
-use vramscope::app::snapshot_viewer::ViewerData;
+use vramscope::screens::viewer::keys::ViewerKey;
+use vramscope::screens::viewer::data::ViewerData;
 
 /// Per device: the recorded peak reserved bytes (final segments rewound through the
 /// segment events) and, at each `oom` entry, the request, the device's free bytes,

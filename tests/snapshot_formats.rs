@@ -346,7 +346,7 @@ fn peaks_everywhere(path: &Path, dir: &Path) -> [(&'static str, u64); 5] {
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let file = path.to_str().unwrap();
-    let view = vramscope::app::snapshot_viewer::ViewerData::open(path, None).unwrap().tl.peak_bytes;
+    let view = vramscope::screens::viewer::data::ViewerData::open(path, None).unwrap().tl.peak_bytes;
     let summary = json(&["view", "--summary", "--json", file])["peak_active_bytes"].as_u64().unwrap();
     let mut store = vramscope_core::store::Store::new(1 << 20);
     let mut failed = None;
@@ -433,12 +433,12 @@ print('{}')
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["figures_conflict"]["reserved_bytes"], 2 << 20);
     // The viewer's header says it too; a consistent file has no such line.
-    let keys = vramscope::app::keys::KeyMap::default();
-    let theme = vramscope::render::theme::Theme::load("dark").unwrap();
+    let keys = vramscope::keys::KeyMap::default();
+    let theme = vramscope::theme::Theme::load("dark").unwrap();
     let header = |p: &Path| {
-        let data = vramscope::app::snapshot_viewer::ViewerData::open(p, None).unwrap();
-        let ui = vramscope::app::snapshot_viewer::ViewerUi::new(&data);
-        let buf = vramscope::render::draw_to_buffer(160, 40, |f| vramscope::render::snapshot_viewer::render_viewer(f, &data, &ui, &keys, &theme));
+        let data = vramscope::screens::viewer::data::ViewerData::open(p, None).unwrap();
+        let ui = vramscope::screens::viewer::ui::ViewerUi::new(&data);
+        let buf = vramscope::draw::draw_to_buffer(160, 40, |f| vramscope::screens::viewer::render::render_viewer(f, &data, &ui, &keys, &theme));
         (0..3).map(|y| (0..160).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>()).collect::<Vec<_>>().join("\n")
     };
     assert!(header(&path).contains(warning), "{}", header(&path));
@@ -453,12 +453,14 @@ print('{}')
 
 #[test]
 fn the_inspector_shows_what_newer_pytorch_records() {
-    use vramscope::app::keys::{KeyMap, ViewerKey::*};
-    use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
+    use vramscope::keys::KeyMap;
+    use vramscope::screens::viewer::keys::ViewerKey::*;
+    use vramscope::screens::viewer::data::ViewerData;
+use vramscope::screens::viewer::ui::{handle, ViewerUi};
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = newer_file(dir.path());
     let keys = KeyMap::default();
-    let theme = vramscope::render::theme::Theme::load("dark").unwrap();
+    let theme = vramscope::theme::Theme::load("dark").unwrap();
     // The largest allocations, one row down per press: 6 MiB (pool (1, 3)), 4 MiB (freed
     // before the trace), 3 MiB (compiled, with user metadata), 2 MiB (made in backward).
     let screen = |downs: usize| {
@@ -467,7 +469,7 @@ fn the_inspector_shows_what_newer_pytorch_records() {
         for a in [NextTab].into_iter().chain(std::iter::repeat_n(SelectDown, downs)).chain([Inspect]) {
             handle(a, &mut data, &mut ui, 1);
         }
-        let buf = vramscope::render::draw_to_buffer(160, 40, |f| vramscope::render::snapshot_viewer::render_viewer(f, &data, &ui, &keys, &theme));
+        let buf = vramscope::draw::draw_to_buffer(160, 40, |f| vramscope::screens::viewer::render::render_viewer(f, &data, &ui, &keys, &theme));
         (0..40).map(|y| (0..160).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string()).collect::<Vec<_>>().join("\n")
     };
     let compiled = screen(2);

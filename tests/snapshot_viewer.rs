@@ -7,13 +7,14 @@ mod common;
 use common::vramscope;
 use common::viewer::{screen, screen_buffer, text};
 
-use vramscope::app::keys::{KeyMap, ViewerKey};
-use vramscope::app::snapshot_loading::{spawn_loader, LoadUpdate, Loading};
-use vramscope::app::snapshot_viewer::ViewerData;
+use vramscope::keys::KeyMap;
+use vramscope::screens::viewer::keys::ViewerKey;
+use vramscope::screens::viewer::loading::{spawn_loader, LoadUpdate, Loading};
+use vramscope::screens::viewer::data::ViewerData;
 use vramscope_core::report::snapshot_summary::segment_stats;
 use vramscope_core::snapshot::{read_snapshot_file_observed, ReadPass};
-use vramscope::render::draw_to_buffer;
-use vramscope::render::theme::Theme;
+use vramscope::draw::draw_to_buffer;
+use vramscope::theme::Theme;
 
 /// Summary figures straight from the pickle with Python's own unpickler.
 const REFERENCE: &str = r#"
@@ -282,7 +283,7 @@ fn view_while_loading() {
     }
     loading.refresh_detail();
     let theme = Theme::load("dark").unwrap();
-    let s = text(&draw_to_buffer(160, 40, |f| vramscope::render::snapshot_viewer::render_loading(f, &loading, &KeyMap::default(), &theme)));
+    let s = text(&draw_to_buffer(160, 40, |f| vramscope::screens::viewer::render::render_loading(f, &loading, &KeyMap::default(), &theme)));
     assert!(s.contains("loading 49%") && s.contains("2500 trace entries so far") && s.contains("▼ active peak"), "{s}");
     insta::assert_snapshot!(s);
 }
@@ -433,7 +434,7 @@ fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
 #[test]
 fn viewer_colours_at_256_and_truecolor() {
     use vramscope_core::event::Category;
-    use vramscope::render::theme::ColorSupport;
+    use vramscope::theme::ColorSupport;
     for (depth, name) in [(ColorSupport::Palette256, "viewer_colours_256"), (ColorSupport::TrueColor, "viewer_colours_truecolor")] {
         let theme = Theme::load_at("dark", depth).unwrap();
         let buf = screen_buffer(&mut categorized(), &[], &theme, 80, 24);

@@ -3,8 +3,8 @@
 //! palette draws them), and the phase shades and category colours stay apart.
 
 use vramscope_core::event::{Category, Phase};
-use vramscope::render::colour::{distance, rgb};
-use vramscope::render::theme::{ColorSupport, Theme, BUILTIN};
+use vramscope::theme::colour::{distance, rgb};
+use vramscope::theme::{ColorSupport, Theme, BUILTIN};
 
 fn every_theme() -> Vec<Theme> {
     BUILTIN.iter().flat_map(|(name, _)| ColorSupport::ALL.map(|d| Theme::load_at(name, d).unwrap())).collect()

@@ -64,7 +64,7 @@ fn phases_differ_at_256_colours_and_the_timeline_has_a_peak_and_step_numbers() {
     let bin = env!("CARGO_BIN_EXE_vramscope");
     let cmd = format!(
         "env -u COLORTERM -u {} TERM=xterm-256color {bin} --model tiny --ctx 64 --batch 2 --snapshot-dir {}",
-        vramscope::render::theme::COLORS_ENV,
+        vramscope::theme::COLORS_ENV,
         dir.path().display()
     );
     let s = Session::start("vramscope-256", &cmd);

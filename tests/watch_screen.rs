@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
-use vramscope::render::theme::Theme;
-use vramscope::render::watch::{render_watch, ProcessSort, WatchState};
+use vramscope::theme::Theme;
+use vramscope::screens::watch::render::render_watch;
+use vramscope::screens::watch::state::{ProcessSort, WatchState};
 use vramscope_core::source::gauges::{
     GaugeBatch, GaugeError, GaugeHistory, GaugeReader, GaugeSample, Gauges, HostSample, NvmlReader,
     RawDevice, RawProcess, RecordedQuery, SourceKind, SourceStatus,
@@ -85,7 +86,7 @@ fn nvml_state(gpus: u32, selected: u32) -> WatchState {
 fn draw(state: &WatchState, width: u16, height: u16) -> Terminal<TestBackend> {
     let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
     terminal
-        .draw(|f| render_watch(f, f.area(), state, &Theme::default()))
+        .draw(|f| render_watch(f, state, &Theme::default()))
         .unwrap();
     terminal
 }

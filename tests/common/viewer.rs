@@ -1,10 +1,12 @@
 //! `vramscope view` screens drawn to a buffer, as text.
 
-use vramscope::app::keys::{KeyMap, ViewerKey};
-use vramscope::app::snapshot_viewer::{handle, ViewerData, ViewerUi};
-use vramscope::render::draw_to_buffer;
-use vramscope::render::snapshot_viewer::{inspector_overflow, plot_columns, render_viewer};
-use vramscope::render::theme::Theme;
+use vramscope::keys::KeyMap;
+use vramscope::screens::viewer::keys::ViewerKey;
+use vramscope::screens::viewer::data::ViewerData;
+use vramscope::screens::viewer::ui::{handle, ViewerUi};
+use vramscope::draw::draw_to_buffer;
+use vramscope::screens::viewer::render::{inspector_overflow, plot_columns, render_viewer};
+use vramscope::theme::Theme;
 
 pub fn text(buf: &ratatui::buffer::Buffer) -> String {
     (0..buf.area.height)

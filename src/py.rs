@@ -15,8 +15,8 @@ use vramscope_core::source::job::{list_jobs, JobSource, Output};
 use vramscope_core::source::launch::job_name;
 use vramscope_core::store::ranks::Ranks;
 
-use super::headless::headless;
-use super::live::{watch, JobKind, Screen, HISTORY_CAP};
+use crate::headless::headless;
+use crate::screens::live::run::{watch, JobKind, Screen, HISTORY_CAP};
 
 #[derive(clap::Args, Clone)]
 #[command(after_help = "Examples:\n  vramscope py train.py --lr 3e-4\n  vramscope py -- torchrun --nproc-per-node 2 train.py\n  vramscope py --headless --json train.py")]

@@ -8,9 +8,9 @@ use vramscope_core::source::feed::bridge;
 use vramscope_core::store::ranks::Ranks;
 use vramscope_core::store::{LogKind, Store};
 
-use super::keys::LiveKey;
-use super::live::{event_loop, Controls, Screen, HISTORY_CAP};
-use super::terminal::TerminalSession;
+use super::live::keys::LiveKey;
+use super::live::run::{event_loop, Controls, Screen, HISTORY_CAP};
+use crate::terminal::TerminalSession;
 
 const SPEEDS: std::ops::RangeInclusive<f64> = (1.0 / 64.0)..=64.0;
 

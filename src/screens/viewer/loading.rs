@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::app::snapshot_viewer::{default_detail_step, drawn_count, ViewerData};
+use super::data::{default_detail_step, drawn_count, ViewerData};
 use vramscope_core::report::snapshot_summary::{segment_stats, SegmentTotals};
 use vramscope_core::snapshot::model::{Action, Snapshot, TraceEntry};
 use vramscope_core::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};

@@ -15,7 +15,7 @@ use thiserror::Error;
 
 use vramscope_core::event::{Category, Phase};
 use vramscope_core::format::bytes;
-use crate::render::theme::Theme;
+use crate::theme::Theme;
 use vramscope_core::snapshot::model::{AnnotationStage, Snapshot};
 use vramscope_core::snapshot::timeline::Timeline;
 use vramscope_core::snapshot::writer::{save_atomic, WriteError};

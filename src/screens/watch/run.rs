@@ -7,11 +7,12 @@ use crossbeam_channel::Receiver;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use serde::Serialize;
 
-use crate::app::terminal::TerminalSession;
+use crate::terminal::TerminalSession;
 use crate::metrics::{Figures, Metrics};
 use vramscope_core::format::bytes;
-use crate::render::theme::{ColorSupport, Theme};
-use crate::render::watch::{render_watch, WatchState};
+use crate::theme::{ColorSupport, Theme};
+use super::render::render_watch;
+use super::state::WatchState;
 use vramscope_core::source::gauges::{
     open_reader, spawn_gauges, GaugeBatch, Watched, GaugeConfig, GaugeHistory, GaugeSample, Gauges,
     SourceStatus,
@@ -109,7 +110,7 @@ fn screen_loop(
     while !session.stop_requested() {
         dirty |= ingest(&mut state, rx, metrics);
         if dirty && last_draw.is_none_or(|t| t.elapsed() >= FRAME) {
-            session.terminal.draw(|f| render_watch(f, f.area(), &state, theme))?;
+            session.terminal.draw(|f| render_watch(f, &state, theme))?;
             last_draw = Some(Instant::now());
             dirty = false;
         }

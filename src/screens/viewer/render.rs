@@ -9,19 +9,27 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
-use crate::app::keys::{KeyMap, ViewerKey};
-use crate::app::snapshot_loading::Loading;
-use crate::app::snapshot_viewer::{Panel, Tab, ViewerData, ViewerUi, DETAIL_STEPS};
+use super::data::{ViewerData, DETAIL_STEPS};
+use super::keys::ViewerKey;
+use super::loading::Loading;
+use super::ui::{Panel, Tab, ViewerUi};
+use crate::keys::KeyMap;
 use vramscope_core::event::Category;
-use crate::render::text::{bar, fit};
+use crate::draw::text::{bar, fit};
 use vramscope_core::format::{bytes, duration};
 use vramscope_core::report::snapshot_summary::{allocation_info, event_time, frame_label, has_categories, ShownFrame};
 use vramscope_core::report::whatif::{oom_outcome, self_check_sentence, setting_label};
 use vramscope_core::snapshot::timeline::{DetailView, Timeline};
 use vramscope_core::snapshot::ReadPass;
 
-use super::live::{key_hints, render_help, render_too_small, MIN_HEIGHT, MIN_WIDTH};
-use super::theme::Theme;
+use crate::chrome;
+use crate::chrome::footer::key_hints;
+use crate::chrome::help::render_help;
+
+/// Below this size the viewer shows a message instead of a cramped layout.
+const MIN_WIDTH: u16 = 60;
+const MIN_HEIGHT: u16 = 18;
+use crate::theme::Theme;
 
 const INSPECTOR_WIDTH: u16 = 48;
 const AXIS_WIDTH: u16 = 9;
@@ -33,12 +41,7 @@ pub fn plot_columns(width: u16, inspector: bool) -> usize {
 }
 
 pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, theme: &Theme) {
-    let area = f.area();
-    f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
-    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
-        render_too_small(f, area, theme);
-        return;
-    }
+    let Some(area) = chrome::screen(f, (MIN_WIDTH, MIN_HEIGHT), theme) else { return };
     // A warning or note about the file takes a header line each (two at most).
     let [header, body, footer] = Layout::vertical([Constraint::Length(header_height(data)), Constraint::Min(8), Constraint::Length(1)]).areas(area);
     render_header(f, header, data, ui, theme);
@@ -555,15 +558,6 @@ pub fn render_footer(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
     f.render_widget(Paragraph::new(key_hints(keys, &items, theme)), area);
 }
 
-/// A report's box over the views, centred: `width` × `height` at most (borders
-/// included); returns the inside.
-fn panel_frame(f: &mut Frame, area: Rect, (width, height): (u16, u16), title: String, theme: &Theme) -> Rect {
-    let (r, block) = crate::render::live::overlay(f, area, width, height, title, theme);
-    let inner = block.inner(r);
-    f.render_widget(block, r);
-    inner
-}
-
 /// Why the device ran out of memory: the request, what was free, reserved against
 /// allocated then, the verdict, and what was alive by call site and category.
 pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewerKey>, theme: &Theme) {
@@ -575,7 +569,7 @@ pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &Key
     let whatif = keys.key_of(ViewerKey::WhatIf).label();
     let reports = data.oom_reports();
     if reports.is_empty() {
-        let inner = panel_frame(f, area, (80, 5), title, theme);
+        let inner = chrome::overlay::panel(f, area, (80, 5), title, theme);
         let msg = format!("device {}'s trace has no out-of-memory entry. {whatif}: how other allocator settings would have fared.", data.device);
         f.render_widget(Paragraph::new(msg).style(dim).wrap(Wrap { trim: true }), inner);
         return;
@@ -602,7 +596,7 @@ pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &Key
     }
     lines.push(Line::from(Span::styled(format!("{whatif}: would other allocator settings have fit the request?"), Style::default().fg(theme.ui.accent))));
     // Room for the verdict to wrap.
-    let inner = panel_frame(f, area, (120, lines.len() as u16 + 4), title, theme);
+    let inner = chrome::overlay::panel(f, area, (120, lines.len() as u16 + 4), title, theme);
     f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), inner);
 }
 
@@ -613,12 +607,12 @@ pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &
     let title = format!(" what if · device {}: the trace under other allocator settings ({close} closes) ", data.device);
     let dim = Style::default().fg(theme.ui.dim);
     if data.tl.total_events == 0 {
-        let inner = panel_frame(f, area, (80, 3), title, theme);
+        let inner = chrome::overlay::panel(f, area, (80, 3), title, theme);
         f.render_widget(Paragraph::new(format!("device {} has no alloc/free actions to replay", data.device)).style(dim), inner);
         return;
     }
     let w = data.whatif();
-    let inner = panel_frame(f, area, (156, w.rows.len() as u16 + 7), title, theme);
+    let inner = chrome::overlay::panel(f, area, (156, w.rows.len() as u16 + 7), title, theme);
     let [head, table, foot] = Layout::vertical([Constraint::Length(1), Constraint::Length(w.rows.len() as u16 + 1), Constraint::Min(1)]).areas(inner);
     let about = match &w.oom {
         Some(o) => format!(
@@ -684,12 +678,7 @@ pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &
 /// `vramscope view` while a large file is read: progress, the segment totals once read,
 /// and the timeline of the trace decoded so far.
 pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewerKey>, theme: &Theme) {
-    let area = f.area();
-    f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
-    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
-        render_too_small(f, area, theme);
-        return;
-    }
+    let Some(area) = chrome::screen(f, (MIN_WIDTH, MIN_HEIGHT), theme) else { return };
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let sep = || Span::styled(" · ", dim);

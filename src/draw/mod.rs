@@ -1,13 +1,7 @@
-//! Pure drawing functions, one per screen or panel, and the theme they share.
+//! Drawing pieces the screens share: the byte axis of a chart, text fitted to cells.
 
 pub mod axis;
-pub mod colour;
-pub mod export;
-pub mod live;
-pub mod snapshot_viewer;
 pub mod text;
-pub mod theme;
-pub mod watch;
 
 /// Draws into a buffer outside a terminal (snapshot tests, render benchmarks).
 pub fn draw_to_buffer(width: u16, height: u16, draw: impl FnOnce(&mut ratatui::Frame)) -> ratatui::buffer::Buffer {

@@ -2,7 +2,6 @@
 //! graphs of the selected one; or, without NVML, the host's memory and CPU.
 
 use std::cmp::Reverse;
-use std::time::Duration;
 
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -10,116 +9,19 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Sparkline, Wrap};
 use ratatui::Frame;
 
-use super::text::{bar, fit};
+use crate::draw::text::{bar, fit};
 use vramscope_core::format::bytes;
-use super::theme::Theme;
-use vramscope_core::source::gauges::{DeviceSample, GaugeHistory, HostSample, Metric, SourceKind};
+use super::state::{ProcessSort, WatchState};
+use crate::chrome;
+use crate::theme::Theme;
+use vramscope_core::source::gauges::{DeviceSample, HostSample, Metric, SourceKind};
 
 /// Below this size the screen shows a message instead of a cramped layout.
 pub const MIN_WIDTH: u16 = 60;
 pub const MIN_HEIGHT: u16 = 15;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProcessSort {
-    /// Most memory first.
-    Memory,
-    /// Highest SM utilization first.
-    Util,
-    Pid,
-}
-
-impl ProcessSort {
-    pub fn next(self) -> ProcessSort {
-        match self {
-            ProcessSort::Memory => ProcessSort::Util,
-            ProcessSort::Util => ProcessSort::Pid,
-            ProcessSort::Pid => ProcessSort::Memory,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProcessSort::Memory => "memory",
-            ProcessSort::Util => "util",
-            ProcessSort::Pid => "pid",
-        }
-    }
-}
-
-/// What the watch screen draws from; the app loop owns it and feeds the history.
-pub struct WatchState {
-    pub history: GaugeHistory,
-    pub sort: ProcessSort,
-    pub interval: Duration,
-    /// The key list is open.
-    pub help: bool,
-}
-
-impl WatchState {
-    pub fn new(history: GaugeHistory, interval: Duration) -> Self {
-        WatchState {
-            history,
-            sort: ProcessSort::Memory,
-            interval,
-            help: false,
-        }
-    }
-
-    /// There are processes to sort (GPUs that list some).
-    pub fn can_sort(&self) -> bool {
-        self.history.latest_devices().iter().any(|d| !d.processes.is_empty())
-    }
-
-    /// There is more than one GPU to select.
-    pub fn can_select(&self) -> bool {
-        self.history.latest_devices().len() > 1
-    }
-
-    /// The keys this screen offers now, as (key, what it does).
-    pub fn keys(&self) -> Vec<(String, &'static str)> {
-        let mut keys = vec![("q".to_string(), "quit")];
-        if self.can_sort() {
-            keys.push(("s".into(), "sort processes: memory, util, pid"));
-        }
-        if self.can_select() {
-            keys.push(("↑ ↓".into(), "select a GPU for the graphs"));
-        }
-        keys.push(("?".into(), "this help"));
-        keys
-    }
-
-    /// Moves the device selection by `delta` rows, staying within the list.
-    pub fn move_selection(&mut self, delta: i32) {
-        let devices = self.history.latest_devices();
-        let Some(pos) = devices
-            .iter()
-            .position(|d| d.index == self.history.selected_device())
-            .or((!devices.is_empty()).then_some(0))
-        else {
-            return;
-        };
-        let new = (pos as i64 + i64::from(delta)).clamp(0, devices.len() as i64 - 1) as usize;
-        let index = devices[new].index;
-        self.history.set_selected_device(index);
-    }
-}
-
-pub fn render_watch(frame: &mut Frame, area: Rect, state: &WatchState, theme: &Theme) {
-    let base = Style::new().bg(theme.ui.background).fg(theme.ui.text);
-    frame.render_widget(Block::new().style(base), area);
-    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
-        let msg = format!(
-            "Terminal too small: {}x{}, watch needs {MIN_WIDTH}x{MIN_HEIGHT}. q quits.",
-            area.width, area.height
-        );
-        frame.render_widget(
-            Paragraph::new(msg)
-                .style(Style::new().fg(theme.ui.warning))
-                .wrap(Default::default()),
-            area,
-        );
-        return;
-    }
+pub fn render_watch(frame: &mut Frame, state: &WatchState, theme: &Theme) {
+    let Some(area) = chrome::screen(frame, (MIN_WIDTH, MIN_HEIGHT), theme) else { return };
     let status_line = status_line(state, theme);
     // A long reason (the loader's message) wraps rather than being cut off.
     let status_h = (status_line.width() as u16)
@@ -152,7 +54,7 @@ pub fn render_watch(frame: &mut Frame, area: Rect, state: &WatchState, theme: &T
         }
     }
     if state.help {
-        super::live::render_help_rows(frame, area, state.keys(), theme);
+        crate::chrome::help::render_help_rows(frame, area, state.keys(), theme);
     }
 }
 

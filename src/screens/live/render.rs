@@ -4,22 +4,27 @@
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, Wrap};
+use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, Wrap};
 use ratatui::Frame;
 
 use vramscope_core::event::{Category, Phase};
 use vramscope_core::source::gauges::history::Metric;
 use vramscope_core::source::gauges::sample::SourceKind;
-use crate::render::axis::ByteAxis;
+use crate::draw::axis::ByteAxis;
 use vramscope_core::format::seconds;
-use crate::render::text::fit;
+use crate::draw::text::fit;
 use vramscope_core::format::bytes;
 use vramscope_core::store::ranks::RankSummary;
 use vramscope_core::store::{Column, LiveAlloc, LogKind, LogLine, Store};
-use crate::app::keys::{LiveKey, Bindable, KeyMap};
-use crate::app::view::View;
+use super::keys::LiveKey;
+use super::view::View;
+use crate::chrome;
+use crate::chrome::footer::key_hints;
+use crate::chrome::help::render_help_rows;
+use crate::chrome::overlay::overlay;
+use crate::keys::KeyMap;
 
-use super::theme::Theme;
+use crate::theme::Theme;
 
 pub const MIN_WIDTH: u16 = 60;
 pub const MIN_HEIGHT: u16 = 18;
@@ -37,13 +42,8 @@ const STACK_ORDER: [Category; 8] = [
 ];
 
 /// The screen of `store` (the rank shown), with the other ranks summed up in `ranks`.
-pub fn render_live(f: &mut Frame, store: &Store, ranks: &RankSummary, view: &View, keys: &KeyMap, theme: &Theme) {
-    let area = f.area();
-    f.render_widget(Block::default().style(Style::default().bg(theme.ui.background).fg(theme.ui.text)), area);
-    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
-        render_too_small(f, area, theme);
-        return;
-    }
+pub fn render_live(f: &mut Frame, store: &Store, ranks: &RankSummary, view: &View, keys: &KeyMap<LiveKey>, theme: &Theme) {
+    let Some(area) = chrome::screen(f, (MIN_WIDTH, MIN_HEIGHT), theme) else { return };
     let side_w = if area.width >= 120 { 34 } else { 26 };
     let table_h = if area.height >= 40 { 12 } else { 6 };
     let [header, middle, table, log] = Layout::vertical([
@@ -74,14 +74,6 @@ pub fn render_live(f: &mut Frame, store: &Store, ranks: &RankSummary, view: &Vie
 /// A replay (it has a title) rather than a running job: its keys differ.
 fn is_replay(store: &Store) -> bool {
     store.title.is_some()
-}
-
-pub fn render_too_small(f: &mut Frame, area: Rect, theme: &Theme) {
-    let msg = format!(
-        "terminal is {}×{}; vramscope needs at least {MIN_WIDTH}×{MIN_HEIGHT}. Enlarge it, or press q to quit.",
-        area.width, area.height
-    );
-    f.render_widget(Paragraph::new(msg).style(Style::default().fg(theme.ui.warning)).wrap(ratatui::widgets::Wrap { trim: true }), area);
 }
 
 /// What the job is and runs with: vramscope's model and its knobs, or a user's script, its
@@ -655,7 +647,7 @@ fn log_spans(l: &LogLine, theme: &Theme) -> Vec<Span<'static>> {
     spans
 }
 
-pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme: &Theme) {
+pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap<LiveKey>, theme: &Theme) {
     let line = match store.log.back() {
         Some(l) => {
             let mut spans = log_spans(l, theme);
@@ -699,108 +691,6 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap, theme
     f.render_widget(Paragraph::new(vec![line, hints]), area);
 }
 
-/// A footer of "key what" pairs, with the keys as the table binds them (rebinding shows).
-pub fn key_hints<A: Bindable>(keys: &KeyMap<A>, items: &[(A, &str)], theme: &Theme) -> Line<'static> {
-    let key = Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD);
-    let what = Style::default().fg(theme.ui.dim);
-    Line::from(
-        items
-            .iter()
-            .flat_map(|(a, w)| [Span::styled(keys.key_of(*a).label(), key), Span::styled(format!(" {w}  "), what)])
-            .collect::<Vec<_>>(),
-    )
-}
-
-pub fn render_help<A: Bindable>(f: &mut Frame, area: Rect, keys: &KeyMap<A>, theme: &Theme) {
-    render_help_rows(f, area, keys.help_rows(), theme);
-}
-
-/// Width of the help's key column and the gap after it.
-const HELP_KEY: usize = 10;
-
-/// The help overlay of (key, what it does) rows: one column as wide as its longest row;
-/// on a screen too narrow or short for that, descriptions wrap at word boundaries and
-/// the rows go into two columns when one does not fit the height.
-pub fn render_help_rows(f: &mut Frame, area: Rect, rows: Vec<(String, &'static str)>, theme: &Theme) {
-    let widest = rows.iter().map(|(_, d)| d.chars().count()).max().unwrap_or(0);
-    let room = (area.width as usize).saturating_sub(4);
-    let one = help_lines(&rows, widest.min(room.saturating_sub(HELP_KEY + 2)).max(8), theme);
-    let (w, lines) = if one.len() + 2 <= area.height as usize {
-        ((widest + HELP_KEY + 2 + 4).max(40), one.into_iter().map(|(_, l)| l).collect::<Vec<_>>())
-    } else {
-        let col = room.saturating_sub(2) / 2;
-        let all = help_lines(&rows, col.saturating_sub(HELP_KEY + 2).max(8), theme);
-        // Split between rows, not inside a wrapped one.
-        let half = all.len().div_ceil(2);
-        let split = (half..all.len()).find(|&i| all[i].0).unwrap_or(all.len());
-        let (left, right) = all.split_at(split);
-        let lines = (0..left.len().max(right.len()))
-            .map(|i| {
-                let mut l = left.get(i).map(|p| p.1.clone()).unwrap_or_default();
-                let pad = (col + 2).saturating_sub(l.width());
-                l.spans.push(Span::raw(" ".repeat(pad)));
-                l.spans.extend(right.get(i).map(|p| p.1.spans.clone()).unwrap_or_default());
-                l
-            })
-            .collect();
-        (room + 4, lines)
-    };
-    let (r, block) = overlay(f, area, w as u16, lines.len() as u16 + 2, " keys (? closes) ".into(), theme);
-    f.render_widget(Paragraph::new(lines).block(block), r);
-}
-
-/// The help rows as lines with descriptions wrapped at `width` columns, each flagged
-/// whether it begins a row.
-fn help_lines(rows: &[(String, &'static str)], width: usize, theme: &Theme) -> Vec<(bool, Line<'static>)> {
-    let key = Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD);
-    let text = Style::default().fg(theme.ui.text);
-    let mut out = Vec::new();
-    for (k, d) in rows {
-        for (i, part) in wrap_words(d, width).into_iter().enumerate() {
-            let k = if i == 0 { k.as_str() } else { "" };
-            out.push((i == 0, Line::from(vec![Span::styled(format!("{k:>HELP_KEY$}  "), key), Span::styled(part, text)])));
-        }
-    }
-    out
-}
-
-/// `text` in lines of at most `width` characters, broken between words (a word longer
-/// than a line is broken inside).
-pub fn wrap_words(text: &str, width: usize) -> Vec<String> {
-    let width = width.max(1);
-    let mut lines: Vec<String> = vec![String::new()];
-    for word in text.split_whitespace() {
-        let mut word: Vec<char> = word.chars().collect();
-        let cur = lines.last().unwrap().chars().count();
-        if cur > 0 && cur + 1 + word.len() > width {
-            lines.push(String::new());
-        } else if cur > 0 {
-            lines.last_mut().unwrap().push(' ');
-        }
-        while word.len() > width {
-            let rest = word.split_off(width);
-            lines.last_mut().unwrap().extend(word);
-            lines.push(String::new());
-            word = rest;
-        }
-        lines.last_mut().unwrap().extend(word);
-    }
-    lines
-}
-
-/// A centred box of `w`×`h` (within `area`), cleared, with a title: the help, the
-/// inspector and the event log are drawn in one.
-pub fn overlay<'a>(f: &mut Frame, area: Rect, w: u16, h: u16, title: String, theme: &Theme) -> (Rect, Block<'a>) {
-    let (w, h) = (w.min(area.width), h.min(area.height));
-    let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
-    f.render_widget(Clear, r);
-    let block = Block::default()
-        .borders(Borders::ALL)
-        .border_style(Style::default().fg(theme.ui.accent))
-        .title(Span::styled(title, Style::default().fg(theme.ui.title)))
-        .style(Style::default().bg(theme.ui.background).fg(theme.ui.text));
-    (r, block)
-}
 
 /// The selected allocation: what it is, how big, when and where it was made.
 pub fn render_inspector(f: &mut Frame, area: Rect, store: &Store, view: &View, theme: &Theme) {

@@ -7,12 +7,14 @@
 //! its dark shades into one grey. Keys a depth's palette leaves out are rounded from the
 //! truecolor one.
 
+pub mod colour;
+
 use std::path::Path;
 
 use ratatui::style::Color;
 use thiserror::Error;
 
-use super::colour::{contrast, nearest_basic, nearest_xterm256, rgb, BASIC};
+use colour::{contrast, nearest_basic, nearest_xterm256, rgb, BASIC};
 use vramscope_core::event::{Category, Phase};
 
 /// The built-in themes, by name; the first is the default.

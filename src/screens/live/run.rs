@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 use vramscope_core::record::writer::Recorder;
-use crate::render::live::render_live;
-use crate::render::theme::Theme;
+use super::render::render_live;
+use crate::theme::Theme;
 use vramscope_core::source::feed::bridge;
 use vramscope_core::source::gauges::sampler::{spawn_gauges, GaugeConfig};
 use vramscope_core::source::gauges::Watched;
@@ -25,8 +25,9 @@ use vramscope_core::store::ranks::Ranks;
 use vramscope_core::store::LogKind;
 use vramscope_core::stream::{monotonic_ns, Control, Incoming, Report};
 
-use super::keys::{LiveKey, KeyMap};
-use super::terminal::TerminalSession;
+use super::keys::LiveKey;
+use crate::keys::KeyMap;
+use crate::terminal::TerminalSession;
 use super::view::View;
 
 /// Redraws at most this often (and only when something changed), to stay light over SSH.
@@ -38,7 +39,7 @@ const ENGINE_STOP_WAIT: Duration = Duration::from_secs(60);
 
 /// What the screen looks like and which keys drive it, whatever feeds it.
 pub struct Screen {
-    pub keys: KeyMap,
+    pub keys: KeyMap<LiveKey>,
     pub themes: Vec<Theme>,
 }
 

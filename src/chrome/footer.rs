@@ -1,0 +1,19 @@
+//! The footer line of "key what" hints each screen ends with.
+
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+
+use crate::keys::{Bindable, KeyMap};
+use crate::theme::Theme;
+
+/// A footer of "key what" pairs, with the keys as the table binds them (rebinding shows).
+pub fn key_hints<A: Bindable>(keys: &KeyMap<A>, items: &[(A, &str)], theme: &Theme) -> Line<'static> {
+    let key = Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD);
+    let what = Style::default().fg(theme.ui.dim);
+    Line::from(
+        items
+            .iter()
+            .flat_map(|(a, w)| [Span::styled(keys.key_of(*a).label(), key), Span::styled(format!(" {w}  "), what)])
+            .collect::<Vec<_>>(),
+    )
+}

@@ -1,0 +1,171 @@
+//! `vramscope view FILE`: the command, the loading screen's loop and the viewer's loop that
+//! own the terminal, and `--summary`.
+
+use std::path::PathBuf;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use crossterm::event::{self, Event, KeyCode, KeyEventKind};
+
+use vramscope_core::snapshot::timeline::Timeline;
+
+use super::data::ViewerData;
+use super::keys::ViewerKey;
+use super::loading::{spawn_loader, LoadUpdate, Loading};
+use super::render::{inspector_overflow, plot_columns, render_loading, render_viewer};
+use super::ui::{handle, type_search, ViewerUi};
+use crate::keys::KeyMap;
+use crate::terminal::TerminalSession;
+use crate::theme::Theme;
+#[derive(clap::Args, Clone, Debug)]
+pub struct ViewArgs {
+    /// A snapshot pickle (vramscope's or torch.cuda.memory._dump_snapshot's).
+    pub file: PathBuf,
+    /// Print a report instead of opening the viewer.
+    #[arg(long)]
+    pub summary: bool,
+    /// With --summary: the report as JSON.
+    #[arg(long, requires = "summary")]
+    pub json: bool,
+    /// Device whose trace to show (default: the first one with trace entries).
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// With --summary: how many of the largest allocations to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Colour theme: dark, light, ansi16, or a theme file's path.
+    #[arg(long, default_value = "dark")]
+    pub theme: String,
+    /// A TOML file whose [keys] table overrides the viewer's key bindings.
+    #[arg(long)]
+    pub keys: Option<PathBuf>,
+    /// Milliseconds a file may take to load before the loading screen is drawn (tests
+    /// set 0 to see it on small files).
+    #[arg(long, default_value_t = 150, hide = true)]
+    pub loading_screen_after: u64,
+}
+
+
+/// `view --summary`: the report of `args.file`'s device on stdout.
+fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
+    let path = &args.file;
+    let (snap, device) = vramscope_core::snapshot::read_device(path, args.device)?;
+    let tl = Timeline::from_snapshot(&snap, device);
+    let summary = vramscope_core::report::snapshot_summary::summarize(&snap, &tl, device, args.top);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &summary)?;
+        std::io::Write::write_all(&mut out, b"\n")?;
+    } else {
+        vramscope_core::report::snapshot_summary::write_text(&mut out, &vramscope_core::input::title(path), &summary)?;
+    }
+    // The process ends next: freeing millions of records one by one first only costs time.
+    std::mem::forget((snap, tl));
+    Ok(())
+}
+
+pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
+    if args.summary {
+        return print_summary(&args);
+    }
+    let keys = KeyMap::<ViewerKey>::load(args.keys.as_deref())?;
+    let themes = Theme::cycle(&args.theme)?;
+    let rx = spawn_loader(args.file.clone(), args.device);
+    let mut loading = Loading::new(vramscope_core::input::title(&args.file));
+    // A file read within a moment opens straight into the viewer (or fails before the
+    // screen is entered); a larger one gets the loading screen meanwhile.
+    let early = loading.receive(&rx, Duration::from_millis(args.loading_screen_after));
+    if let Some(Err(e)) = early {
+        return Err(e);
+    }
+    let mut session = TerminalSession::enter()?;
+    let mut theme = 0;
+    let mut data = match early {
+        Some(done) => done?,
+        None => match loading_loop(&mut session, &mut loading, &rx, &keys, &themes, &mut theme)? {
+            Some(data) => data,
+            None => return Ok(()),
+        },
+    };
+    let mut ui = ViewerUi { theme, ..ViewerUi::new(&data) };
+    screen_loop(&mut session, &mut data, &mut ui, &keys, &themes)
+}
+
+/// How often the loading screen redraws.
+pub const LOADING_REDRAW: Duration = Duration::from_millis(200);
+
+/// The loading screen until the file is loaded (the viewer's data) or the user quits
+/// (`None`). Only quitting and the theme respond meanwhile.
+fn loading_loop(
+    session: &mut TerminalSession,
+    loading: &mut Loading,
+    rx: &Receiver<LoadUpdate>,
+    keys: &KeyMap<ViewerKey>,
+    themes: &[Theme],
+    theme: &mut usize,
+) -> anyhow::Result<Option<ViewerData>> {
+    let mut drawn: Option<(Instant, usize)> = None;
+    while !session.stop_requested() {
+        // Redraw on a cadence, and at once when the first events arrive.
+        let events = loading.timeline().map_or(0, |tl| tl.total_events);
+        if drawn.is_none_or(|(at, seen)| at.elapsed() >= LOADING_REDRAW || (seen == 0 && events > 0)) {
+            loading.refresh_detail();
+            session.terminal.draw(|f| render_loading(f, loading, keys, &themes[*theme % themes.len()]))?;
+            drawn = Some((Instant::now(), events));
+        }
+        if let Some(done) = loading.receive(rx, Duration::from_millis(50)) {
+            return done.map(Some);
+        }
+        while event::poll(Duration::ZERO)? {
+            match event::read()? {
+                Event::Key(k) if k.kind != KeyEventKind::Release => match keys.action(&k) {
+                    Some(ViewerKey::Quit) => return Ok(None),
+                    Some(ViewerKey::NextTheme) => *theme = (*theme + 1) % themes.len().max(1),
+                    _ => continue,
+                },
+                Event::Resize(..) => {}
+                _ => continue,
+            }
+            drawn = None;
+        }
+    }
+    Ok(None)
+}
+
+fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewerKey>, themes: &[Theme]) -> anyhow::Result<()> {
+    let mut dirty = true;
+    while !session.stop_requested() {
+        if dirty {
+            let width = session.terminal.size()?.width;
+            ui.columns = plot_columns(width, ui.inspector);
+            ui.inspector_overflow = inspector_overflow(data, ui, keys, &themes[ui.theme % themes.len()], session.terminal.size()?);
+            session.terminal.draw(|f| render_viewer(f, data, ui, keys, &themes[ui.theme % themes.len()]))?;
+            dirty = false;
+        }
+        if !event::poll(Duration::from_millis(100))? {
+            continue;
+        }
+        match event::read()? {
+            Event::Key(k) if k.kind != KeyEventKind::Release => {
+                if ui.typing.is_some() {
+                    type_search(k.code, data, ui);
+                } else if let Some(a) = keys.action(&k) {
+                    if a == ViewerKey::Quit {
+                        return Ok(());
+                    }
+                    handle(a, data, ui, themes.len());
+                } else if ui.help {
+                    ui.help = false;
+                } else if ui.panel.is_some() && k.code == KeyCode::Esc {
+                    ui.panel = None;
+                } else {
+                    continue;
+                }
+            }
+            Event::Resize(..) => {}
+            _ => continue,
+        }
+        dirty = true;
+    }
+    Ok(())
+}
