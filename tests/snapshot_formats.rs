@@ -456,7 +456,7 @@ fn the_inspector_shows_what_newer_pytorch_records() {
     use vramscope::keys::KeyMap;
     use vramscope::screens::viewer::keys::ViewerKey::*;
     use vramscope::screens::viewer::data::ViewerData;
-use vramscope::screens::viewer::ui::{handle, ViewerUi};
+    use vramscope::screens::viewer::ui::{handle, settle, ViewerUi};
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = newer_file(dir.path());
     let keys = KeyMap::default();
@@ -468,6 +468,7 @@ use vramscope::screens::viewer::ui::{handle, ViewerUi};
         let mut ui = ViewerUi::new(&data);
         for a in [NextTab].into_iter().chain(std::iter::repeat_n(SelectDown, downs)).chain([Inspect]) {
             handle(a, &mut data, &mut ui, 1);
+            settle(&mut data, &mut ui);
         }
         let buf = vramscope::draw::draw_to_buffer(160, 40, |f| vramscope::screens::viewer::render::render_viewer(f, &data, &ui, &keys, &theme));
         (0..40).map(|y| (0..160).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string()).collect::<Vec<_>>().join("\n")

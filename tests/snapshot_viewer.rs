@@ -449,3 +449,29 @@ fn viewer_colours_at_256_and_truecolor() {
         insta::assert_snapshot!(name, common::colour_capture::colours(&buf));
     }
 }
+
+/// The what-if panel on a 1.5M-entry trace: the key and the frame after it return with
+/// "computing…" (the replays run on a worker, so the screen keeps answering keys), and
+/// the rows show once the worker's result lands.
+#[test]
+fn the_what_if_panel_on_a_long_trace_computes_off_the_ui_thread() {
+    use vramscope::screens::viewer::ui::{handle, landed, settle, ViewerUi};
+    let mut data = ViewerData::new("long run".into(), common::long_run::long_run(1_500_000), 0);
+    assert!(data.snap.device_traces[0].len() >= 1_500_000);
+    let mut ui = ViewerUi::new(&data);
+    let keys = KeyMap::<ViewerKey>::default();
+    let theme = Theme::load("dark").unwrap();
+    let draw = |data: &ViewerData, ui: &ViewerUi| text(&draw_to_buffer(160, 40, |f| vramscope::screens::viewer::render::render_viewer(f, data, ui, &keys, &theme)));
+    handle(ViewerKey::WhatIf, &mut data, &mut ui, 1);
+    let asked = draw(&data, &ui);
+    assert!(asked.contains("replaying the trace under each setting: computing…"), "{asked}");
+    assert!(!asked.contains("frag@peak"), "{asked}");
+    // The screen goes on answering keys meanwhile.
+    handle(ViewerKey::NextTab, &mut data, &mut ui, 1);
+    assert!(draw(&data, &ui).contains("largest allocations"));
+    settle(&mut data, &mut ui);
+    assert!(!landed(&mut data, &mut ui), "nothing left to land");
+    let done = draw(&data, &ui);
+    assert!(done.contains("frag@peak") && done.contains("recorded: defaults"), "{done}");
+    assert!(!done.contains("computing…"), "{done}");
+}

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod colour_capture;
+pub mod long_run;
 pub mod tmux;
 pub mod viewer;
 

@@ -3,7 +3,7 @@
 use vramscope::keys::KeyMap;
 use vramscope::screens::viewer::keys::ViewerKey;
 use vramscope::screens::viewer::data::ViewerData;
-use vramscope::screens::viewer::ui::{handle, ViewerUi};
+use vramscope::screens::viewer::ui::{handle, settle, ViewerUi};
 use vramscope::draw::draw_to_buffer;
 use vramscope::screens::viewer::render::{inspector_overflow, plot_columns, render_viewer};
 use vramscope::theme::Theme;
@@ -15,7 +15,7 @@ pub fn text(buf: &ratatui::buffer::Buffer) -> String {
         .join("\n")
 }
 
-/// The viewer at 160×40 after `keys_pressed`.
+/// The viewer at 160×40 after `keys_pressed`, each one's analyses landed.
 pub fn screen(data: &mut ViewerData, keys_pressed: &[ViewerKey]) -> String {
     text(&screen_buffer(data, keys_pressed, &Theme::load("dark").unwrap(), 160, 40))
 }
@@ -29,6 +29,8 @@ pub fn screen_buffer(data: &mut ViewerData, keys_pressed: &[ViewerKey], theme: &
         // As the loop does before each frame it draws.
         ui.inspector_overflow = inspector_overflow(data, &ui, &keys, theme, ratatui::layout::Size::new(width, height));
         handle(*a, data, &mut ui, 1);
+        // As a user sees it once "computing…" is gone.
+        settle(data, &mut ui);
         ui.columns = plot_columns(width, ui.inspector);
     }
     draw_to_buffer(width, height, |f| render_viewer(f, data, &ui, &keys, theme))

@@ -319,7 +319,16 @@ fn lifetime(start: Option<usize>, end: Option<usize>) -> String {
     }
 }
 
+/// A view whose analysis is still on its worker: its box and what it waits for.
+fn render_waiting(f: &mut Frame, area: Rect, title: &str, waiting: &str, theme: &Theme) {
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(format!(" {title} "), Style::default().fg(theme.ui.title)));
+    f.render_widget(Paragraph::new(waiting.to_string()).style(Style::default().fg(theme.ui.dim)).block(block), area);
+}
+
 pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, theme: &Theme) {
+    if data.largest().ready().is_none() {
+        return render_waiting(f, area, "largest allocations", data.largest().waiting_text(), theme);
+    }
     let tl = &data.tl;
     let visible = area.height.saturating_sub(3) as usize;
     let first = ui.row.saturating_sub(visible.saturating_sub(1));
@@ -406,7 +415,9 @@ pub fn render_segments(f: &mut Frame, area: Rect, data: &ViewerData, theme: &The
 }
 
 pub fn render_categories(f: &mut Frame, area: Rect, data: &ViewerData, theme: &Theme) {
-    let b = data.breakdown();
+    let Some(b) = data.breakdown().ready() else {
+        return render_waiting(f, area, "bytes at the peak", data.breakdown().waiting_text(), theme);
+    };
     let what = if b.by == "category" { "category" } else { "top frame (the file names no categories)" };
     let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(format!(" bytes at the peak (action {}) by {what} ", b.at_event), Style::default().fg(theme.ui.title)));
     let inner = block.inner(area);
@@ -567,7 +578,11 @@ pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &Key
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<22}"), dim), Span::styled(v, val)]);
     let whatif = keys.key_of(ViewerKey::WhatIf).label();
-    let reports = data.oom_reports();
+    let Some(reports) = data.oom_reports().ready() else {
+        let inner = chrome::overlay::panel(f, area, (80, 3), title, theme);
+        f.render_widget(Paragraph::new(format!("replaying the trace up to the OOM: {}", data.oom_reports().waiting_text())).style(dim), inner);
+        return;
+    };
     if reports.is_empty() {
         let inner = chrome::overlay::panel(f, area, (80, 5), title, theme);
         let msg = format!("device {}'s trace has no out-of-memory entry. {whatif}: how other allocator settings would have fared.", data.device);
@@ -611,7 +626,11 @@ pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &
         f.render_widget(Paragraph::new(format!("device {} has no alloc/free actions to replay", data.device)).style(dim), inner);
         return;
     }
-    let w = data.whatif();
+    let Some(w) = data.whatif().ready() else {
+        let inner = chrome::overlay::panel(f, area, (80, 3), title, theme);
+        f.render_widget(Paragraph::new(format!("replaying the trace under each setting: {}", data.whatif().waiting_text())).style(dim), inner);
+        return;
+    };
     let inner = chrome::overlay::panel(f, area, (156, w.rows.len() as u16 + 7), title, theme);
     let [head, table, foot] = Layout::vertical([Constraint::Length(1), Constraint::Length(w.rows.len() as u16 + 1), Constraint::Min(1)]).areas(inner);
     let about = match &w.oom {

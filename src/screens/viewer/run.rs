@@ -13,7 +13,7 @@ use super::data::ViewerData;
 use super::keys::ViewerKey;
 use super::loading::{spawn_loader, LoadUpdate, Loading};
 use super::render::{inspector_overflow, plot_columns, render_loading, render_viewer};
-use super::ui::{handle, type_search, ViewerUi};
+use super::ui::{handle, landed, type_search, ViewerUi};
 use crate::keys::KeyMap;
 use crate::terminal::TerminalSession;
 use crate::theme::Theme;
@@ -135,6 +135,8 @@ fn loading_loop(
 fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewerKey>, themes: &[Theme]) -> anyhow::Result<()> {
     let mut dirty = true;
     while !session.stop_requested() {
+        // An analysis a worker finished shows within one poll interval.
+        dirty |= landed(data, ui);
         if dirty {
             let width = session.terminal.size()?.width;
             ui.columns = plot_columns(width, ui.inspector);

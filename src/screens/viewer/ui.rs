@@ -5,7 +5,7 @@ use crossterm::event::KeyCode;
 
 use vramscope_core::report::snapshot_summary::has_categories;
 
-use super::data::ViewerData;
+use super::data::{Analysis, ViewerData};
 use super::keys::ViewerKey;
 /// Lines the inspector scrolls per key press.
 const INSPECTOR_SCROLL: usize = 5;
@@ -155,7 +155,8 @@ impl ViewerUi {
                 || matches_stack.get(a.stack as usize).copied().unwrap_or(false)
                 || (!hex.is_empty() && format!("{:x}", a.addr).contains(hex))
         };
-        let mut rows: Vec<u32> = data.largest().iter().copied().filter(keep).collect();
+        let largest = data.largest().ready().map_or(&[][..], Vec::as_slice);
+        let mut rows: Vec<u32> = largest.iter().copied().filter(keep).collect();
         let life = |id: u32| {
             let a = &tl.allocations[id as usize];
             let start = if a.alive_at_start { 0 } else { a.start };
@@ -213,9 +214,7 @@ pub fn handle(a: ViewerKey, data: &mut ViewerData, ui: &mut ViewerUi, theme_coun
         ViewerKey::NextTab => {
             let i = Tab::ALL.iter().position(|t| *t == ui.tab).unwrap_or(0);
             ui.tab = Tab::ALL[(i + 1) % Tab::ALL.len()];
-            if ui.tab == Tab::Largest && ui.rows.is_empty() {
-                ui.refresh_rows(data);
-            }
+            ask_for_tab(ui.tab, data);
         }
         ViewerKey::CursorLeft => ui.move_cursor(true, total),
         ViewerKey::CursorRight => ui.move_cursor(false, total),
@@ -253,19 +252,20 @@ pub fn handle(a: ViewerKey, data: &mut ViewerData, ui: &mut ViewerUi, theme_coun
         }
         ViewerKey::Search => {
             ui.tab = Tab::Largest;
+            ask_for_tab(ui.tab, data);
             ui.typing = Some(ui.filter.clone());
         }
         ViewerKey::NextDevice => {
             let devices = data.snap.device_count();
             let device = (data.device + 1) % devices;
             if device != data.device {
-                let snap = std::mem::take(&mut data.snap);
-                *data = ViewerData::new(std::mem::take(&mut data.name), snap, device);
+                *data = ViewerData::new(std::mem::take(&mut data.name), std::sync::Arc::clone(&data.snap), device);
                 *ui = ViewerUi { theme: ui.theme, columns: ui.columns, ..ViewerUi::new(data) };
             }
         }
         ViewerKey::OomReport => {
             ui.panel = (ui.panel != Some(Panel::Oom)).then_some(Panel::Oom);
+            data.ask(Analysis::OomReports);
             // The cursor goes to the (first) OOM, where the timeline marks it.
             if let (Some(_), Some(&(_, action))) = (ui.panel, data.ooms().first()) {
                 ui.cursor = action.min(total.saturating_sub(1));
@@ -274,7 +274,10 @@ pub fn handle(a: ViewerKey, data: &mut ViewerData, ui: &mut ViewerUi, theme_coun
                 }
             }
         }
-        ViewerKey::WhatIf => ui.panel = (ui.panel != Some(Panel::WhatIf)).then_some(Panel::WhatIf),
+        ViewerKey::WhatIf => {
+            ui.panel = (ui.panel != Some(Panel::WhatIf)).then_some(Panel::WhatIf);
+            data.ask(Analysis::WhatIf);
+        }
         ViewerKey::NextTheme => ui.theme = (ui.theme + 1) % theme_count.max(1),
         ViewerKey::Help => ui.help = !ui.help,
         ViewerKey::Quit => {}
@@ -283,6 +286,32 @@ pub fn handle(a: ViewerKey, data: &mut ViewerData, ui: &mut ViewerUi, theme_coun
         let bands = data.stack_at_cursor(ui.cursor).bands.len();
         ui.band = ui.band.min(bands.saturating_sub(1));
     }
+}
+
+/// The analysis a tab draws, started when the tab is first shown.
+fn ask_for_tab(tab: Tab, data: &mut ViewerData) {
+    match tab {
+        Tab::Largest => data.ask(Analysis::Largest),
+        Tab::Categories => data.ask(Analysis::Breakdown),
+        Tab::Timeline | Tab::Segments => {}
+    }
+}
+
+/// Takes the workers' finished analyses into the screen: the largest list fills once its
+/// sort lands. True when anything landed (the screen redraws).
+pub fn landed(data: &mut ViewerData, ui: &mut ViewerUi) -> bool {
+    let any = data.poll();
+    if any {
+        ui.refresh_rows(data);
+    }
+    any
+}
+
+/// `landed`, after waiting for every analysis asked for (tests and benchmarks draw the
+/// screen a user sees once the "computing…" is gone).
+pub fn settle(data: &mut ViewerData, ui: &mut ViewerUi) {
+    data.wait();
+    ui.refresh_rows(data);
 }
 
 /// A key typed into the search line: enter applies the filter, esc drops the edit.
