@@ -28,7 +28,7 @@ fn script() -> std::path::PathBuf {
 fn step_times(hooked: bool, args: &[String], dir: &Path, n: usize) -> Vec<f64> {
     let timings = dir.join(format!("t{n}{}.txt", if hooked { "h" } else { "p" }));
     let mut cmd = if hooked {
-        let mut c = Command::new(common::root().join("target/release/vramscope"));
+        let mut c = Command::new(common::built("vramscope"));
         c.args(["py", "--headless"]).arg(script());
         c
     } else {
@@ -62,7 +62,7 @@ fn wire(args: &[String], dir: &Path) -> (u64, u64) {
         .arg(script())
         .args(args)
         .env("PYTHONPATH", common::root().join("python"))
-        .env("VRAMSCOPE_HOOK_CORE", common::root().join("target/release/libvramscope_hook.so"))
+        .env("VRAMSCOPE_HOOK_CORE", common::built("libvramscope_hook.so"))
         .env("VRAMSCOPE_SOCKET_DIR", &sockets)
         .env("VRAMSCOPE_WAIT_FOR_VIEWER", "1")
         .stdout(Stdio::null())

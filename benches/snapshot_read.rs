@@ -77,8 +77,7 @@ fn fixture() -> PathBuf {
 }
 
 fn file(shape: &str, entries: usize) -> PathBuf {
-    let dir = common::root().join("target/bench-data");
-    std::fs::create_dir_all(&dir).expect("create target/bench-data");
+    let dir = common::bench_data();
     let path = dir.join(format!("magma27-{shape}-{entries}.pickle"));
     if !path.exists() {
         eprintln!("generating {} with Python...", path.display());

@@ -35,7 +35,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runs: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(15);
     let other = args.get(1).map(PathBuf::from);
-    let this = common::root().join("target/release/vramscope");
+    let this = common::built("vramscope");
     let snapshot = common::root().join("../shared/fixtures/snapshots/MAGMA27_assignment2-systems_memory_snapshot.pickle");
     let commands: Vec<(&str, Vec<String>)> = vec![
         ("--version", vec!["--version".into()]),

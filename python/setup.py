@@ -2,6 +2,7 @@
 this directory lives in, and ships it inside the package. The capture shim is compiled at
 first import instead, against whichever torch the job uses."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,7 +23,11 @@ class BuildWithCore(build_py):
                 ["cargo", "build", "--release", "-p", "vramscope-hook", "--manifest-path", str(HERE.parent / "Cargo.toml")],
                 check=True,
             )
-            built = HERE.parent / "target/release/libvramscope_hook.so"
+            meta = subprocess.run(
+                ["cargo", "metadata", "--format-version", "1", "--no-deps", "--manifest-path", str(HERE.parent / "Cargo.toml")],
+                check=True, capture_output=True, text=True,
+            )
+            built = Path(json.loads(meta.stdout)["target_directory"]) / "release/libvramscope_hook.so"
         shutil.copy2(built, Path(self.build_lib) / "vramscope_hook" / "libvramscope_hook.so")
 
 

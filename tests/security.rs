@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 
 use std::time::{Duration, Instant};
 
-use common::{options, repo_root, tiny};
+use common::{options, tiny};
 use vramscope_core::channel::Endpoint;
 use vramscope_core::source::job::JobSource;
 use vramscope_core::step_config::{Attention, Mode, Precision};
@@ -51,7 +51,7 @@ impl Drop for Job {
 fn start_engine(dir: &Path, job: &str, snapshots: &Path, tcp: Option<&str>) -> Job {
     let mut o = options(tiny(32, 2, Mode::Train, Precision::Fp32, Attention::Naive), 100_000);
     o.snapshot_dir = snapshots.to_path_buf();
-    let mut cmd = Command::new(repo_root().join("target/release/vramscope-engine"));
+    let mut cmd = Command::new(common::built("vramscope-engine"));
     cmd.arg("--options").arg(serde_json::to_string(&o).unwrap()).env("VRAMSCOPE_SOCKET_DIR", dir).env("VRAMSCOPE_JOB", job);
     if let Some(t) = tcp {
         cmd.env("VRAMSCOPE_LISTEN", t);

@@ -26,6 +26,20 @@ pub fn cpu_train(preset: Preset, ctx: i64, batch: i64, steps: u64) -> EngineOpti
     o
 }
 
+/// A file cargo built beside the `vramscope` binary, wherever CARGO_TARGET_DIR puts it:
+/// a bench runs from `<target>/release/deps/`.
+pub fn built(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the bench's own path");
+    exe.parent().and_then(|deps| deps.parent()).expect("<target>/release").join(name)
+}
+
+/// `<target dir>/bench-data`: generated inputs, kept between runs.
+pub fn bench_data() -> PathBuf {
+    let dir = built("").parent().expect("the target folder").join("bench-data");
+    std::fs::create_dir_all(&dir).expect("create the bench-data folder");
+    dir
+}
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -34,12 +48,10 @@ pub fn python() -> PathBuf {
     root().join(".venv/bin/python")
 }
 
-/// `target/bench-data/<name>`, written once by running `generator` with Python as
+/// `<target dir>/bench-data/<name>`, written once by running `generator` with Python as
 /// `generator <path> <arg>`.
 pub fn generated(name: &str, generator: &str, arg: &str) -> PathBuf {
-    let dir = root().join("target/bench-data");
-    std::fs::create_dir_all(&dir).expect("create target/bench-data");
-    let path = dir.join(name);
+    let path = bench_data().join(name);
     if !path.exists() {
         eprintln!("generating {} with Python (minutes)...", path.display());
         let st = Command::new(python()).args(["-c", generator]).arg(&path).arg(arg).status().expect("run python");

@@ -85,6 +85,12 @@ pub fn vramscope() -> assert_cmd::Command {
     assert_cmd::Command::cargo_bin("vramscope").expect("binary built")
 }
 
+/// A file cargo built beside the `vramscope` binary (the engine, the hook's core): in
+/// target/release, or wherever CARGO_TARGET_DIR puts it.
+pub fn built(name: &str) -> PathBuf {
+    std::path::Path::new(env!("CARGO_BIN_EXE_vramscope")).parent().expect("the binary's folder").join(name)
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
