@@ -221,7 +221,10 @@ mod tests {
         assert_eq!(h.rss_bytes, 0, "a job that ended holds nothing");
     }
 
-    /// RSS from the real /proc moves by about what this process touches.
+    /// The gauge reads what the kernel says this process holds (statm, read just before
+    /// and after it), and it rises when the process touches a large block. How much it
+    /// rises depends on the kernel and on what else runs (reclaim, huge pages), so only
+    /// "clearly" is asserted, not a tight band.
     #[test]
     fn rss_follows_a_real_allocation() {
         // RSS is the whole process's, and tests running beside this one allocate and free
@@ -237,31 +240,34 @@ mod tests {
             assert!(out.status.success() && said.contains("1 passed"), "{said}");
             return;
         }
+        const MIB: u64 = 1 << 20;
+        // SAFETY: sysconf reads a constant of the system.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+        let statm = || {
+            let text = std::fs::read_to_string("/proc/self/statm").unwrap();
+            text.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap() * page
+        };
         let mut reader = HostReader::open(Watched::default()).unwrap();
         let mut rss = || match reader.sample().unwrap_or_else(|e| panic!("{e}")) {
             Gauges::Host(h) => h.rss_bytes,
             Gauges::Devices(_) => unreachable!("the host reader reads the host"),
         };
-        let before = rss();
-        const MIB: usize = 1 << 20;
-        let mut block = vec![0u8; 200 * MIB];
+        let mut bracketed = || {
+            let (lo, got, hi) = (statm(), rss(), statm());
+            let slack = 8 * MIB;
+            assert!(lo.min(hi).saturating_sub(slack) <= got && got <= lo.max(hi) + slack, "gauge {got} B, statm {lo} then {hi} B");
+            got
+        };
+        let before = bracketed();
+        let mut block = vec![0u8; 200 * MIB as usize];
         // Touch every page so the kernel backs it.
         for i in (0..block.len()).step_by(4096) {
             block[i] = 1;
         }
-        let after = rss();
+        let after = bracketed();
         std::hint::black_box(&block);
         let grew = after.saturating_sub(before);
-        assert!(
-            grew >= 180 * MIB as u64,
-            "RSS grew by {} MiB",
-            grew / MIB as u64
-        );
-        assert!(
-            grew <= 260 * MIB as u64,
-            "RSS grew by {} MiB",
-            grew / MIB as u64
-        );
+        assert!(grew >= 100 * MIB, "touching 200 MiB moved the gauge by {} MiB only", grew / MIB);
     }
 
     #[test]
