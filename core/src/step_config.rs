@@ -247,23 +247,6 @@ pub fn apply_knob(c: &mut StepConfig, name: &str, value: &str) {
     }
 }
 
-impl StepConfig {
-    /// The step config's fields as knobs a viewer can change.
-    pub fn knobs(&self) -> Vec<crate::stream::Knob> {
-        [
-            ("precision", self.precision.to_string()),
-            ("ctx", self.ctx.to_string()),
-            ("batch", self.batch.to_string()),
-            ("mode", self.mode.to_string()),
-            ("attention", self.attention.to_string()),
-            ("optimizer", self.optimizer.to_string()),
-        ]
-        .into_iter()
-        .map(|(name, value)| crate::stream::Knob { name: name.into(), value })
-        .collect()
-    }
-}
-
 /// Largest context length a key may double to: keeps a stray keypress from asking for
 /// petabytes of attention scores.
 pub const MAX_CTX: i64 = 1 << 17;

@@ -12,7 +12,7 @@ use vramscope_core::producer::raw::{CudaStats, RawEvent, CPU_DEVICE, RAW_ALLOC, 
 use vramscope_core::producer::session::{Capture, Session};
 use vramscope_core::producer::tracker::Backend;
 use vramscope_core::selftest::evidence::{Evidence, Figures, NvmlFigures, OomFigures, RawRecord};
-use vramscope_core::source::gauges::nvml::{DeviceQuery, NvmlQuery, RawDevice};
+use vramscope_core::source::gauges::{DeviceQuery, NvmlQuery, RawDevice};
 
 use crate::capture::{self, Shim};
 

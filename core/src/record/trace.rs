@@ -85,7 +85,7 @@ impl Scopes {
         if let Some(id) = self.by_stack.get(&stack) {
             return *id;
         }
-        let id = match crate::report::snapshot_summary::top_frame_label(snap, stack) {
+        let id = match crate::report::frames::top_frame_label(snap, stack) {
             None => 0,
             Some(label) => {
                 let next = self.ids.len() as u32 + 1;

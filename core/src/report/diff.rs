@@ -7,7 +7,9 @@ use serde::Serialize;
 use crate::snapshot::model::Snapshot;
 use crate::snapshot::timeline::Timeline;
 
-use super::snapshot_summary::{breakdown_at_peak, has_categories, reserved_figures, shown_frames, top_frame_label};
+use super::breakdown::{breakdown_at_peak, has_categories};
+use super::frames::{shown_frames, top_frame_label};
+use super::snapshot_summary::reserved_figures;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Change {

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use super::sweep::SweepRow;
+use super::sweep_row::SweepRow;
 use crate::format::bytes;
 
 /// y ≈ Σ coeffs[k]·x^k.

@@ -2,12 +2,15 @@
 //! sweeps, estimates, scaling fits, growth checks, out-of-memory reports and allocator
 //! what-ifs.
 
+pub mod breakdown;
 pub mod diff;
 pub mod estimate;
 pub mod fit;
+pub mod frames;
 pub mod growth;
 pub mod headless;
 pub mod oom;
 pub mod snapshot_summary;
 pub mod sweep;
+pub mod sweep_row;
 pub mod whatif;

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::snapshot_summary::{breakdown_of, has_categories, Breakdown};
+use super::breakdown::{breakdown_of, has_categories, Breakdown};
 use crate::allocator::replay::{
     feed_trace, oom_capacity, reserved_before_trace, reserved_change, state_before_trace,
 };

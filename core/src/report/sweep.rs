@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
-
+use super::fit::Scaling;
+use super::sweep_row::{Measured, Outcome, SweepRow};
 use crate::event::Phase;
 use crate::format::bytes;
 use crate::source::job::Output;
@@ -24,65 +24,6 @@ pub struct SweepOptions {
     pub snapshot_dir: Option<PathBuf>,
     /// The modelled GPU's allocator settings (CPU).
     pub alloc_conf: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Measured {
-    /// Highest allocated bytes (blocks, as PyTorch rounds requests) over the measured steps.
-    pub peak_allocated_bytes: u64,
-    /// The phase of the measured step with that peak where the peak was reached.
-    pub peak_phase: String,
-    pub phase_peak_bytes: std::collections::BTreeMap<String, u64>,
-    /// What the forward pass adds at its highest over the memory live when the step starts
-    /// (saved activations and forward temporaries; in bf16 also autocast's weight copies).
-    /// Highest over the measured steps; None when no measured step has a step before it.
-    pub activation_bytes: Option<u64>,
-    pub reserved_bytes: u64,
-    /// Mean over the measured steps.
-    pub step_time_s: f64,
-    pub tokens_per_s: f64,
-    /// Every measured step, for growth checks and fits.
-    #[serde(skip)]
-    pub steps: Vec<StepReport>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(tag = "outcome", rename_all = "lowercase")]
-pub enum Outcome {
-    Measured(Measured),
-    Oom {
-        phase: String,
-        /// The size the failed allocation asked for, when the message says it.
-        requested_bytes: Option<u64>,
-        message: String,
-    },
-    Failed {
-        error: String,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SweepRow {
-    pub config: StepConfig,
-    #[serde(flatten)]
-    pub outcome: Outcome,
-    pub snapshot: Option<PathBuf>,
-}
-
-impl SweepRow {
-    pub fn peak_bytes(&self) -> Option<u64> {
-        match &self.outcome {
-            Outcome::Measured(m) => Some(m.peak_allocated_bytes),
-            _ => None,
-        }
-    }
-
-    pub fn activation_bytes(&self) -> Option<u64> {
-        match &self.outcome {
-            Outcome::Measured(m) => m.activation_bytes,
-            _ => None,
-        }
-    }
 }
 
 /// The cross product of the lists, in the order the flags vary slowest to fastest:
@@ -315,7 +256,7 @@ fn csv_field(s: &str) -> String {
 
 /// The table in `format`; JSON is `{"rows": [...], "fits": [...]}`, Markdown puts the fits
 /// in a second table. CSV holds rows only (`fits` must be empty).
-pub fn render(rows: &[SweepRow], fits: &[super::fit::Scaling], format: Format) -> String {
+pub fn render(rows: &[SweepRow], fits: &[Scaling], format: Format) -> String {
     match format {
         Format::Markdown => {
             // Numbers right-aligned, names and phases left.

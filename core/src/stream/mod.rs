@@ -41,6 +41,25 @@ pub struct Knob {
     pub value: String,
 }
 
+// Here rather than in step_config, which the stream's reports use: the knobs are how the
+// stream names a config's fields, and step_config needs nothing of the stream.
+impl StepConfig {
+    /// The step config's fields as knobs a viewer can change.
+    pub fn knobs(&self) -> Vec<Knob> {
+        [
+            ("precision", self.precision.to_string()),
+            ("ctx", self.ctx.to_string()),
+            ("batch", self.batch.to_string()),
+            ("mode", self.mode.to_string()),
+            ("attention", self.attention.to_string()),
+            ("optimizer", self.optimizer.to_string()),
+        ]
+        .into_iter()
+        .map(|(name, value)| Knob { name: name.into(), value })
+        .collect()
+    }
+}
+
 /// Who is producing: said once when the stream starts (and again to a viewer that attaches).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineInfo {

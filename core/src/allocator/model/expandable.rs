@@ -6,9 +6,14 @@
 //! allocated) or unmapped, in address order; a snapshot lists each run of mapped blocks
 //! as one segment.
 
-use super::{CachingAllocatorModel, ModelOp, Node, Seg, DEFAULT_DEVICE_MEMORY, NIL};
+use super::ops::ModelOp;
+use super::state::{CachingAllocatorModel, Node, Seg, NIL};
 use crate::allocator::config::{LARGE_BUFFER, SMALL_BUFFER};
 use crate::snapshot::model::{Segment, SegmentType, StackId};
+
+/// Device memory assumed when no capacity is set. It only sizes the address range each
+/// expandable segment reserves (PyTorch reserves 1⅛ of the device's memory).
+pub const DEFAULT_DEVICE_MEMORY: u64 = 80 << 30;
 
 fn page_size(small: bool) -> u64 {
     if small {
@@ -338,4 +343,136 @@ pub(super) fn loads_as_expandable(s: &Segment) -> bool {
     s.is_expandable
         && s.total_size
             .is_multiple_of(page_size(s.segment_type == SegmentType::Small))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::config::AllocatorConfig;
+    use crate::allocator::model::state::MODEL_BASE_ADDR;
+    use crate::allocator::model::testing::{alloc, block_sizes, free, model, MIB};
+
+    #[test]
+    fn expandable_segments_map_pages_and_grow_in_place() {
+        let mut m = model("expandable_segments:True");
+        let b = MODEL_BASE_ADDR;
+        assert_eq!(
+            alloc(&mut m, 1, 30 * MIB, 0),
+            vec![
+                ModelOp::SegmentMap {
+                    addr: b,
+                    size: 40 * MIB
+                },
+                ModelOp::Alloc {
+                    addr: b,
+                    size: 30 * MIB,
+                    block_size: 30 * MIB
+                }
+            ]
+        );
+        // 10 MiB free at the end: it grows by one 20 MiB page instead of a new segment.
+        assert_eq!(
+            alloc(&mut m, 2, 15 * MIB, 0),
+            vec![
+                ModelOp::SegmentMap {
+                    addr: b + 40 * MIB,
+                    size: 20 * MIB
+                },
+                ModelOp::Alloc {
+                    addr: b + 30 * MIB,
+                    size: 15 * MIB,
+                    block_size: 15 * MIB
+                }
+            ]
+        );
+        // Large blocks split at 512 B, not 1 MiB, with expandable segments.
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![(30 * MIB, true), (15 * MIB, true), (15 * MIB, false)]]
+        );
+        let segs = m.segments(0);
+        assert!(segs[0].is_expandable);
+        assert_eq!(
+            (
+                segs[0].total_size,
+                m.stats().reserved_bytes,
+                m.stats().segments
+            ),
+            (60 * MIB, 60 * MIB, 0)
+        );
+        // The small pool reserves its own range and maps 2 MiB pages.
+        let ops = alloc(&mut m, 3, 1000, 0);
+        assert!(
+            matches!(ops[0], ModelOp::SegmentMap { addr, size } if size == 2 * MIB && addr > b + 60 * MIB)
+        );
+    }
+
+    #[test]
+    fn empty_cache_unmaps_whole_free_pages_and_maps_them_again_lowest_first() {
+        let mut m = model("expandable_segments:True");
+        let b = MODEL_BASE_ADDR;
+        alloc(&mut m, 1, 30 * MIB, 0);
+        alloc(&mut m, 2, 15 * MIB, 0);
+        free(&mut m, 1);
+        let mut ops = Vec::new();
+        m.empty_cache(&mut ops);
+        // [0, 30) was free: its whole page [0, 20) goes, the partial page stays mapped.
+        assert_eq!(
+            ops,
+            vec![ModelOp::SegmentUnmap {
+                addr: b,
+                size: 20 * MIB
+            }]
+        );
+        assert_eq!(m.stats().reserved_bytes, 40 * MIB);
+        assert_eq!(m.segments(0)[0].address, b + 20 * MIB);
+        // The lowest room that fits is the unmapped page plus the free 10 MiB after it.
+        assert_eq!(
+            alloc(&mut m, 4, 25 * MIB, 0),
+            vec![
+                ModelOp::SegmentMap {
+                    addr: b,
+                    size: 20 * MIB
+                },
+                ModelOp::Alloc {
+                    addr: b,
+                    size: 25 * MIB,
+                    block_size: 25 * MIB
+                }
+            ]
+        );
+        assert_eq!(
+            block_sizes(&m),
+            vec![vec![
+                (25 * MIB, true),
+                (5 * MIB, false),
+                (15 * MIB, true),
+                (15 * MIB, false)
+            ]]
+        );
+    }
+
+    #[test]
+    fn expandable_blocks_serve_nothing_once_the_setting_is_off() {
+        let mut m = model("expandable_segments:True");
+        alloc(&mut m, 1, 30 * MIB, 0);
+        free(&mut m, 1);
+        let mut fixed =
+            CachingAllocatorModel::from_segments(AllocatorConfig::default(), &m.segments(0));
+        let ops = alloc(&mut fixed, 2, 5 * MIB, 0);
+        assert!(
+            matches!(ops[0], ModelOp::SegmentAlloc { size, .. } if size == 20 * MIB),
+            "{ops:?}"
+        );
+        // And the loaded segment still grows under the setting.
+        let mut again = CachingAllocatorModel::from_segments(m.config().clone(), &m.segments(0));
+        let ops = alloc(&mut again, 2, 50 * MIB, 0);
+        assert_eq!(
+            ops[0],
+            ModelOp::SegmentMap {
+                addr: MODEL_BASE_ADDR + 40 * MIB,
+                size: 20 * MIB
+            }
+        );
+    }
 }

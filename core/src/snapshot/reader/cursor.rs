@@ -2,7 +2,7 @@
 
 use super::op;
 use super::op::{object_opcode_name, unsupported_opcode_name};
-use super::ReadError;
+use super::error::ReadError;
 
 /// One decoded opcode; arguments borrow from the input.
 pub(super) enum Op<'a> {

@@ -4,11 +4,12 @@
 
 use super::cursor::{long_value, Op};
 use super::intern::NO_FRAME;
-use super::model::{FrameId, StackId, TraceEntry};
+use super::keys::{action_of, Key};
 use super::op;
 use super::prescan::memo_ref;
-use super::schema::{action_of, Key};
-use super::vm::{EntryList, ListData, Memo, Pool, Value, Vm};
+use super::value::{EntryList, ListData, Memo, Pool, Value};
+use super::vm::Vm;
+use crate::snapshot::model::{FrameId, StackId, TraceEntry};
 
 /// A trace entry's `frames` as `FastEntry` reads them: the frame ids collected, or a
 /// stack already interned (a list read back by BINGET).
@@ -372,8 +373,8 @@ impl<'a> Vm<'a> {
     /// SETITEMS, with the same memo puts. Anything unusual (a key or value form it does
     /// not know, a dict or list read back later, a FRAME opcode inside) leaves the VM as
     /// it was and returns false, for the generic path to decode.
-    pub(super) fn fast_entry(&mut self) -> bool {
-        let mut scratch = std::mem::take(&mut self.fast_scratch);
+    pub(super) fn fast_entry(&mut self, fast: &mut FastScratch<'a>) -> bool {
+        let mut scratch = std::mem::take(fast);
         let mut ids = std::mem::take(&mut scratch.ids);
         scratch.puts.clear();
         scratch.new_frames.clear();
@@ -412,7 +413,7 @@ impl<'a> Vm<'a> {
         });
         ids.clear();
         scratch.ids = ids;
-        self.fast_scratch = scratch;
+        *fast = scratch;
         done
     }
 

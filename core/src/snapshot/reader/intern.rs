@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::model::{FrameId, StackId};
+use crate::snapshot::model::{FrameId, StackId};
 
 /// Multiply-rotate hasher: the keys are short and trusted to be non-adversarial in
 /// distribution terms only; a collision flood would slow, never break, the reader.

@@ -12,61 +12,38 @@
 //!
 //! Object-building opcodes (GLOBAL, REDUCE, BUILD, ...) are rejected: a snapshot is data.
 //!
-//! Layout: `op` and `cursor` decode opcodes from bytes; `prescan` is the first pass (memo
-//! slots read back); `vm` is the pickle machine (value stack, marks, memo); `fast_entry`
-//! reads the usual trace entry straight from the bytes; `intern` holds the stack table;
-//! `schema` maps dicts onto the snapshot's records.
+//! Layout, each file using only those before it: `error`; `op` and `cursor` decode
+//! opcodes from bytes; `hooks` shows the caller progress; `prescan` is the first pass
+//! (memo slots read back); `intern` holds the stack table; `value` is what the machine
+//! holds and `keys` tells which dict is which record; `vm` is the machine's state (value
+//! stack, marks, memo, interned tables); `records` turns dicts into the snapshot's records;
+//! `fast_entry` reads the usual trace entry straight from the bytes; `run` is the main
+//! pass; `top_level` makes the `Snapshot` of the top-level value.
 
 mod cursor;
+mod error;
 mod fast_entry;
+mod hooks;
 mod intern;
+mod keys;
 pub(super) mod op;
 mod prescan;
-mod schema;
+mod records;
+mod run;
+mod top_level;
+mod value;
 mod vm;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::model;
-use model::{Segment, Snapshot, TraceEntry};
+use crate::snapshot::model::Snapshot;
+use hooks::Hooks;
 use prescan::prescan;
-use schema::canonicalize_tables;
+use top_level::canonicalize_tables;
 use vm::Vm;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    // The io error is part of the message, not a `source`, so error chains print it once.
-    #[error("cannot read {path}: {err}")]
-    Io { path: PathBuf, err: std::io::Error },
-    #[error("not a pickle: the input is empty")]
-    Empty,
-    #[error(
-        "not a pickle: first byte 0x{byte:02x} (a pickle of protocol 2 to 5 starts with 0x80)"
-    )]
-    NotPickle { byte: u8 },
-    #[error("unsupported pickle protocol {version} at byte {offset}: expected 2 to 5")]
-    Protocol { version: u8, offset: usize },
-    #[error("truncated at byte {offset}: expected {expected}")]
-    Truncated { offset: usize, expected: String },
-    #[error("unsupported pickle opcode {name} (0x{code:02x}) at byte {offset}: snapshots are plain data")]
-    ObjectOpcode {
-        name: &'static str,
-        code: u8,
-        offset: usize,
-    },
-    #[error("unsupported pickle opcode {name} (0x{code:02x}) at byte {offset}: only the binary data opcodes of protocols 2 to 5 are read")]
-    UnsupportedOpcode {
-        name: &'static str,
-        code: u8,
-        offset: usize,
-    },
-    #[error("unknown pickle opcode 0x{code:02x} at byte {offset}")]
-    UnknownOpcode { code: u8, offset: usize },
-    #[error("malformed pickle at byte {offset}: {detail}")]
-    Malformed { offset: usize, detail: String },
-    #[error("not a memory snapshot: {detail}")]
-    Schema { detail: String },
-}
+pub use error::ReadError;
+pub use hooks::{ReadPass, ReadProgress};
 
 /// Read and decode a snapshot file. Regular files are memory-mapped and the pages
 /// already decoded are released as the reader advances, so peak memory is mostly the
@@ -120,28 +97,6 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, ReadError> {
     decode(bytes, &|_| {}, &mut |_| {})
 }
 
-/// Which pass over the file a `ReadProgress` is from (in the order they run).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ReadPass {
-    /// Validating the opcodes (nothing is decoded yet).
-    Check,
-    Decode,
-}
-
-/// What the reader has decoded so far. Frame and stack ids in these records are the
-/// reader's own until the last call (at the end of the read), which shows the final
-/// snapshot's lists.
-pub struct ReadProgress<'s> {
-    pub pass: ReadPass,
-    /// Bytes of the file this pass has gone through, of `total`.
-    pub done: usize,
-    pub total: usize,
-    /// The top-level `segments` list, once the reader has gone past it.
-    pub segments: Option<&'s [Segment]>,
-    /// Each device's trace decoded so far, in device order: a prefix of its final trace.
-    pub traces: Vec<&'s [TraceEntry]>,
-}
-
 /// The PROTO opcode a pickle of protocol 2 to 5 starts with, as far as `head` goes.
 fn check_header(head: &[u8]) -> Result<(), ReadError> {
     match head {
@@ -151,9 +106,6 @@ fn check_header(head: &[u8]) -> Result<(), ReadError> {
         [_] => Ok(()),
     }
 }
-
-/// How far the reader advances between calls to its `release` and `observe` hooks.
-const TICK: usize = 2 << 20;
 
 /// `release(range)` is told periodically that those bytes may be dropped from memory
 /// (from any thread); they must still read the same if touched again (a file mapping
@@ -178,42 +130,6 @@ fn decode(
         traces: snap.device_traces.iter().map(Vec::as_slice).collect(),
     });
     Ok(snap)
-}
-
-struct Hooks<'h> {
-    release: &'h (dyn Fn(std::ops::Range<usize>) + Sync),
-    observe: &'h mut dyn FnMut(&ReadProgress<'_>),
-    /// Where this pass's released bytes end: each tick releases only what it adds (a
-    /// release from the start every time would walk the whole prefix again).
-    released: (ReadPass, usize),
-}
-
-impl<'h> Hooks<'h> {
-    fn new(release: &'h (dyn Fn(std::ops::Range<usize>) + Sync), observe: &'h mut dyn FnMut(&ReadProgress<'_>)) -> Self {
-        Hooks { release, observe, released: (ReadPass::Check, 0) }
-    }
-
-    /// Called at every `TICK` bytes of a pass, at `pos`, with `done` bytes of it gone
-    /// through (more than `pos` when another thread checks a later stretch).
-    fn tick(
-        &mut self,
-        pass: ReadPass,
-        data: &[u8],
-        (pos, done): (usize, usize),
-        segments: Option<&[Segment]>,
-        traces: Vec<&[TraceEntry]>,
-    ) {
-        let from = if self.released.0 == pass { self.released.1 } else { 0 };
-        (self.release)(from..pos);
-        self.released = (pass, pos);
-        (self.observe)(&ReadProgress {
-            pass,
-            done,
-            total: data.len(),
-            segments,
-            traces,
-        });
-    }
 }
 
 mod mapped {
@@ -295,6 +211,7 @@ mod mapped {
 
 #[cfg(test)]
 mod tests {
+    use super::hooks::TICK;
     use super::*;
 
     #[test]

@@ -2,7 +2,8 @@
 
 use super::cursor::{check_proto, Cursor, Op};
 use super::op;
-use super::{Hooks, ReadError, ReadPass, TICK};
+use super::error::ReadError;
+use super::hooks::{Hooks, ReadPass, TICK};
 
 /// Memo slots read back by BINGET, as a bitset with rank support.
 pub(super) struct MemoRefs {
@@ -273,6 +274,7 @@ fn mark(words: &mut Vec<u64>, idx: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::reader::hooks::ReadProgress;
 
     #[test]
     fn memo_slots_rank_only_referenced_indices() {
@@ -282,7 +284,7 @@ mod tests {
             p.extend([op::NONE, op::MEMOIZE, op::POP]);
         }
         p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
-        let mut observe = |_: &super::super::ReadProgress<'_>| {};
+        let mut observe = |_: &ReadProgress<'_>| {};
         let hooks = &mut Hooks::new(&|_| {}, &mut observe);
         let refs = prescan(&p, hooks).unwrap();
         assert_eq!(refs.count(), 2);
@@ -327,7 +329,7 @@ mod tests {
     }
 
     fn both(data: &[u8]) -> (Result<Vec<u64>, String>, Result<Vec<u64>, String>) {
-        let mut observe = |_: &super::super::ReadProgress<'_>| {};
+        let mut observe = |_: &ReadProgress<'_>| {};
         let hooks = &mut Hooks::new(&|_| {}, &mut observe);
         let halves = prescan(data, hooks).map(|r| r.words).map_err(|e| e.to_string());
         let in_order = check::<true>(data, 0, usize::MAX, &mut |_| {}).map(|c| c.words).map_err(|e| e.to_string());

@@ -4,6 +4,7 @@
 pub mod history;
 pub mod host;
 pub mod nvml;
+pub mod raw;
 pub mod reader;
 pub mod recorded;
 pub mod sample;
@@ -12,9 +13,8 @@ pub mod watched;
 
 pub use history::{GaugeHistory, Metric};
 pub use host::HostReader;
-pub use nvml::{
-    convert_device, DeviceQuery, NvmlQuery, NvmlReader, RawDevice, RawError, RawMemory, RawProcess,
-};
+pub use nvml::{convert_device, NvmlQuery, NvmlReader};
+pub use raw::{DeviceQuery, RawDevice, RawError, RawMemory, RawProcess};
 pub use reader::{GaugeError, GaugeReader};
 pub use recorded::RecordedQuery;
 pub use sample::{

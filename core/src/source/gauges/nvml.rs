@@ -1,6 +1,6 @@
-//! NVML gauges. Split in two so the conversion can be tested without a GPU:
-//! a `DeviceQuery` returns raw per-call results (NVML, or a recording), and
-//! `convert_device` turns them into a `DeviceSample`, deciding which failures are fatal.
+//! NVML gauges: `convert_device` turns a `DeviceQuery`'s raw readings into a
+//! `DeviceSample`, deciding which failures are fatal, and `NvmlQuery` is the query that
+//! asks NVML itself.
 
 use std::collections::BTreeMap;
 
@@ -9,114 +9,12 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
-use serde::{Deserialize, Serialize};
 
-use super::watched::Watched;
 use super::host::process_name;
+use super::raw::{DeviceQuery, Raw, RawDevice, RawError, RawMemory, RawProcess};
 use super::reader::{GaugeError, GaugeReader};
 use super::sample::{DeviceSample, Gauges, ProcessSample, SourceKind};
-
-/// How one NVML call failed, reduced to what the conversion decides on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RawError {
-    /// The device or driver does not offer this reading.
-    NotSupported,
-    NoPermission,
-    /// The device or the driver is gone; nothing more will work.
-    Lost(String),
-    Other(String),
-}
-
-impl std::fmt::Display for RawError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RawError::NotSupported => f.write_str("not supported"),
-            RawError::NoPermission => f.write_str("no permission"),
-            RawError::Lost(m) | RawError::Other(m) => f.write_str(m),
-        }
-    }
-}
-
-impl From<NvmlError> for RawError {
-    fn from(e: NvmlError) -> Self {
-        match e {
-            // An old driver without the symbol simply lacks the reading.
-            NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) => RawError::NotSupported,
-            NvmlError::NoPermission => RawError::NoPermission,
-            NvmlError::GpuLost
-            | NvmlError::ResetRequired
-            | NvmlError::DriverNotLoaded
-            | NvmlError::Uninitialized
-            | NvmlError::LibRmVersionMismatch
-            | NvmlError::OperatingSystem => RawError::Lost(e.to_string()),
-            other => RawError::Other(other.to_string()),
-        }
-    }
-}
-
-pub type Raw<T> = Result<T, RawError>;
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RawMemory {
-    pub used: u64,
-    pub total: u64,
-    pub free: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RawProcess {
-    pub pid: u32,
-    pub used_bytes: Option<u64>,
-    pub name: Option<String>,
-}
-
-/// Every NVML call the gauges make for one device, each with its own result.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RawDevice {
-    pub index: u32,
-    pub name: Raw<String>,
-    pub memory: Raw<RawMemory>,
-    /// (gpu, memory) utilization percent.
-    pub utilization: Raw<(u32, u32)>,
-    pub temp_c: Raw<u32>,
-    pub power_mw: Raw<u32>,
-    pub power_limit_mw: Raw<u32>,
-    pub sm_clock_mhz: Raw<u32>,
-    pub mem_clock_mhz: Raw<u32>,
-    pub compute_processes: Raw<Vec<RawProcess>>,
-    pub graphics_processes: Raw<Vec<RawProcess>>,
-    /// (pid, SM utilization percent), possibly several samples per pid, oldest first.
-    pub process_sm_util: Raw<Vec<(u32, u32)>>,
-    /// NVML's PCI bus id ("00000000:3B:00.0"): what a CUDA device is matched by.
-    #[serde(default)]
-    pub pci_bus_id: Option<String>,
-}
-
-impl RawDevice {
-    /// A device that reports only its name and memory (every other call unsupported);
-    /// recordings fill in the rest.
-    pub fn new(index: u32, name: &str, used: u64, total: u64) -> RawDevice {
-        RawDevice {
-            index,
-            name: Ok(name.to_string()),
-            memory: Ok(RawMemory {
-                used,
-                total,
-                free: total.saturating_sub(used),
-            }),
-            utilization: Err(RawError::NotSupported),
-            temp_c: Err(RawError::NotSupported),
-            power_mw: Err(RawError::NotSupported),
-            power_limit_mw: Err(RawError::NotSupported),
-            sm_clock_mhz: Err(RawError::NotSupported),
-            mem_clock_mhz: Err(RawError::NotSupported),
-            compute_processes: Err(RawError::NotSupported),
-            graphics_processes: Err(RawError::NotSupported),
-            process_sm_util: Err(RawError::NotSupported),
-            pci_bus_id: None,
-        }
-    }
-}
+use super::watched::Watched;
 
 /// Whether two PCI bus ids name one device. NVML writes an 8-digit domain
 /// ("00000000:3B:00.0"), CUDA and PyTorch often 4 ("0000:3b:00.0"), in either case.
@@ -129,11 +27,6 @@ pub fn same_pci_bus(a: &str, b: &str) -> bool {
         Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
     }
     matches!((parts(a), parts(b)), (Some(x), Some(y)) if x == y)
-}
-
-/// Raw readings of all devices, one call per sample.
-pub trait DeviceQuery {
-    fn read_devices(&mut self) -> Raw<Vec<RawDevice>>;
 }
 
 /// An optional reading: absent when unsupported or hidden, fatal when the device is gone.
@@ -350,7 +243,7 @@ impl DeviceQuery for NvmlQuery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::gauges::RecordedQuery;
+    use crate::source::gauges::recorded::RecordedQuery;
 
     const GIB: u64 = 1 << 30;
     const SELF: u32 = 4242;
@@ -461,30 +354,6 @@ mod tests {
         assert!(same_pci_bus("00000000:3B:00.0", "0000:3b:00"));
         assert!(!same_pci_bus("00000000:3B:00.0", "00000000:3C:00.0"));
         assert!(!same_pci_bus("00000000:3B:00.0", "garbage"));
-    }
-
-    #[test]
-    fn nvml_errors_map_to_decisions() {
-        assert_eq!(
-            RawError::from(NvmlError::NotSupported),
-            RawError::NotSupported
-        );
-        assert_eq!(
-            RawError::from(NvmlError::FailedToLoadSymbol("x".into())),
-            RawError::NotSupported
-        );
-        assert!(matches!(
-            RawError::from(NvmlError::GpuLost),
-            RawError::Lost(_)
-        ));
-        assert!(matches!(
-            RawError::from(NvmlError::DriverNotLoaded),
-            RawError::Lost(_)
-        ));
-        assert!(matches!(
-            RawError::from(NvmlError::Unknown),
-            RawError::Other(_)
-        ));
     }
 
     #[test]

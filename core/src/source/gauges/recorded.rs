@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::nvml::{DeviceQuery, Raw, RawDevice};
+use super::raw::{DeviceQuery, Raw, RawDevice};
 
 /// Replays `frames` in order, then starts over.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -1,216 +1,18 @@
-//! The mapping of pickled values onto the snapshot schema: which dict is which record,
-//! each record's keys, the top-level dict, and the final renumbering of frames and stacks.
+//! Dicts into the snapshot's records (trace entry, block, segment, frame, annotation), key
+//! by key, and lists of them whatever form they were read in.
 
-use super::intern::NO_FRAME;
-use super::model::{
-    Action, AllocatorSettings, Annotation, AnnotationStage, Block, BlockState, Frame, FrameId,
-    PoolRun, Segment, SegmentType, SettingValue, Snapshot, StackId, TraceEntry, HOST_TRACE,
-};
-use super::vm::{check_depth, malformed, untype, EntryList, ListData, Pool, Value, Vm};
-use super::ReadError;
 use std::sync::Arc;
 
-/// The dict keys the reader knows. Matching a key once to this enum costs one string
-/// comparison instead of one per candidate, which matters at millions of dicts.
-#[derive(Clone, Copy, PartialEq, Debug)]
-pub(super) enum Key {
-    Action,
-    Addr,
-    DeviceFree,
-    Size,
-    Stream,
-    TimeUs,
-    Frames,
-    Category,
-    CompileContext,
-    UserMetadata,
-    Address,
-    RequestedSize,
-    State,
-    Device,
-    TotalSize,
-    AllocatedSize,
-    ActiveSize,
-    SegmentType,
-    SegmentPoolId,
-    IsExpandable,
-    Blocks,
-    Name,
-    Filename,
-    Line,
-    Stage,
-    PoolId,
-    ForwardFrames,
-    History,
-    RealSize,
-    Other,
-}
-
-impl Key {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Key::Action => "action",
-            Key::Addr => "addr",
-            Key::DeviceFree => "device_free",
-            Key::Size => "size",
-            Key::Stream => "stream",
-            Key::TimeUs => "time_us",
-            Key::Frames => "frames",
-            Key::Category => "category",
-            Key::CompileContext => "compile_context",
-            Key::UserMetadata => "user_metadata",
-            Key::Address => "address",
-            Key::RequestedSize => "requested_size",
-            Key::State => "state",
-            Key::Device => "device",
-            Key::TotalSize => "total_size",
-            Key::AllocatedSize => "allocated_size",
-            Key::ActiveSize => "active_size",
-            Key::SegmentType => "segment_type",
-            Key::SegmentPoolId => "segment_pool_id",
-            Key::IsExpandable => "is_expandable",
-            Key::Blocks => "blocks",
-            Key::Name => "name",
-            Key::Filename => "filename",
-            Key::Line => "line",
-            Key::Stage => "stage",
-            Key::PoolId => "pool_id",
-            Key::ForwardFrames => "forward_frames",
-            Key::History => "history",
-            Key::RealSize => "real_size",
-            Key::Other => "",
-        }
-    }
-}
-
-pub(super) fn key_of(k: &str) -> Key {
-    let b = k.as_bytes();
-    let Some(&first) = b.first() else {
-        return Key::Other;
-    };
-    let cand = match (b.len(), first) {
-        (4, b'a') => Key::Addr,
-        (4, b'l') => Key::Line,
-        (4, b'n') => Key::Name,
-        (4, b's') => Key::Size,
-        (5, b's') => match b[3] {
-            b't' => Key::State,
-            b'g' => Key::Stage,
-            _ => return Key::Other,
-        },
-        (6, b'a') => Key::Action,
-        (6, b'b') => Key::Blocks,
-        (6, b'd') => Key::Device,
-        (6, b'f') => Key::Frames,
-        (6, b's') => Key::Stream,
-        (7, b'a') => Key::Address,
-        (7, b'h') => Key::History,
-        (7, b'p') => Key::PoolId,
-        (7, b't') => Key::TimeUs,
-        (8, b'c') => Key::Category,
-        (8, b'f') => Key::Filename,
-        (9, b'r') => Key::RealSize,
-        (10, b't') => Key::TotalSize,
-        (11, b'a') => Key::ActiveSize,
-        (11, b'd') => Key::DeviceFree,
-        (12, b's') => Key::SegmentType,
-        (13, b'i') => Key::IsExpandable,
-        (13, b'u') => Key::UserMetadata,
-        (14, b'a') => Key::AllocatedSize,
-        (14, b'f') => Key::ForwardFrames,
-        (14, b'r') => Key::RequestedSize,
-        (15, b'c') => Key::CompileContext,
-        (15, b's') => Key::SegmentPoolId,
-        _ => return Key::Other,
-    };
-    if cand.name() == k {
-        cand
-    } else {
-        Key::Other
-    }
-}
-
-/// Keys are nearly always memoized strings, so one key arrives again and again at the
-/// same address in the input; remembering recent addresses skips the comparison.
-pub(super) struct KeyCache {
-    pub(super) slots: [std::cell::Cell<(usize, usize, Key)>; 64],
-}
-
-impl KeyCache {
-    pub(super) fn new() -> Self {
-        KeyCache {
-            slots: std::array::from_fn(|_| std::cell::Cell::new((0, 0, Key::Other))),
-        }
-    }
-
-    /// Only valid for strings of one input buffer: same address and length, same bytes.
-    pub(super) fn get(&self, k: &str) -> Key {
-        let addr = k.as_ptr() as usize;
-        let slot = &self.slots[(addr >> 1) % 64];
-        let (a, len, key) = slot.get();
-        if a == addr && len == k.len() {
-            return key;
-        }
-        let key = key_of(k);
-        slot.set((addr, k.len(), key));
-        key
-    }
-}
-
-pub(super) fn action_of(s: &str) -> Option<Action> {
-    Some(match s {
-        "alloc" => Action::Alloc,
-        "free_requested" => Action::FreeRequested,
-        "free_completed" => Action::FreeCompleted,
-        "segment_alloc" => Action::SegmentAlloc,
-        "segment_free" => Action::SegmentFree,
-        "segment_map" => Action::SegmentMap,
-        "segment_unmap" => Action::SegmentUnmap,
-        "snapshot" => Action::Snapshot,
-        "oom" => Action::Oom,
-        _ => return None,
-    })
-}
-
-/// The kind of record a dict is, judged by its keys.
-#[derive(Clone, Copy, PartialEq, Debug)]
-pub(super) enum Kind {
-    Entry,
-    Block,
-    Segment,
-    Annotation,
-    Frame,
-}
-
-/// A block is judged by `size` and `state` alone: PyTorch 2.0 wrote blocks without
-/// `address` (memory_viz places blocks by their sizes, from the segment's address).
-pub(super) fn classify(pairs: &[Value<'_>], keys: &KeyCache) -> Option<Kind> {
-    let (mut filename, mut line, mut name, mut state, mut size) = (false, false, false, false, false);
-    for k in pairs.iter().step_by(2) {
-        let Value::Str(k) = k else { continue };
-        match keys.get(k) {
-            Key::Action => return Some(Kind::Entry),
-            Key::Stage => return Some(Kind::Annotation),
-            Key::Blocks | Key::SegmentType => return Some(Kind::Segment),
-            Key::Filename => filename = true,
-            Key::Line => line = true,
-            Key::Name => name = true,
-            Key::State => state = true,
-            Key::Size => size = true,
-            _ => {}
-        }
-    }
-    if filename && line && name {
-        Some(Kind::Frame)
-    } else if state && size {
-        Some(Kind::Block)
-    } else {
-        None
-    }
-}
+use super::error::ReadError;
+use super::keys::{action_of, classify, Key, Kind};
+use super::value::{untype, ListData, Pool, Value};
+use super::vm::Vm;
+use crate::snapshot::model::{
+    Action, Annotation, AnnotationStage, Block, BlockState, FrameId, Segment, SegmentType, StackId, TraceEntry,
+};
 
 /// The record names errors and skip counts use.
-const ENTRY: &str = "trace entry";
+pub(super) const ENTRY: &str = "trace entry";
 const BLOCK: &str = "block";
 const SEGMENT: &str = "segment";
 const FRAME: &str = "frame";
@@ -220,7 +22,7 @@ const ANNOTATION: &str = "annotation";
 const UNPLACED: u64 = u64::MAX;
 
 /// "keys [a, b, c]" of a dict, for messages about a dict that is not the record expected.
-fn key_list(pairs: &[Value<'_>]) -> String {
+pub(super) fn key_list(pairs: &[Value<'_>]) -> String {
     const SHOWN: usize = 8;
     let keys: Vec<String> = pairs
         .iter()
@@ -256,11 +58,6 @@ impl<'a> Vm<'a> {
         }
     }
 
-    /// Counts a key no record of this kind uses.
-    pub(super) fn skip_key(&mut self, record: &'static str, key: &'a str) {
-        *self.skipped_keys.entry((record, key)).or_default() += 1;
-    }
-
     pub(super) fn frame_from(&mut self, pairs: &mut [Value<'a>]) -> Result<FrameId, ReadError> {
         let (mut name, mut filename, mut line) = (None, None, None);
         let mut fx: Vec<(String, String)> = Vec::new();
@@ -286,34 +83,6 @@ impl<'a> Vm<'a> {
             self.frame_fx.entry(id).or_insert(fx);
         }
         Ok(id)
-    }
-
-    pub(super) fn intern_frame(
-        &mut self,
-        name: &'a str,
-        filename: &'a str,
-        line: i64,
-    ) -> Result<FrameId, ReadError> {
-        if let Some(&id) = self.frame_ids.get(&(name, filename, line)) {
-            return Ok(id);
-        }
-        let id = FrameId::try_from(self.frames.len())
-            .ok()
-            .filter(|&id| id != NO_FRAME)
-            .ok_or_else(|| malformed(self.at, "too many frames"))?;
-        self.frames.push(Frame {
-            name: name.to_owned(),
-            filename: filename.to_owned(),
-            line,
-        });
-        self.frame_ids.insert((name, filename, line), id);
-        Ok(id)
-    }
-
-    pub(super) fn intern_stack(&mut self, mut ids: Vec<FrameId>) -> Result<StackId, ReadError> {
-        self.stacks
-            .intern(&mut ids)
-            .ok_or_else(|| malformed(self.at, "too many stacks"))
     }
 
     /// A `frames` value as an interned stack.
@@ -411,21 +180,6 @@ impl<'a> Vm<'a> {
         match v {
             Value::None => Ok(None),
             v => self.str_field(what, key, v).map(|s| Some(self.shared_text(s))),
-        }
-    }
-
-    /// One shared copy of each distinct text.
-    pub(super) fn shared_text(&mut self, s: &'a str) -> Arc<str> {
-        let (addr, len) = (s.as_ptr() as usize, s.len());
-        let slot = &mut self.recent_texts[(addr ^ len) % 8];
-        match slot {
-            // Same address and length in the one input: the same text.
-            Some((a, l, text)) if *a == addr && *l == len => text.clone(),
-            _ => {
-                let text = self.texts.entry(s).or_insert_with(|| Arc::from(s)).clone();
-                *slot = Some((addr, len, text.clone()));
-                text
-            }
         }
     }
 
@@ -710,7 +464,7 @@ impl<'a> Vm<'a> {
     }
 
     /// The items of a list value, generic (a typed list is turned back into values).
-    fn list_items(&mut self, key: &str, v: Value<'a>) -> Result<Vec<Value<'a>>, ReadError> {
+    pub(super) fn list_items(&mut self, key: &str, v: Value<'a>) -> Result<Vec<Value<'a>>, ReadError> {
         match self.resolve(v) {
             Value::List(ListData::Values(seq)) => Ok(seq.items),
             Value::List(list) => Ok(untype(list)),
@@ -719,7 +473,7 @@ impl<'a> Vm<'a> {
     }
 
     /// An element of `key` that is not the record expected, described.
-    fn not_a(&self, key: &str, index: usize, item: &Value<'a>, record: &str, needs: &str) -> ReadError {
+    pub(super) fn not_a(&self, key: &str, index: usize, item: &Value<'a>, record: &str, needs: &str) -> ReadError {
         let what = match item {
             Value::Dict(seq) => format!("a dict with {}", key_list(&seq.items)),
             other => other.kind().to_string(),
@@ -756,176 +510,6 @@ impl<'a> Vm<'a> {
             }
         }
         Ok(out)
-    }
-
-    /// One trace: its entries and their pools (entries of unknown actions left out).
-    fn trace(&mut self, key: &str, v: Value<'a>) -> Result<EntryList, ReadError> {
-        let items = match self.resolve(v) {
-            Value::List(ListData::Entries(list)) => return Ok(list),
-            v => self.list_items(key, v)?,
-        };
-        let mut out = EntryList::default();
-        for (i, item) in items.into_iter().enumerate() {
-            match self.resolve(item) {
-                Value::Entry(e) => out.push(e.0, e.1),
-                Value::Skipped => {}
-                Value::Dict(mut seq) if classify(&seq.items, &self.keys) == Some(Kind::Entry) => {
-                    if let Some((e, pool)) = self.entry_from(&mut seq.items)? {
-                        out.push(e, pool);
-                    }
-                }
-                other => return Err(self.not_a(key, i, &other, ENTRY, "an `action`")),
-            }
-        }
-        Ok(out)
-    }
-
-    /// Traces as a list of per-device lists (`device_traces`, `host_traces`); a list of
-    /// entries is one trace.
-    fn traces(&mut self, key: &str, v: Value<'a>) -> Result<Vec<EntryList>, ReadError> {
-        let v = self.resolve(v);
-        if let Value::List(ListData::Entries(list)) = v {
-            return Ok(vec![list]);
-        }
-        let items = self.list_items(key, v)?;
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            let item = self.resolve(item);
-            if let Value::Entry(_) | Value::Skipped = item {
-                return Err(self.schema("snapshot", format!("`{key}` mixes trace entries and lists of them")));
-            }
-            let k = format!("{key}[{}]", out.len());
-            out.push(self.trace(&k, item)?);
-        }
-        Ok(out)
-    }
-
-    /// A shared container taken out of the arena (using it twice is refused: copying
-    /// could multiply memory), anything else as is.
-    pub(super) fn resolve(&mut self, v: Value<'a>) -> Value<'a> {
-        match v {
-            Value::Shared(h) => match &self.arena[h as usize] {
-                Value::Frame(f) => Value::Frame(*f),
-                Value::Stack(s) => Value::Stack(*s),
-                _ => std::mem::replace(&mut self.arena[h as usize], Value::Taken),
-            },
-            v => v,
-        }
-    }
-
-    /// The snapshot from the top-level value: the dict `_dump_snapshot` writes, or the
-    /// bare list of segments `torch.cuda.memory_snapshot()` returns.
-    pub(super) fn into_snapshot(mut self, top: Value<'a>) -> Result<Snapshot, ReadError> {
-        let mut snap = Snapshot::default();
-        let mut seq = match self.resolve(top) {
-            Value::Dict(seq) => seq,
-            list @ Value::List(_) => {
-                snap.segments = self.records("segments", list)?;
-                return Ok(self.finish(snap));
-            }
-            other => {
-                return Err(ReadError::Schema {
-                    detail: format!(
-                        "the top-level value is {}: a snapshot is a dict with `segments` (or a list of segments)",
-                        other.kind()
-                    ),
-                })
-            }
-        };
-        let mut have_segments = false;
-        let keys = key_list(&seq.items);
-        for kv in seq.items.chunks_exact_mut(2) {
-            let Value::Str(k) = kv[0] else { continue };
-            let v = std::mem::take(&mut kv[1]);
-            match k {
-                "segments" => {
-                    snap.segments = self.records(k, v)?;
-                    have_segments = true;
-                }
-                "device_traces" => {
-                    for (d, trace) in self.traces(k, v)?.into_iter().enumerate() {
-                        let runs = trace.pools.iter().map(|&(from, pool)| PoolRun { trace: d as u32, from, pool });
-                        snap.details.pools.extend(runs);
-                        snap.device_traces.push(trace.entries);
-                    }
-                }
-                "host_segments" => snap.host_segments = self.records(k, v)?,
-                "host_traces" => {
-                    for trace in self.traces(k, v)? {
-                        let base = snap.host_trace.len() as u32;
-                        let runs = trace.pools.iter().map(|&(from, pool)| PoolRun { trace: HOST_TRACE, from: base + from, pool });
-                        snap.details.pools.extend(runs);
-                        snap.host_trace.extend(trace.entries);
-                    }
-                }
-                "external_annotations" => snap.external_annotations = self.records(k, v)?,
-                "allocator_settings" => {
-                    snap.allocator_settings = match self.setting_value(v, 0)? {
-                        Some(SettingValue::None) => None,
-                        Some(SettingValue::Dict(entries)) => Some(AllocatorSettings { entries }),
-                        _ => {
-                            return Err(ReadError::Schema {
-                                detail: "`allocator_settings` is not a dict".into(),
-                            })
-                        }
-                    }
-                }
-                _ => self.skip_key("snapshot", k),
-            }
-        }
-        if !have_segments {
-            return Err(ReadError::Schema {
-                detail: format!("the top-level dict has no `segments` (it has {keys})"),
-            });
-        }
-        Ok(self.finish(snap))
-    }
-
-    /// Moves the tables and counts kept during the read into `snap`.
-    fn finish(self, mut snap: Snapshot) -> Snapshot {
-        snap.frames = self.frames;
-        snap.stacks = self.stacks.stacks;
-        snap.details.frame_fx = self.frame_fx.into_iter().collect();
-        snap.details.forward_frames = self.forward_frames;
-        for ((record, key), n) in self.skipped_keys {
-            *snap.skipped.keys.entry(format!("{record}.{key}")).or_default() += n;
-        }
-        for (action, n) in self.skipped_actions {
-            *snap.skipped.actions.entry(action.to_owned()).or_default() += n;
-        }
-        snap
-    }
-
-    /// A settings value; `None` for shapes `SettingValue` cannot hold (ignored like
-    /// unknown keys elsewhere).
-    pub(super) fn setting_value(
-        &mut self,
-        v: Value<'a>,
-        depth: u32,
-    ) -> Result<Option<SettingValue>, ReadError> {
-        check_depth(depth, self.at)?;
-        Ok(Some(match self.resolve(v) {
-            Value::None => SettingValue::None,
-            Value::Bool(b) => SettingValue::Bool(b),
-            Value::Int(i) => SettingValue::Int(i),
-            Value::Float(f) => SettingValue::Float(f),
-            Value::Str(s) => SettingValue::Str(s.to_owned()),
-            Value::Dict(seq) => {
-                let mut entries: Vec<(String, SettingValue)> = Vec::new();
-                let mut it = seq.items.into_iter();
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    let Value::Str(k) = k else { continue };
-                    if let Some(v) = self.setting_value(v, depth + 1)? {
-                        match entries.iter_mut().find(|(e, _)| e == k) {
-                            Some(slot) => slot.1 = v,
-                            None => entries.push((k.to_owned(), v)),
-                        }
-                    }
-                }
-                SettingValue::Dict(entries)
-            }
-            _ => return Ok(None),
-        }))
     }
 }
 
@@ -972,66 +556,3 @@ macro_rules! record {
 record!(Block, Blocks, Block, Block, block_from, BLOCK, "`size` and `state`");
 record!(Segment, Segments, Segment, Segment, segment_from, SEGMENT, "`blocks` or `segment_type`");
 record!(Annotation, Annotations, Annotation, Annotation, annotation_from, ANNOTATION, "`stage`");
-
-/// Renumber stacks and frames in traversal order (segments with their blocks and their
-/// forward frames, then traces; the host's last), dropping unused ones. The result
-/// depends only on the data, not on the order records happened to complete in the file,
-/// so `read(write(s)) == s` holds.
-pub(super) fn canonicalize_tables(snap: &mut Snapshot) {
-    const UNSEEN: u32 = u32::MAX;
-    let mut stack_map = vec![UNSEEN; snap.stacks.len()];
-    let mut order: Vec<StackId> = Vec::new();
-    let mut visit = |id: &mut StackId| {
-        let slot = &mut stack_map[*id as usize];
-        if *slot == UNSEEN {
-            *slot = order.len() as StackId;
-            order.push(*id);
-        }
-        *id = *slot;
-    };
-    let forward = &mut snap.details.forward_frames;
-    forward.sort_by_key(|f| f.0);
-    let mut kept = vec![false; forward.len()];
-    for seg in snap.segments.iter_mut().chain(&mut snap.host_segments) {
-        visit(&mut seg.frames);
-        for b in &mut seg.blocks {
-            visit(&mut b.frames);
-            if let Ok(i) = forward.binary_search_by_key(&b.address, |f| f.0) {
-                visit(&mut forward[i].1);
-                kept[i] = true;
-            }
-        }
-    }
-    for e in snap.device_traces.iter_mut().flatten().chain(&mut snap.host_trace) {
-        visit(&mut e.frames);
-    }
-    // Forward frames of blocks no segment holds (PyTorch writes none) are dropped.
-    let mut kept = kept.into_iter();
-    forward.retain(|_| kept.next().unwrap_or(false));
-    let mut old_stacks = std::mem::take(&mut snap.stacks);
-    let mut old_frames = std::mem::take(&mut snap.frames);
-    let mut frame_map = vec![UNSEEN; old_frames.len()];
-    for old in order {
-        let mut st = std::mem::take(&mut old_stacks[old as usize]);
-        for f in &mut st {
-            let slot = &mut frame_map[*f as usize];
-            if *slot == UNSEEN {
-                *slot = snap.frames.len() as FrameId;
-                let of = &mut old_frames[*f as usize];
-                snap.frames.push(Frame {
-                    name: std::mem::take(&mut of.name),
-                    filename: std::mem::take(&mut of.filename),
-                    line: of.line,
-                });
-            }
-            *f = *slot;
-        }
-        snap.stacks.push(st);
-    }
-    let fx = &mut snap.details.frame_fx;
-    fx.retain(|(f, _)| frame_map[*f as usize] != UNSEEN);
-    for (f, _) in fx.iter_mut() {
-        *f = frame_map[*f as usize];
-    }
-    fx.sort_by_key(|(f, _)| *f);
-}
