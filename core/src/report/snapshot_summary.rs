@@ -12,8 +12,8 @@ use crate::snapshot::model::{Action, AnnotationStage, BlockState, Segment, Skipp
 use crate::snapshot::timeline::Timeline;
 
 // Part of what the summary shows, so the viewer finds them here.
-pub use super::breakdown::{breakdown_at_peak, has_categories, Breakdown};
-pub use super::frames::{frame_label, top_frame_label, ShownFrame};
+use super::breakdown::{breakdown_at_peak, has_categories, Breakdown};
+use super::frames::{top_frame_label, ShownFrame};
 
 /// One allocation of the timeline, described for a person.
 #[derive(Clone, Debug, PartialEq, Serialize)]

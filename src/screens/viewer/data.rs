@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use vramscope_core::report::oom::{oom_marks, oom_reports, OomReport};
 use vramscope_core::report::whatif::{default_configs, recorded_config, whatif, Whatif};
+use vramscope_core::report::breakdown::{breakdown_at_peak, has_categories, Breakdown};
 use vramscope_core::report::snapshot_summary::{
-    annotation_marks, breakdown_at_peak, has_categories, largest_ids, reserved_figures, segment_stats,
-    AnnotationMark, Breakdown, SegmentStats, SegmentTotals,
+    annotation_marks, largest_ids, reserved_figures, segment_stats, AnnotationMark, SegmentStats, SegmentTotals,
 };
 use vramscope_core::snapshot::model::Snapshot;
 use vramscope_core::snapshot::timeline::{DetailView, StackColumn, Timeline};

@@ -17,7 +17,9 @@ use crate::keys::KeyMap;
 use vramscope_core::event::Category;
 use crate::draw::text::{bar, fit};
 use vramscope_core::format::{bytes, duration};
-use vramscope_core::report::snapshot_summary::{allocation_info, event_time, frame_label, has_categories, ShownFrame};
+use vramscope_core::report::breakdown::has_categories;
+use vramscope_core::report::frames::{frame_label, top_frame_label, ShownFrame};
+use vramscope_core::report::snapshot_summary::{allocation_info, event_time};
 use vramscope_core::report::whatif::{oom_outcome, self_check_sentence, setting_label};
 use vramscope_core::snapshot::timeline::{DetailView, Timeline};
 use vramscope_core::snapshot::ReadPass;
@@ -352,7 +354,7 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
             cells.extend([
                 Cell::from(format!("0x{:x}", a.addr)),
                 Cell::from(lifetime(start, a.end)),
-                Cell::from(vramscope_core::report::snapshot_summary::top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into())),
+                Cell::from(top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into())),
             ]);
             Row::new(cells).style(style)
         })

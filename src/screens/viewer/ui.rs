@@ -3,7 +3,7 @@
 
 use crossterm::event::KeyCode;
 
-use vramscope_core::report::snapshot_summary::has_categories;
+use vramscope_core::report::breakdown::has_categories;
 
 use super::data::{Analysis, ViewerData};
 use super::keys::ViewerKey;
