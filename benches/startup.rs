@@ -36,7 +36,7 @@ fn main() {
     let runs: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(15);
     let other = args.get(1).map(PathBuf::from);
     let this = common::built("vramscope");
-    let snapshot = common::root().join("../shared/fixtures/snapshots/MAGMA27_assignment2-systems_memory_snapshot.pickle");
+    let Some(snapshot) = common::real_snapshot("MAGMA27_assignment2-systems_memory_snapshot.pickle") else { return };
     let commands: Vec<(&str, Vec<String>)> = vec![
         ("--version", vec!["--version".into()]),
         ("view --summary --json (0.5 MB snapshot)", vec!["view".into(), snapshot.display().to_string(), "--summary".into(), "--json".into()]),

@@ -5,14 +5,13 @@
 //!
 //! Run: `cargo bench --bench whatif`
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Instant;
 
 use vramscope_core::allocator::replay::{oom_capacity, state_before_trace};
 use vramscope_core::report::whatif::{default_configs, recorded_config, replay_row, whatif};
 use vramscope_core::snapshot::model::Snapshot;
 
-const FIXTURES: &str = "../shared/fixtures/snapshots";
 const REPEATS: usize = 100;
 
 /// Best wall time of `reps` runs of `f`, in seconds.
@@ -27,10 +26,9 @@ fn best(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// (file name, snapshot, device) with the most trace entries among the fixtures.
-fn largest_trace() -> (String, Snapshot, usize) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(FIXTURES);
+fn largest_trace(dir: &Path) -> (String, Snapshot, usize) {
     let mut best: Option<(String, Snapshot, usize)> = None;
-    for entry in std::fs::read_dir(&dir).expect("the shared fixtures") {
+    for entry in std::fs::read_dir(dir).expect("the real snapshots' folder") {
         let path = entry.unwrap().path();
         if path.extension().is_none_or(|e| e != "pickle") {
             continue;
@@ -91,7 +89,11 @@ fn measure(label: &str, s: &Snapshot, device: usize, reps: usize) {
 }
 
 fn main() {
-    let (name, snap, device) = largest_trace();
+    let Some(dir) = vramscope_core::fixtures::real_snapshots_dir(Path::new(env!("CARGO_MANIFEST_DIR"))) else {
+        println!("{}", vramscope_core::fixtures::skipped("this bench"));
+        return;
+    };
+    let (name, snap, device) = largest_trace(&dir);
     measure(&name, &snap, device, 20);
     let long = repeated(&snap, device, REPEATS);
     measure(&format!("{name} ×{REPEATS}"), &long, device, 3);

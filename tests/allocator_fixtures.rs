@@ -20,6 +20,9 @@ fn replay(name: &str, device: usize) -> ReplayReport {
 
 #[test]
 fn kkaitlyn_trace_is_reproduced_exactly() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let rep = replay(common::KKAITLYN, 0);
     assert_eq!(rep.segment_allocs.recorded, 289);
     assert!(rep.exact(), "{rep}");
@@ -27,6 +30,9 @@ fn kkaitlyn_trace_is_reproduced_exactly() {
 
 #[test]
 fn magma27_trace_is_reproduced_exactly() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let rep = replay(common::MAGMA27, 0);
     assert!(rep.allocs.recorded > 1000);
     assert!(rep.exact(), "{rep}");
@@ -36,6 +42,9 @@ fn magma27_trace_is_reproduced_exactly() {
 /// block address, the out-of-memory failure on device 1 and the final blocks.
 #[test]
 fn expandable_segments_trace_is_reproduced_exactly_on_every_device() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     // (device, allocs, segment_map, segment_unmap, oom) in the recording.
     for (device, allocs, maps, unmaps, ooms) in [(0, 2434, 175, 0, 0), (1, 199, 40, 6, 1), (2, 392, 78, 0, 0)] {
         let rep = replay(common::CONSTRUCTOR_SUN, device);

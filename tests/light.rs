@@ -31,6 +31,9 @@ fn the_binary_needs_no_libtorch_library() {
 
 #[test]
 fn commands_that_train_nothing_work_with_libtorch_unloadable() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let hide = unloadable_libtorch();
     let out = tempfile::tempdir().unwrap();
     let (a, b) = (fixture_path(KKAITLYN), fixture_path(MAGMA27));

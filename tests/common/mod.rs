@@ -95,8 +95,22 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+pub fn fixtures_dir() -> Option<PathBuf> {
+    vramscope_core::fixtures::real_snapshots_dir(&repo_root())
+}
+
+/// For a test held to the real snapshots: when they are absent, says so in one line and
+/// returns true (the test returns).
+pub fn skip_without_real_snapshots() -> bool {
+    if fixtures_dir().is_some() {
+        return false;
+    }
+    eprintln!("{}", vramscope_core::fixtures::skipped(std::thread::current().name().unwrap_or("a test")));
+    true
+}
+
 pub fn fixture(name: &str) -> PathBuf {
-    repo_root().join("../shared/fixtures/snapshots").join(name)
+    fixtures_dir().unwrap_or_else(|| repo_root().join("../shared/fixtures/snapshots")).join(name)
 }
 
 pub fn python() -> PathBuf {

