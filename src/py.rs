@@ -90,6 +90,11 @@ fn python(given: Option<&Path>) -> PathBuf {
     if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
         return PathBuf::from(v).join("bin/python");
     }
+    // Installed by pip, the binary sits in the environment's bin/ beside its Python.
+    let beside = exe_dir().join("python");
+    if beside.exists() {
+        return beside;
+    }
     let project = exe_dir().join("../../.venv/bin/python");
     if project.exists() {
         return project;

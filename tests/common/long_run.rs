@@ -28,5 +28,6 @@ pub fn long_run(entries: usize) -> Snapshot {
     for (t, e) in trace.iter_mut().enumerate() {
         e.time_us = t as i64;
     }
-    Snapshot { device_traces: vec![trace], ..Snapshot::default() }
+    // Stack 0, the empty one every entry names, so the snapshot can be written too.
+    Snapshot { device_traces: vec![trace], stacks: vec![Vec::new()], ..Snapshot::default() }
 }

@@ -83,7 +83,8 @@ pub fn engine_binary() -> anyhow::Result<PathBuf> {
         .find(|p| p.is_file())
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "the training engine (vramscope-engine) is not beside {}; build it with `cargo build --release --workspace` (scripts/run does)",
+                "the built-in model's training engine (vramscope-engine) is not beside {}: a source checkout builds it \
+                 (scripts/run does); installed by pip, watch your own job with `vramscope py train.py`",
                 exe.display()
             )
         })
