@@ -102,11 +102,7 @@ pub fn fixtures_dir() -> Option<PathBuf> {
 /// For a test held to the real snapshots: when they are absent, says so in one line and
 /// returns true (the test returns).
 pub fn skip_without_real_snapshots() -> bool {
-    if fixtures_dir().is_some() {
-        return false;
-    }
-    eprintln!("{}", vramscope_core::fixtures::skipped(std::thread::current().name().unwrap_or("a test")));
-    true
+    vramscope_core::fixtures::for_test(&repo_root()).is_none()
 }
 
 pub fn fixture(name: &str) -> PathBuf {

@@ -237,11 +237,7 @@ pub(crate) mod recorded {
 
     /// The real snapshot `name`, or `None` after the line saying the test skipped.
     pub fn fixture_path(name: &str) -> Option<std::path::PathBuf> {
-        let dir = crate::fixtures::real_snapshots_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
-        if dir.is_none() {
-            eprintln!("{}", crate::fixtures::skipped(std::thread::current().name().unwrap_or("a test")));
-        }
-        Some(dir?.join(name))
+        Some(crate::fixtures::for_test(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))?.join(name))
     }
 
     pub fn fixture(name: &str) -> Option<Snapshot> {
