@@ -95,11 +95,21 @@ fn python(given: Option<&Path>) -> PathBuf {
     if beside.exists() {
         return beside;
     }
-    let project = exe_dir().join("../../.venv/bin/python");
-    if project.exists() {
+    if let Some(project) = checkout().map(|c| c.join(".venv/bin/python")).filter(|p| p.exists()) {
         return project;
     }
     PathBuf::from("python3")
+}
+
+/// The source checkout this binary was built from, when it runs from one (wherever
+/// CARGO_TARGET_DIR put it). Installed by pip, it sits beside its environment's Python and
+/// uses that environment's hook, never a source tree.
+fn checkout() -> Option<PathBuf> {
+    if exe_dir().join("python").exists() {
+        return None;
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    dir.join("python/vramscope_hook").is_dir().then_some(dir)
 }
 
 fn exe_dir() -> PathBuf {
@@ -107,7 +117,7 @@ fn exe_dir() -> PathBuf {
 }
 
 /// The hook's Python package directory, where `python` can import it from: this
-/// repository's `python/` (beside the binary's build), or wherever `python` has it.
+/// repository's `python/` (the checkout the binary was built from), or wherever `python` has it.
 fn hook_package(python: &Path, repo_python: Option<&Path>) -> anyhow::Result<PathBuf> {
     let mut cmd = Command::new(python);
     cmd.args(["-c", "import vramscope_hook, os; print(os.path.dirname(vramscope_hook.__file__))"]);
@@ -135,10 +145,7 @@ fn parse_device(s: &str) -> Result<String, String> {
 /// The environment that makes every Python process of the job load the hook when it
 /// imports torch (torchrun's workers included).
 fn hook_env(cmd: &mut Command, python: &Path, a: &PyArgs) -> anyhow::Result<()> {
-    let repo_python = std::env::var_os("VRAMSCOPE_PYTHON_DIR").map(PathBuf::from).or_else(|| {
-        let d = exe_dir().join("../../python");
-        d.join("vramscope_hook").is_dir().then_some(d)
-    });
+    let repo_python = std::env::var_os("VRAMSCOPE_PYTHON_DIR").map(PathBuf::from).or_else(|| checkout().map(|c| c.join("python")));
     let package = hook_package(python, repo_python.as_deref())?;
     let mut path = vec![package.join("_inject")];
     path.extend(repo_python);
