@@ -5,6 +5,8 @@
 //!
 //! Run: `cargo bench --bench whatif`
 
+mod common;
+
 use std::path::Path;
 use std::time::Instant;
 
@@ -89,10 +91,7 @@ fn measure(label: &str, s: &Snapshot, device: usize, reps: usize) {
 }
 
 fn main() {
-    let Some(dir) = vramscope_core::fixtures::real_snapshots_dir(Path::new(env!("CARGO_MANIFEST_DIR"))) else {
-        println!("{}", vramscope_core::fixtures::skipped("this bench"));
-        return;
-    };
+    let Some(dir) = common::real_snapshots() else { return };
     let (name, snap, device) = largest_trace(&dir);
     measure(&name, &snap, device, 20);
     let long = repeated(&snap, device, REPEATS);

@@ -217,3 +217,9 @@ impl<A: Bindable> KeyMap<A> {
         self.by_action.iter().filter_map(|(a, k)| Some((k.label(), help(*a)?))).collect()
     }
 }
+
+/// A key pressed with no modifier, for the screens' key-table tests.
+#[cfg(test)]
+pub fn press(c: KeyCode) -> KeyEvent {
+    KeyEvent::new(c, KeyModifiers::NONE)
+}

@@ -40,14 +40,19 @@ pub fn bench_data() -> PathBuf {
     dir
 }
 
-/// The real snapshot `name` (with `.pickle`), or `None` after the line saying the bench
-/// skipped for want of it (a plain clone has none).
-pub fn real_snapshot(name: &str) -> Option<PathBuf> {
+/// The real snapshots' folder, or `None` after the line saying the bench skipped for want
+/// of them (a plain clone has none).
+pub fn real_snapshots() -> Option<PathBuf> {
     let dir = vramscope_core::fixtures::real_snapshots_dir(&root());
     if dir.is_none() {
         println!("{}", vramscope_core::fixtures::skipped("this bench"));
     }
-    Some(dir?.join(name))
+    dir
+}
+
+/// The real snapshot `name` (with `.pickle`), as `real_snapshots`.
+pub fn real_snapshot(name: &str) -> Option<PathBuf> {
+    Some(real_snapshots()?.join(name))
 }
 
 pub fn root() -> PathBuf {

@@ -39,7 +39,6 @@ crate::actions! {
     Quit, "quit", "q", "quit (stops a job vramscope started; an attached one runs on)";
 }
 
-
 impl LiveKey {
     /// Whether the screen offers this key: a replay cannot turn the knobs, save or record,
     /// and only a replay has a pace to change or steps to seek.
@@ -62,16 +61,11 @@ impl LiveKey {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{Key, KeyError, KeyMap};
+    use crate::keys::{press, Key, KeyError, KeyMap};
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-
-    fn press(c: KeyCode) -> KeyEvent {
-        KeyEvent::new(c, KeyModifiers::NONE)
-    }
 
     #[test]
     fn defaults_cover_every_action_from_the_issue() {

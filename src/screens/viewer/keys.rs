@@ -28,16 +28,11 @@ crate::actions! {
     Quit, "quit", "q", "quit";
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{KeyError, KeyMap};
+    use crate::keys::{press, KeyError, KeyMap};
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-
-    fn press(c: KeyCode) -> KeyEvent {
-        KeyEvent::new(c, KeyModifiers::NONE)
-    }
 
     #[test]
     fn the_viewer_table_is_complete_and_unique() {
