@@ -8,7 +8,9 @@
 pub mod chrome;
 pub mod draw;
 pub mod export;
+pub mod builtin;
 pub mod headless;
+pub mod job_env;
 pub mod keys;
 pub mod metrics;
 pub mod py;

@@ -15,7 +15,7 @@ use vramscope::screens::live::run::{LiveOptions, Screen};
 use vramscope_core::record::player::Script;
 use vramscope_core::record::writer::Recorder;
 use vramscope_core::source::job::Output;
-use vramscope_core::source::launch::{launch_engine, EngineOptions};
+use vramscope_core::source::launch::EngineOptions;
 use vramscope::theme::Theme;
 use vramscope::export::{self, ExportOptions};
 use vramscope_core::format::parse_bytes;
@@ -418,7 +418,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
         let output = if args.json { Output::InheritToStderr } else { Output::Inherit };
-        let source = launch_engine(&opts, output).context("starting the training engine")?;
+        let source = vramscope::builtin::launch_builtin(&opts, output).context("starting the built-in model")?;
         return vramscope::headless::headless(&source, recorder, metrics.as_ref(), args.json, args.check_growth.is_some());
     }
     anyhow::ensure!(!args.json, "--json needs --headless");

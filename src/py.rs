@@ -6,7 +6,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::Context;
 
 use vramscope_core::channel::{token, Endpoint};
 use crate::metrics::Metrics;
@@ -16,6 +15,7 @@ use vramscope_core::source::launch::job_name;
 use vramscope_core::store::ranks::Ranks;
 
 use crate::headless::headless;
+use crate::job_env::{self, HookSettings};
 use crate::screens::live::run::{watch, JobKind, Screen, HISTORY_CAP};
 
 #[derive(clap::Args, Clone)]
@@ -82,57 +82,6 @@ pub struct AttachArgs {
     pub metrics: Option<String>,
 }
 
-/// The Python to run a script with.
-fn python(given: Option<&Path>) -> PathBuf {
-    if let Some(p) = given {
-        return p.to_path_buf();
-    }
-    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
-        return PathBuf::from(v).join("bin/python");
-    }
-    // Installed by pip, the binary sits in the environment's bin/ beside its Python.
-    let beside = exe_dir().join("python");
-    if beside.exists() {
-        return beside;
-    }
-    if let Some(project) = checkout().map(|c| c.join(".venv/bin/python")).filter(|p| p.exists()) {
-        return project;
-    }
-    PathBuf::from("python3")
-}
-
-/// The source checkout this binary was built from, when it runs from one (wherever
-/// CARGO_TARGET_DIR put it). Installed by pip, it sits beside its environment's Python and
-/// uses that environment's hook, never a source tree.
-fn checkout() -> Option<PathBuf> {
-    if exe_dir().join("python").exists() {
-        return None;
-    }
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    dir.join("python/vramscope_hook").is_dir().then_some(dir)
-}
-
-fn exe_dir() -> PathBuf {
-    std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)).unwrap_or_else(|| PathBuf::from("."))
-}
-
-/// The hook's Python package directory, where `python` can import it from: this
-/// repository's `python/` (the checkout the binary was built from), or wherever `python` has it.
-fn hook_package(python: &Path, repo_python: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let mut cmd = Command::new(python);
-    cmd.args(["-c", "import vramscope_hook, os; print(os.path.dirname(vramscope_hook.__file__))"]);
-    if let Some(d) = repo_python {
-        cmd.env("PYTHONPATH", d);
-    }
-    let out = cmd.output().with_context(|| format!("running {}", python.display()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{} cannot import vramscope_hook: pip install <vramscope repo>/python into it, or pass --python",
-        python.display()
-    );
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
 fn parse_device(s: &str) -> Result<String, String> {
     let cuda = s.strip_prefix("cuda:").is_some_and(|n| n.parse::<u8>().is_ok());
     if matches!(s, "auto" | "cpu") || cuda {
@@ -142,42 +91,10 @@ fn parse_device(s: &str) -> Result<String, String> {
     }
 }
 
-/// The environment that makes every Python process of the job load the hook when it
-/// imports torch (torchrun's workers included).
-fn hook_env(cmd: &mut Command, python: &Path, a: &PyArgs) -> anyhow::Result<()> {
-    let repo_python = std::env::var_os("VRAMSCOPE_PYTHON_DIR").map(PathBuf::from).or_else(|| checkout().map(|c| c.join("python")));
-    let package = hook_package(python, repo_python.as_deref())?;
-    let mut path = vec![package.join("_inject")];
-    path.extend(repo_python);
-    path.extend(std::env::var_os("PYTHONPATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
-    cmd.env("PYTHONPATH", std::env::join_paths(path)?);
-    cmd.env("VRAMSCOPE_HOOK", "1");
-    let core = exe_dir().join("libvramscope_hook.so");
-    if core.exists() {
-        cmd.env("VRAMSCOPE_HOOK_CORE", core);
-    }
-    // Commands the job's Python installed (torchrun) come first on its PATH.
-    if let Some(bin) = python.parent().filter(|b| !b.as_os_str().is_empty()) {
-        let mut path = vec![bin.to_path_buf()];
-        path.extend(std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
-        cmd.env("PATH", std::env::join_paths(path)?);
-    }
-    let dir = std::path::absolute(&a.snapshot_dir)?;
-    cmd.env("VRAMSCOPE_SNAPSHOT_DIR", dir);
-    if let Some(d) = &a.device {
-        cmd.env("VRAMSCOPE_DEVICE", d);
-    }
-    if let Some(c) = &a.alloc_conf {
-        vramscope_core::allocator::AllocatorConfig::parse_conf(c).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
-        cmd.env("PYTORCH_CUDA_ALLOC_CONF", c);
-    }
-    Ok(())
-}
-
 /// `vramscope py`.
 pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process::ExitCode> {
     let first = a.command[0].to_string_lossy().into_owned();
-    let python = python(a.python.as_deref());
+    let python = job_env::python(a.python.as_deref());
     let script = first.ends_with(".py");
     let mut cmd = if script {
         anyhow::ensure!(Path::new(&first).is_file(), "{first}: no such script");
@@ -189,7 +106,7 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
         c.args(&a.command[1..]);
         c
     };
-    hook_env(&mut cmd, &python, &a)?;
+    job_env::hook_env(&mut cmd, &python, &HookSettings { snapshot_dir: &a.snapshot_dir, device: a.device.as_deref(), alloc_conf: a.alloc_conf.as_deref() })?;
     let what = Path::new(&first).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or(first.clone());
     let job = job_name(&what);
     let recorder = a.record.as_deref().map(Recorder::create).transpose()?;

@@ -1,4 +1,4 @@
-//! The engine's model is the CS336 reference's, op for op (issue 21). tests/py/cs336_model.py
+//! The engine's model is the CS336 reference's, op for op (issue 21). python/vramscope_hook/cs336.py
 //! (vramscope's restatement of the reference's allocating ops) runs under `vramscope py` and
 //! the engine runs the same configuration; both streams go through the same allocator model,
 //! so their peaks, and the sizes of the allocations alive at each peak, must be equal. The
@@ -116,7 +116,7 @@ fn engine_run(cfg: &StepConfig) -> Captured {
     Captured { batches: run.batches, steps }
 }
 
-/// tests/py/cs336_model.py under `vramscope py` at `cfg`, recorded and read back.
+/// python/vramscope_hook/cs336.py under `vramscope py` at `cfg`, recorded and read back.
 /// `pythonpath` and `reference` run the real cs336_basics package instead (by hand).
 fn python_run(cfg: &StepConfig, pythonpath: Option<&str>, reference: bool) -> Captured {
     let t = tempfile::tempdir().unwrap();
@@ -126,7 +126,7 @@ fn python_run(cfg: &StepConfig, pythonpath: Option<&str>, reference: bool) -> Ca
     let d = cfg.dims;
     let mut cmd = common::vramscope();
     cmd.env("VRAMSCOPE_SOCKET_DIR", &sockets).args(["py", "--headless", "--record"]).arg(&rec);
-    cmd.arg(common::repo_root().join("tests/py/cs336_model.py"));
+    cmd.arg(common::repo_root().join("python/vramscope_hook/cs336.py"));
     for (flag, v) in [("--vocab", d.vocab), ("--d-model", d.d_model), ("--d-ff", d.d_ff), ("--layers", d.layers), ("--heads", d.heads), ("--ctx", cfg.ctx), ("--batch", cfg.batch)] {
         cmd.args([flag, &v.to_string()]);
     }

@@ -6,7 +6,7 @@
 //! Python frees it (an expression's operands when the op that used them returns, a local
 //! when its function returns), so the allocator sees the same requests in the same order;
 //! the explicit `drop`s below are those moments. tests/reference_model.rs holds the engine
-//! to tests/py/cs336_model.py, vramscope's restatement of the reference, under the same
+//! to python/vramscope_hook/cs336.py, vramscope's restatement of the reference, under the same
 //! allocator model. `Attention::Fused` swaps the attention core for
 //! scaled_dot_product_attention. Weights are plain leaf tensors, so the loop knows every
 //! parameter's address (for exact categories).

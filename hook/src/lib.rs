@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod history;
+
 use vramscope_core::allocator::{AllocatorConfig, CachingAllocatorModel};
 use vramscope_core::event::{Category, Phase};
 use vramscope_core::producer::raw::{CudaStats, RawEvent, CPU_DEVICE};
@@ -30,8 +32,12 @@ use vramscope_core::stream::{EngineInfo, Report};
 /// How the Python side starts the core (JSON).
 #[derive(Deserialize)]
 struct Config {
-    /// The capture shim the Python side built and loaded.
-    shim: PathBuf,
+    /// The capture shim the Python side built and loaded; None where it could not be built
+    /// (then CUDA memory comes from PyTorch's history, see `history`).
+    shim: Option<PathBuf>,
+    /// Why there is no shim, or why it has no CUDA capture, as the Python side said it.
+    #[serde(default)]
+    shim_note: Option<String>,
     job: String,
     rank: u32,
     world_size: Option<u32>,
@@ -136,8 +142,26 @@ impl ShimFns {
 
 static SHIM: OnceLock<ShimFns> = OnceLock::new();
 
-fn shim() -> &'static ShimFns {
-    SHIM.get().expect("vsh_start loaded the shim")
+fn shim() -> Option<&'static ShimFns> {
+    SHIM.get()
+}
+
+/// CLOCK_MONOTONIC nanoseconds (the shim's clock, and the viewer's).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Without a shim, the session's clock starts here.
+static CLOCK_ZERO: OnceLock<u64> = OnceLock::new();
+
+fn clock_zero_ns() -> u64 {
+    match shim() {
+        Some(s) => (s.clock_zero_ns)(),
+        None => *CLOCK_ZERO.get_or_init(monotonic_ns),
+    }
 }
 
 /// The loaded shim, as a producer session sees it.
@@ -145,11 +169,67 @@ struct Loaded;
 
 impl Capture for Loaded {
     fn now_ns(&self) -> u64 {
-        (shim().now_ns)()
+        match shim() {
+            Some(s) => (s.now_ns)(),
+            None => monotonic_ns().saturating_sub(clock_zero_ns()),
+        }
     }
 
     fn drain(&self, out: &mut Vec<RawEvent>) {
-        let s = shim();
+        if let Some(s) = shim() {
+            drain_shim(s, out);
+        }
+        history::drain(out);
+    }
+
+    fn set_tags(&self, step: u32, phase: Phase) {
+        if let Some(s) = shim() {
+            (s.set_tags)(step, phase as u8);
+        }
+        history::set_tags(step, phase as u8);
+    }
+
+    fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {
+        if history::active() {
+            return history::stats(device).ok_or_else(|| format!("no counters read for cuda:{device} yet"));
+        }
+        let s = shim().ok_or("no capture shim")?;
+        let mut st = CudaStats::default();
+        s.check((s.cuda_stats)(device as c_int, &mut st))?;
+        Ok(st)
+    }
+
+    fn dropped(&self) -> u64 {
+        shim().map_or(0, |s| (s.dropped)()) + history::dropped()
+    }
+
+    fn cuda_pci_bus_id(&self, device: u8) -> Option<String> {
+        if history::active() {
+            return history::bus_id(device);
+        }
+        let s = shim()?;
+        let mut buf = [0 as c_char; 32];
+        s.check((s.cuda_pci_bus_id)(device as c_int, buf.as_mut_ptr(), buf.len())).ok()?;
+        // SAFETY: the shim wrote a NUL-terminated string into `buf`.
+        Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+    }
+
+    fn cuda_snapshot(&self) -> Result<Vec<u8>, String> {
+        if history::active() {
+            return history::snapshot();
+        }
+        let s = shim().ok_or("no capture shim")?;
+        let (mut p, mut len) = (std::ptr::null_mut(), 0usize);
+        s.check((s.cuda_snapshot)(&mut p, &mut len))?;
+        // SAFETY: the shim malloc'd `len` bytes at `p`; copied, then freed with its free.
+        let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec();
+        (s.free)(p.cast());
+        Ok(bytes)
+    }
+}
+
+/// Everything the shim buffered, oldest first.
+fn drain_shim(s: &ShimFns, out: &mut Vec<RawEvent>) {
         loop {
             let pending = (s.pending)();
             if pending == 0 {
@@ -161,38 +241,6 @@ impl Capture for Loaded {
             let n = (s.drain)(unsafe { out.as_mut_ptr().add(start) }, pending);
             out.truncate(start + n);
         }
-    }
-
-    fn set_tags(&self, step: u32, phase: Phase) {
-        (shim().set_tags)(step, phase as u8)
-    }
-
-    fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {
-        let mut st = CudaStats::default();
-        shim().check((shim().cuda_stats)(device as c_int, &mut st))?;
-        Ok(st)
-    }
-
-    fn dropped(&self) -> u64 {
-        (shim().dropped)()
-    }
-
-    fn cuda_pci_bus_id(&self, device: u8) -> Option<String> {
-        let mut buf = [0 as c_char; 32];
-        shim().check((shim().cuda_pci_bus_id)(device as c_int, buf.as_mut_ptr(), buf.len())).ok()?;
-        // SAFETY: the shim wrote a NUL-terminated string into `buf`.
-        Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
-    }
-
-    fn cuda_snapshot(&self) -> Result<Vec<u8>, String> {
-        let s = shim();
-        let (mut p, mut len) = (std::ptr::null_mut(), 0usize);
-        s.check((s.cuda_snapshot)(&mut p, &mut len))?;
-        // SAFETY: the shim malloc'd `len` bytes at `p`; copied, then freed with its free.
-        let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec();
-        (s.free)(p.cast());
-        Ok(bytes)
-    }
 }
 
 /// A knob the script declared: its kind checks a viewer's values.
@@ -336,17 +384,17 @@ extern "C" fn on_oom(device: u8, requested: u64) {
 }
 
 fn start(cfg: Config) -> Result<Core, String> {
-    let fns = ShimFns::load(&cfg.shim)?;
-    let _ = SHIM.set(fns);
-    let s = shim();
+    if let Some(path) = &cfg.shim {
+        let _ = SHIM.set(ShimFns::load(path)?);
+    }
     let follow: Follow = cfg.device.parse()?;
-    let mut note = None;
+    let mut note = cfg.shim_note.clone();
     let backend = match follow {
         // Nothing to record until the job initialises CUDA (`vsh_cuda_initialised`).
         Follow::Cuda(d) => Backend::Cuda { device: d },
         Follow::Auto | Follow::Cpu => {
             let (alloc, said) = model_config(&cfg.alloc_conf, cfg.cuda_available && follow == Follow::Auto)?;
-            note = said;
+            note = note.or(said);
             Backend::Modelled(Box::new(CachingAllocatorModel::new(alloc)))
         }
     };
@@ -368,11 +416,15 @@ fn start(cfg: Config) -> Result<Core, String> {
         world_size: cfg.world_size,
         host: vramscope_core::producer::host_name(),
         knobs: Vec::new(),
-        clock_zero_ns: (s.clock_zero_ns)(),
+        clock_zero_ns: clock_zero_ns(),
         alloc_conf: cfg.alloc_conf.clone(),
         pci_bus_id: None,
     };
-    let scopes = Arc::new(Scopes::new(Box::new(|id| (shim().set_scope)(id))));
+    let scopes = Arc::new(Scopes::new(Box::new(|id| {
+        if let Some(s) = shim() {
+            (s.set_scope)(id);
+        }
+    })));
     let runner = Frame { name: format!("{} (vramscope_hook)", cfg.name), filename: cfg.name.clone(), line: 0 };
     if cfg.wait_for_viewer {
         server.wait_for_viewer(Duration::from_secs(30));
@@ -386,12 +438,16 @@ fn start(cfg: Config) -> Result<Core, String> {
     );
     let session = Arc::new(Mutex::new(session));
     // Last: a start that failed before this point leaves libtorch's allocator untouched.
-    if !matches!(follow, Follow::Cuda(_)) {
-        s.check((s.install_cpu_allocator)())?;
+    if let Some(s) = shim() {
+        if !matches!(follow, Follow::Cuda(_)) {
+            s.check((s.install_cpu_allocator)())?;
+        }
     }
     lock(&session).start(0);
     let flusher = Flusher::spawn(&session);
-    (s.set_oom_callback)(Some(on_oom));
+    if let Some(s) = shim() {
+        (s.set_oom_callback)(Some(on_oom));
+    }
     Ok(Core {
         session,
         follow,
@@ -415,12 +471,70 @@ pub extern "C" fn vsh_cuda_initialised() -> c_int {
         if c.follow == Follow::Cpu {
             return Ok(());
         }
-        let s = shim();
-        let attached = s.check((s.cuda_attach)());
+        // On failure the Python side falls back to PyTorch's memory history.
+        let s = shim().ok_or("no capture shim")?;
+        s.check((s.cuda_attach)())?;
         (s.remove_cpu_allocator)();
+        lock(&c.session).follow_cuda();
+        Ok(())
+    })
+}
+
+/// The job initialised CUDA and its memory comes from PyTorch's history (`history`): the
+/// session follows CUDA from now on, fed by `vsh_history_push`. `snapshot` gives PyTorch's
+/// pickled snapshot when one is cut.
+#[no_mangle]
+pub extern "C" fn vsh_history_start(snapshot: Option<history::SnapshotFn>, why: *const c_char) -> c_int {
+    with_core(|c| {
+        let why = cstr(why)?;
+        history::start(snapshot);
+        if let Some(s) = shim() {
+            (s.remove_cpu_allocator)();
+        }
         let mut session = lock(&c.session);
         session.follow_cuda();
-        attached.inspect_err(|why| session.report(Report::Note(format!("not following CUDA memory: {why}"))))
+        session.report(Report::Note(format!("{why}: CUDA memory comes from PyTorch's memory history, read at every phase boundary")));
+        Ok(())
+    })
+}
+
+/// Trace entries read from PyTorch's history, oldest first.
+#[no_mangle]
+pub extern "C" fn vsh_history_push(entries: *const history::HistoryEntry, n: usize) -> c_int {
+    with_core(|_| {
+        if n == 0 {
+            return Ok(());
+        }
+        if entries.is_null() {
+            return Err("null entries".into());
+        }
+        // SAFETY: the Python side passes an array of `n` entries it keeps alive for the call.
+        let entries = unsafe { std::slice::from_raw_parts(entries, n) };
+        let epoch_now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+        history::push(entries, Loaded.now_ns(), epoch_now_us);
+        Ok(())
+    })
+}
+
+/// The caching allocator's counters for `device` (torch.cuda.memory_stats), as read with
+/// the entries; `dropped`: entries the history's ring lost before this read.
+#[no_mangle]
+pub extern "C" fn vsh_history_stats(device: u8, stats: *const CudaStats, dropped: u64) -> c_int {
+    with_core(|_| {
+        // SAFETY: the Python side passes one CudaStats it keeps alive for the call.
+        let st = unsafe { stats.as_ref() }.ok_or("null stats")?;
+        history::set_stats(device, *st);
+        history::add_dropped(dropped);
+        Ok(())
+    })
+}
+
+/// CUDA device `device`'s PCI bus id as NVML spells it, which finds its readings.
+#[no_mangle]
+pub extern "C" fn vsh_history_bus_id(device: u8, id: *const c_char) -> c_int {
+    with_core(|_| {
+        history::set_bus_id(device, cstr(id)?.to_string());
+        Ok(())
     })
 }
 
@@ -590,10 +704,12 @@ pub extern "C" fn vsh_foreign_oom(message: *const c_char) -> c_int {
 pub extern "C" fn vsh_finish() -> c_int {
     let core = CORE.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(c) = core {
-        (shim().set_oom_callback)(None);
-        // Whatever ends the session (the job's exit, a start that failed after this point)
-        // leaves libtorch's own CPU allocator in place.
-        (shim().remove_cpu_allocator)();
+        if let Some(s) = shim() {
+            (s.set_oom_callback)(None);
+            // Whatever ends the session (the job's exit, a start that failed after this
+            // point) leaves libtorch's own CPU allocator in place.
+            (s.remove_cpu_allocator)();
+        }
         drop(c.flusher);
         lock(&c.session).finish();
     }

@@ -18,7 +18,7 @@ import atexit
 import os
 import sys
 
-__all__ = ["install", "knob", "step", "active"]
+__all__ = ["install", "knob", "step", "active", "stop_requested"]
 
 _state = {"hooks": None, "core": None, "knobs": {}, "tried": False}
 
@@ -38,14 +38,15 @@ def _config(shim_path, torch):
     rank = int(env.get("RANK", "0"))
     world = env.get("WORLD_SIZE")
     local_rank = int(env.get("LOCAL_RANK", "0"))
-    name = _job_name()
+    # VRAMSCOPE_NAME: what vramscope calls the job (the built-in model's preset).
+    name = env.get("VRAMSCOPE_NAME") or _job_name()
     # Ranks of one torchrun share their launcher: one job name for all of them.
     default_job = f"{os.getppid() if 'RANK' in env else os.getpid()}-{name}"
     # Not the rank's GPU: the device the job allocates on (its LOCAL_RANK says nothing
     # under per-rank CUDA_VISIBLE_DEVICES, or for a model on cuda:1).
     device = env.get("VRAMSCOPE_DEVICE") or "auto"
     return {
-        "shim": str(shim_path),
+        "shim": str(shim_path) if shim_path else None,
         "job": env.get("VRAMSCOPE_JOB", default_job),
         "rank": rank,
         "world_size": int(world) if world else None,
@@ -77,8 +78,18 @@ def install():
 
     core = None
     try:
-        shim_path, shim, core = _native.load(torch)
-        if core.vsh_start(json.dumps(_config(shim_path, torch)).encode()) != 0:
+        shim_path, shim, core, note = _native.load(torch)
+        cuda = torch.cuda.is_available()
+        if shim_path is None:
+            # Said in one line, and on the screen: what is watched instead.
+            instead = "CUDA memory comes from PyTorch's memory history" if cuda else "no allocator events on CPU, steps and phases only"
+            note = f"{note}: {instead}"
+            print(f"vramscope_hook: {note}", file=sys.stderr)
+        elif note and cuda:
+            print(f"vramscope_hook: {note}: CUDA memory comes from PyTorch's memory history, read at every phase boundary", file=sys.stderr)
+        config = _config(shim_path, torch)
+        config["shim_note"] = note if shim_path is None else None
+        if core.vsh_start(json.dumps(config).encode()) != 0:
             raise _native.HookError(core.vsh_last_error().decode())
         hooks = _hooks.Hooks(torch, shim, core)
         hooks.knob_values = lambda name, default: knob(name, default) if name in _state["knobs"] else default
@@ -91,7 +102,7 @@ def install():
     _state.update(hooks=hooks, core=core)
     atexit.register(core.vsh_finish)
     os.register_at_fork(after_in_child=_forked)
-    _follow_cuda(torch, core)
+    _follow_cuda(torch, core, hooks, shim_path is not None and note is None, note)
     _say_foreign_ooms()
     return True
 
@@ -125,19 +136,32 @@ def _say_foreign_ooms():
     sys.excepthook = excepthook
 
 
-def _follow_cuda(torch, core):
+def _follow_cuda(torch, core, hooks, shim_has_cuda, why):
     """Attaches to CUDA's caching allocator when the job initialises CUDA (at once if it
     has): its per-device allocators exist only from then on, and a tracker attached earlier
-    would see nothing. Nothing here initialises CUDA or makes a context on any GPU."""
+    would see nothing. Where the shim cannot (built without CUDA, or not at all), PyTorch's
+    own memory history is read instead. Nothing here initialises CUDA or makes a context."""
     lazy_call = getattr(torch.cuda, "_lazy_call", None)
     if lazy_call is None or not torch.cuda.is_available():
         return
 
     def on_cuda_init():
         # Runs inside the job's CUDA init: it must never raise into it.
+        reason = why
         try:
-            if core.vsh_cuda_initialised() != 0:
-                print(f"vramscope_hook: not following CUDA memory: {core.vsh_last_error().decode()}", file=sys.stderr)
+            if shim_has_cuda:
+                if core.vsh_cuda_initialised() == 0:
+                    return
+                reason = f"the capture shim cannot follow CUDA's allocator ({core.vsh_last_error().decode()})"
+                print(f"vramscope_hook: {reason}: reading PyTorch's memory history instead", file=sys.stderr)
+            from ._history import History
+
+            history = History(torch, core)
+            history.start(reason or "the capture shim has no CUDA")
+            hooks.history = history
+            # Before the core finishes (atexit runs last-registered first): what the job did
+            # after its last phase boundary, an OOM that ended it included.
+            atexit.register(hooks.read_history)
         except Exception as e:
             print(f"vramscope_hook: not following CUDA memory: {e}", file=sys.stderr)
 
@@ -188,6 +212,14 @@ def knob(name, default):
     if t is bool:
         return v == "True"
     return t(v) if t in (int, float) else v
+
+
+def stop_requested():
+    """Whether the vramscope that started this job asked it to end (its `q` on the built-in
+    model): a loop may finish cleanly at the next step. A user's job started by `vramscope
+    py` is stopped as ctrl-c would stop it instead, so plain scripts need not ask."""
+    hooks = _state["hooks"]
+    return hooks is not None and hooks.stop_requested
 
 
 def step(loss=None):

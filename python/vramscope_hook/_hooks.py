@@ -14,6 +14,7 @@ rules: what forward makes and keeps is an activation, what dies in its phase a t
 """
 
 import math
+import sys
 import threading
 import time
 import weakref
@@ -53,14 +54,27 @@ class Hooks:
         self.model = None  # id of the module whose forwards count samples
         self.loss = None
         self.knob_values = None  # set by the package: name -> current value getter
+        self.stop_requested = False  # the viewer that started the job asked it to end
+        self.history = None  # CUDA memory from PyTorch's history (`_history`), where used
         self._originals = []
 
     # -- phases and scopes -------------------------------------------------------------
 
     def set_phase(self, phase):
         if phase != self.phase:
+            self.read_history()
             self.phase = phase
             self.core.vsh_phase(phase)
+
+    def read_history(self):
+        """Hands the core the history's entries of the phase that ends now."""
+        if self.history is None:
+            return
+        try:
+            self.history.read()
+        except Exception as e:  # never break the job
+            print(f"vramscope_hook: stopped reading PyTorch's memory history: {e}", file=sys.stderr)
+            self.history = None
 
     def _stack(self):
         s = getattr(self.local, "stack", None)
@@ -208,7 +222,9 @@ class Hooks:
         bf16 = self.autocast or any(
             r() is not None and r().dtype == torch.bfloat16 for r, _ in list(self.params.values())[:1]
         )
-        self.core.vsh_step_end(value, now - self.step_started, ctx, batch, 1 if self.backward_ran else 0, 1 if bf16 else 0)
+        self.read_history()
+        stop = self.core.vsh_step_end(value, now - self.step_started, ctx, batch, 1 if self.backward_ran else 0, 1 if bf16 else 0)
+        self.stop_requested |= stop == 1
         self.phase = OTHER
         self.backward_ran = False
         self.loss = None

@@ -11,6 +11,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from ._history import SNAPSHOT_FN
+
 _HERE = Path(__file__).resolve().parent
 _SOURCES = ("capture_cpu.cpp", "capture_cuda.cpp")
 
@@ -40,23 +42,21 @@ def _cuda_include(torch_dir: Path):
     return None
 
 
-def build_shim(torch) -> Path:
-    """The shim library for this torch, building it if needed (once per torch version and
-    shim source; ranks of one job wait for each other's build instead of repeating it)."""
+def build_shim(torch):
+    """(the shim library for this torch, why it has no CUDA capture or None), building it if
+    needed (once per torch version and shim source; ranks of one job wait for each other's
+    build instead of repeating it)."""
     torch_dir = Path(torch.__file__).resolve().parent
     lib = torch_dir / "lib"
     src = _HERE / "csrc"
     has_torch_cuda = (lib / "libtorch_cuda.so").exists()
     cuda_inc = _cuda_include(torch_dir) if has_torch_cuda else None
     with_cuda = cuda_inc is not None
-    if has_torch_cuda and not with_cuda and torch.cuda.is_available():
-        # The job still runs watched: its CPU tensors until it initialises CUDA, then the
-        # device's own readings; the core says so on screen too.
-        print(
-            "vramscope_hook: CUDA headers not found (pip install nvidia-cuda-runtime nvidia-cuda-crt, "
-            "or set CUDA_HOME): building the capture without CUDA, so this job's GPU memory "
-            "shows as the device's readings only",
-            file=sys.stderr,
+    no_cuda = None
+    if has_torch_cuda and not with_cuda:
+        no_cuda = (
+            "the capture shim has no CUDA: its headers are not beside torch "
+            "(pip install nvidia-cuda-runtime nvidia-cuda-crt, or set CUDA_HOME)"
         )
     digest = hashlib.sha256()
     for name in ("capture.h",) + _SOURCES:
@@ -65,12 +65,12 @@ def build_shim(torch) -> Path:
     out_dir = _cache_dir() / f"torch-{torch.__version__}-{digest.hexdigest()[:16]}"
     out = out_dir / "libvscapture.so"
     if out.exists():
-        return out
+        return out, no_cuda
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if out.exists():
-            return out
+            return out, no_cuda
         cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
         if not cxx:
             raise HookError("cannot build the capture shim: no C++ compiler (install g++)")
@@ -88,12 +88,15 @@ def build_shim(torch) -> Path:
             libs += ["-lc10_cuda", "-ltorch_cuda"]
         tmp = out_dir / f"libvscapture.{os.getpid()}.so"
         cmd += [str(src / s) for s in _SOURCES] + [f"-L{lib}"] + libs + [f"-Wl,-rpath,{lib}", "-o", str(tmp)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            raise HookError(f"cannot build the capture shim: {cxx}: {e.strerror}") from None
         if r.returncode != 0:
-            first = next((l for l in r.stderr.splitlines() if "error" in l), r.stderr.strip()[:300])
+            first = next((l for l in r.stderr.splitlines() if "error" in l), r.stderr.strip()[:300]) or f"{cxx} exited with status {r.returncode}"
             raise HookError(f"cannot build the capture shim against torch {torch.__version__}: {first}")
         os.replace(tmp, out)
-    return out
+    return out, no_cuda
 
 
 def core_path() -> Path:
@@ -112,10 +115,23 @@ def core_path() -> Path:
     )
 
 
+class _NoShim:
+    """Stands in for the shim where it could not be built: scopes go nowhere."""
+
+    def vs_set_scope(self, scope):
+        return None
+
+
 def load(torch):
-    """(shim, core) as ctypes libraries, the shim loaded so the core finds its symbols."""
-    shim_path = build_shim(torch)
-    shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
+    """(shim path, shim, core, note): the shim and the core as ctypes libraries, the shim
+    loaded first so the core finds its symbols. Where the shim cannot be built, its path is
+    None and the note says why; where it was built without CUDA, the note says that."""
+    try:
+        shim_path, note = build_shim(torch)
+        shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
+        shim.vs_set_scope.argtypes = [ctypes.c_uint32]
+    except (HookError, OSError) as e:
+        shim_path, shim, note = None, _NoShim(), str(e)
     core = ctypes.CDLL(str(core_path()))
     core.vsh_start.argtypes = [ctypes.c_char_p]
     core.vsh_last_error.restype = ctypes.c_char_p
@@ -130,5 +146,8 @@ def load(torch):
     core.vsh_cuda_initialised.argtypes = []
     core.vsh_foreign_oom.argtypes = [ctypes.c_char_p]
     core.vsh_step_end.argtypes = [ctypes.c_double, ctypes.c_double, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint8, ctypes.c_uint8]
-    shim.vs_set_scope.argtypes = [ctypes.c_uint32]
-    return shim_path, shim, core
+    core.vsh_history_start.argtypes = [SNAPSHOT_FN, ctypes.c_char_p]
+    core.vsh_history_push.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    core.vsh_history_stats.argtypes = [ctypes.c_uint8, ctypes.c_void_p, ctypes.c_uint64]
+    core.vsh_history_bus_id.argtypes = [ctypes.c_uint8, ctypes.c_char_p]
+    return shim_path, shim, core, note

@@ -11,6 +11,10 @@
   cublas-oom  The job dies of an out-of-memory error the caching allocator never saw.
   mlp         An MLP on [32, 256] inputs with 4 micro-batches a step (no sequence length),
               its loss a top-level module.
+  history     The shim has no CUDA (no headers): on what looks like a GPU machine, CUDA
+              memory comes from PyTorch's memory history, faked here with a scripted
+              allocator. Run under `vramscope py --headless --json`: two training steps,
+              each phase's CUDA allocations known (see `history`).
 """
 
 import ctypes
@@ -86,7 +90,7 @@ def children():
 def bound():
     from vramscope_hook import _native
 
-    shim = ctypes.CDLL(str(_native.build_shim(torch)), mode=ctypes.RTLD_GLOBAL)
+    shim = ctypes.CDLL(str(_native.build_shim(torch)[0]), mode=ctypes.RTLD_GLOBAL)
     shim.vs_pending.restype = ctypes.c_size_t
     shim.vs_dropped.restype = ctypes.c_uint64
     assert shim.vs_install_cpu_allocator() == 0
@@ -120,4 +124,113 @@ def mlp():
         opt.zero_grad()
 
 
-{"mlp": mlp, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+MIB = 1 << 20
+
+
+class FakeCudaMemory:
+    """PyTorch's memory history and counters as a CUDA torch reports them, for a device 0
+    that already holds a 2 MiB segment with 512 KiB in use when the history begins."""
+
+    BASE = 0x7F00_0000_0000
+
+    def __init__(self):
+        self.pending = []
+        self.recording = None
+        self.calls = []
+        self.segments = [{"device": 0, "address": 0x7E00_0000_0000, "total_size": 2 * MIB, "stream": 0,
+                          "blocks": [{"size": MIB // 2, "state": "active_allocated"}, {"size": 3 * MIB // 2, "state": "inactive"}]}]
+        self.allocated, self.reserved = MIB // 2, 2 * MIB
+
+    def emit(self, action, offset, size):
+        import time
+
+        addr = self.BASE + offset
+        if action == "segment_alloc":
+            self.reserved += size
+        elif action == "alloc":
+            self.allocated += size
+        elif action == "free_completed":
+            self.allocated -= size
+        if self.recording:
+            self.pending.append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": time.time_ns() // 1000})
+
+    def free(self, offset, size):
+        self.emit("free_requested", offset, size)
+        self.emit("free_completed", offset, size)
+
+    def _record_memory_history(self, enabled="all", context="all", stacks="all", max_entries=0):
+        self.calls.append({"enabled": enabled, "context": context, "max_entries": max_entries})
+        self.recording = enabled
+        self.pending = []  # as c10 does: turning it off clears the trace
+
+    def _snapshot(self):
+        return {"segments": self.segments, "device_traces": [list(self.pending)]}
+
+    def memory_stats(self, device=0):
+        return {"allocated_bytes.all.current": self.allocated, "reserved_bytes.all.current": self.reserved,
+                "active_bytes.all.current": self.allocated, "requested_bytes.all.current": self.allocated}
+
+
+def history():
+    """Per step on device 0 (besides the 512 KiB held from before): forward makes a 20 MiB
+    segment (step 0 only), keeps A (1 MiB) and frees a temporary B (3 MiB) once both are
+    live: peak A + B; backward makes the gradient G (1 MiB) while A is live, then frees A;
+    the optimizer makes its state S (2 MiB, step 0 only) with G live. Step 0 peaks at 4.5
+    MiB in forward, 2.5 MiB in backward and 3.5 MiB in the optimizer; step 1, with G and S
+    kept, at 7.5 MiB in forward. Reserved: 22 MiB."""
+    import vramscope_hook
+
+    fake = FakeCudaMemory()
+    torch.cuda.is_available = lambda: True
+    torch.cuda._lazy_call = lambda fn, **kw: fn()  # CUDA is initialised already
+    torch.cuda.memory._record_memory_history = fake._record_memory_history
+    torch.cuda.memory._snapshot = fake._snapshot
+    torch.cuda.memory_stats = fake.memory_stats
+    torch.cuda.get_device_properties = lambda d: type("P", (), {"pci_domain_id": 0, "pci_bus_id": 0x3B, "pci_device_id": 0})()
+    state = vramscope_hook._state
+    assert vramscope_hook.active()
+    vramscope_hook._follow_cuda(torch, state["core"], state["hooks"], False, "the capture shim has no CUDA (test)")
+
+    step = {"n": 0}
+
+    class Grad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            fake.emit("alloc", 4 * MIB, MIB)  # G, kept
+            fake.free(0, MIB)  # A
+            return g
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            if step["n"] == 0:
+                fake.emit("segment_alloc", 0, 20 * MIB)
+            fake.emit("alloc", 0, MIB)  # A
+            fake.emit("alloc", MIB, 3 * MIB)  # B
+            fake.free(MIB, 3 * MIB)
+            return Grad.apply(self.lin(x))
+
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def make_state(optimizer, args, kwargs):
+        if step["n"] == 0:
+            fake.emit("alloc", 5 * MIB, 2 * MIB)  # S
+
+    opt.register_step_pre_hook(make_state)
+    for n in range(2):
+        step["n"] = n
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    print(json.dumps({"calls": fake.calls}), file=sys.stderr)
+
+
+{"history": history, "mlp": mlp, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()

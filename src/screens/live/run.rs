@@ -19,7 +19,7 @@ use vramscope_core::source::feed::bridge;
 use vramscope_core::source::gauges::sampler::{spawn_gauges, GaugeConfig};
 use vramscope_core::source::gauges::Watched;
 use vramscope_core::source::job::{Fed, JobSource, Output};
-use vramscope_core::source::launch::{launch_engine, EngineOptions};
+use vramscope_core::source::launch::EngineOptions;
 use vramscope_core::step_config::{MAX_BATCH, MAX_CTX};
 use vramscope_core::store::ranks::Ranks;
 use vramscope_core::store::LogKind;
@@ -73,7 +73,7 @@ pub fn start_gauges(job: Watched) -> (vramscope_core::source::gauges::sampler::G
 /// `vramscope` / `vramscope run`: starts the engine process and watches it.
 pub fn run(opts: LiveOptions) -> anyhow::Result<()> {
     let recorder = opts.record.as_deref().map(Recorder::create).transpose()?;
-    let source = launch_engine(&opts.engine, Output::Capture).context("starting the training engine")?;
+    let source = crate::builtin::launch_builtin(&opts.engine, Output::Capture).context("starting the built-in model")?;
     watch(source, JobKind::Engine, recorder, opts.metrics.as_ref(), &opts.screen, Ranks::new(HISTORY_CAP)).map(drop)
 }
 

@@ -1,4 +1,11 @@
-"""The CS336 reference transformer's memory behaviour, restated by vramscope.
+"""vramscope's built-in model: the CS336 reference transformer's memory behaviour, in your torch.
+
+`vramscope` with no arguments runs this module under the hook where vramscope's own engine
+is not installed (a pip install), so the first screen is the course's model on your GPU and
+torch, with the same keys as the engine: `p` precision, `[` `]` context length, `{` `}`
+batch size, `m` mode, `a` attention, `s` snapshot. Run it by hand with
+
+    vramscope py -- python -m vramscope_hook.cs336 --ctx 128 --precision bf16
 
 The course's reference is the `cs336-basics` package inside stanford-cs336/assignment2-systems
 (model.py, nn_utils.py, optimizer.py). This file is NOT that code: it is vramscope's own,
@@ -13,8 +20,6 @@ vramscope's engine (engine/src/model.rs, engine/src/optim.rs) runs the same ops;
 tests/reference_model.rs runs this file under `vramscope py` and the engine at the same
 configurations and holds their peaks, and the sizes alive at each peak, equal.
 
-    python tests/py/cs336_model.py --ctx 128 --precision bf16 --mode train
-
 `--reference` imports `cs336_basics` from the Python path instead of the classes below, to
 hold this file to the real package by hand (see BENCHMARKS.md).
 """
@@ -26,10 +31,7 @@ import math
 import torch
 import torch.nn as nn
 
-try:
-    import vramscope_hook
-except ImportError:
-    vramscope_hook = None
+import vramscope_hook
 
 
 def _truncated_normal(rows, cols, std):
@@ -85,7 +87,16 @@ class Rope(nn.Module):
 
     def __init__(self, context, d_head, theta=10_000.0):
         super().__init__()
+        self.theta = theta
         self.register_buffer("table", self._table(context, d_head, theta), persistent=False)
+
+    def prepare(self, context):
+        """A table for `context` positions, as the engine's: the old one is freed first."""
+        if self.table.size(1) == context:
+            return
+        d_head, theta = self.table.size(2) * 2, self.theta
+        self.table = None
+        self.table = self._table(context, d_head, theta)
 
     @staticmethod
     def _table(context, d_head, theta):
@@ -179,6 +190,7 @@ class Attention(nn.Module):
         self.v_proj = Linear(d, d)
         self.output_proj = Linear(d, d)
         self.positional_encoder = rope
+        self.fused = False  # scaled_dot_product_attention instead of the reference's core
 
     def forward(self, x):
         b, t, d = x.shape
@@ -192,9 +204,13 @@ class Attention(nn.Module):
         v = split(self.v_proj(x))
         q = self.positional_encoder(q)
         k = self.positional_encoder(k)
-        positions = torch.arange(t)
-        mask = (positions.view(t, 1) >= positions.view(1, t))[None]
-        heads_out = attention_core(q, k, v, mask)
+        if self.fused:
+            heads_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            positions = mask = None
+        else:
+            positions = torch.arange(t)
+            mask = (positions.view(t, 1) >= positions.view(1, t))[None]
+            heads_out = attention_core(q, k, v, mask)
         merged = heads_out.permute(0, 2, 1, 3).reshape(b, t, d).contiguous()
         del heads_out
         out = self.output_proj(merged)
@@ -319,8 +335,18 @@ class AdamW(torch.optim.Optimizer):
         return None
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# torch.OutOfMemoryError from 2.5 on; torch.cuda's before.
+_OutOfMemory = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+
+def _device(name):
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m vramscope_hook.cs336", description=__doc__.splitlines()[0])
     p.add_argument("--vocab", type=int, default=10_000)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--d-ff", type=int, default=1024)
@@ -330,30 +356,73 @@ def main():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--mode", choices=["forward", "train"], default="train")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--attention", choices=["naive", "fused"], default="naive")
+    p.add_argument("--optimizer", choices=["reference", "torch"], default="reference", help="the reference's AdamW or torch.optim.AdamW")
+    p.add_argument("--steps", type=int, default=2, help="steps to run (0: until stopped)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reference", action="store_true", help="run the cs336_basics package on the Python path instead")
-    a = p.parse_args()
+    a = p.parse_args(argv)
 
     if a.reference:
         from cs336_basics.model import BasicsTransformerLM as Model
         from cs336_basics.nn_utils import cross_entropy as loss_fn
-        from cs336_basics.optimizer import AdamW as Optimizer
+        from cs336_basics.optimizer import AdamW as Reference
     else:
-        Model, loss_fn, Optimizer = BasicsTransformerLM, cross_entropy, AdamW
+        Model, loss_fn, Reference = BasicsTransformerLM, cross_entropy, AdamW
 
+    device = _device(a.device)
     torch.manual_seed(a.seed)
+    # Factory calls (weights, tables, batches) make their tensors on the device itself.
+    with torch.device(device):
+        value = _train(a, Model, loss_fn, Reference, device)
+    print(f"ran {a.steps} steps, last loss {value:.3f}")
+
+
+def _train(a, Model, loss_fn, Reference, device):
     model = Model(a.vocab, a.ctx, a.d_model, a.layers, a.heads, a.d_ff)
-    opt = Optimizer(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    train = a.mode == "train"
-    # The engine's step, op for op: fresh tokens and targets, the loss computed from the
-    # logits in one expression (the logits die with it), backward, the optimizer step,
-    # zero_grad(set_to_none=True), then the loss and the batch are dropped.
-    for _ in range(a.steps):
-        tokens = torch.randint(a.vocab, (a.batch, a.ctx))
-        targets = torch.randint(a.vocab, (a.batch, a.ctx))
-        grad = contextlib.nullcontext() if train else torch.no_grad()
-        cast = torch.autocast("cpu", dtype=torch.bfloat16) if a.precision == "bf16" else contextlib.nullcontext()
+    made = {}
+
+    def optimizer(kind):
+        # A new optimizer (no state) when the `optimizer` knob changes it.
+        if made.get("kind") != kind:
+            made.clear()
+            cls = Reference if kind == "reference" else torch.optim.AdamW
+            made.update(kind=kind, opt=cls(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01))
+        return made["opt"]
+
+    value = math.nan
+    step = 0
+    while a.steps == 0 or step < a.steps:
+        # The screen's keys change these between steps (the engine's knobs, by name).
+        ctx = vramscope_hook.knob("ctx", a.ctx)
+        batch = vramscope_hook.knob("batch", a.batch)
+        precision = vramscope_hook.knob("precision", a.precision)
+        train = vramscope_hook.knob("mode", a.mode) == "train"
+        fused = vramscope_hook.knob("attention", a.attention) == "fused"
+        opt = optimizer(vramscope_hook.knob("optimizer", a.optimizer))
+        if not a.reference:
+            model.positional_encoder.prepare(ctx)
+            for layer in model.layers:
+                layer.attn.fused = fused
+        value = _step(model, opt, loss_fn, a.vocab, ctx, batch, precision, train, device)
+        step += 1
+        if vramscope_hook.stop_requested():
+            break
+    return value
+
+
+def _step(model, opt, loss_fn, vocab, ctx, batch, precision, train, device):
+    """The engine's step, op for op: fresh tokens and targets, the loss computed from the
+    logits in one expression (the logits die with it), backward, the optimizer step,
+    zero_grad(set_to_none=True), then the loss and the batch are dropped. An out-of-memory
+    error ends the step, not the run: the screen says so and the keys can shrink it."""
+    tokens = torch.randint(vocab, (batch, ctx))
+    targets = torch.randint(vocab, (batch, ctx))
+    grad = contextlib.nullcontext() if train else torch.no_grad()
+    cast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    value = math.nan
+    try:
         with grad, cast:
             loss = loss_fn(model(tokens), targets)
         value = loss.item()
@@ -361,10 +430,15 @@ def main():
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        elif vramscope_hook is not None:
+        else:
             vramscope_hook.step(value)
-        del loss, tokens, targets
-    print(f"ran {a.steps} {a.mode} steps, last loss {value:.3f}")
+        del loss
+    except _OutOfMemory as e:
+        opt.zero_grad(set_to_none=True)
+        print(f"out of memory at ctx {ctx}, batch {batch}, {precision}: {str(e).splitlines()[0]}", flush=True)
+        vramscope_hook.step()
+    del tokens, targets
+    return value
 
 
 if __name__ == "__main__":
