@@ -19,7 +19,7 @@ pub fn launch_builtin(opts: &EngineOptions, output: Output) -> anyhow::Result<Jo
 }
 
 /// The built-in model as `python -m vramscope_hook.cs336`, under the hook.
-fn launch_in_python(opts: &EngineOptions, output: Output) -> anyhow::Result<JobSource> {
+pub fn launch_in_python(opts: &EngineOptions, output: Output) -> anyhow::Result<JobSource> {
     if let Some(flag) = engine_only(opts) {
         anyhow::bail!("{flag} needs vramscope's own engine, which a pip install does not carry: build vramscope from source (scripts/run)");
     }

@@ -78,8 +78,9 @@ pub fn hook_env(cmd: &mut Command, python: &Path, a: &HookSettings) -> anyhow::R
     path.extend(std::env::var_os("PYTHONPATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
     cmd.env("PYTHONPATH", std::env::join_paths(path)?);
     cmd.env("VRAMSCOPE_HOOK", "1");
-    let core = exe_dir().join("libvramscope_hook.so");
-    if core.exists() {
+    // Built beside this binary (one directory up for cargo's test binaries in deps/).
+    let dir = exe_dir();
+    if let Some(core) = [dir.join("libvramscope_hook.so"), dir.join("../libvramscope_hook.so")].into_iter().find(|p| p.exists()) {
         cmd.env("VRAMSCOPE_HOOK_CORE", core);
     }
     // Commands the job's Python installed (torchrun) come first on its PATH.

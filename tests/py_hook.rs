@@ -573,3 +573,34 @@ fn without_a_compiler_the_job_runs_and_says_what_is_not_captured() {
     assert!(said[0].contains("cannot build the capture shim: /nonexistent/c++") && said[0].contains("no allocator events on CPU"), "{stderr}");
     assert_eq!(stdout.lines().filter(|l| l.starts_with('{')).count(), 3, "every step still reported: {stdout}{stderr}");
 }
+
+/// Installed by pip there is no engine: the built-in model runs in the user's torch through
+/// the hook (`vramscope_hook.cs336`), allocates as the engine does, and the screen's knob
+/// keys change it between steps as they change the engine.
+#[test]
+fn the_built_in_model_runs_in_the_users_torch_with_the_engines_figures_and_knobs() {
+    use vramscope_core::step_config::{Attention, Mode, Precision};
+    let cfg = common::tiny(32, 1, Mode::Train, Precision::Fp32, Attention::Naive);
+    let mut opts = common::options(cfg.clone(), 3);
+    opts.snapshot_dir = tempfile::tempdir().unwrap().keep();
+    let source = vramscope::builtin::launch_in_python(&opts, vramscope_core::source::job::Output::Capture).unwrap();
+    // Step 0 under way (its forward mark arrived): the change applies from step 1.
+    loop {
+        let (_, item) = source.next().expect("the stream flows");
+        if matches!(&item, Incoming::Batch(b) if b.marks.iter().any(|m| m.step == 0 && m.phase == Phase::Forward)) {
+            break;
+        }
+    }
+    source.send(&Control::SetKnob { name: "ctx".into(), value: "64".into() });
+    let run = common::collect(&source);
+    let steps = run.steps();
+    assert_eq!(steps.iter().map(|s| s.ctx).collect::<Vec<_>>(), [32, 64, 64]);
+    let knob = run.reports.iter().find_map(|r| if let Report::Knob(k) = r { Some(k.clone()) } else { None }).expect("the change is an event");
+    assert_eq!((knob.knob.as_str(), knob.from.as_str(), knob.to.as_str()), ("ctx", "32", "64"));
+    // The engine at the same configuration: the same peaks, step for step.
+    let mut engine = opts.clone();
+    engine.steps = Some(1);
+    let engine = common::run(engine);
+    assert_eq!(steps[0].peak_active_bytes, engine.steps()[0].peak_active_bytes, "python {:?} engine {:?}", steps[0], engine.steps()[0]);
+    assert_eq!(steps[0].reserved_bytes, engine.steps()[0].reserved_bytes);
+}

@@ -1,7 +1,8 @@
 //! The release wheel as a user gets it: `scripts/wheel` builds it, and in a fresh venv
 //! holding only it and a torch (the project venv's, linked in so the test downloads
 //! nothing), with no Rust on PATH and outside the repository, `vramscope` answers
-//! `--version`, reads a snapshot, and watches a user's training script.
+//! `--version`, reads a snapshot, watches a user's training script, and trains the built-in
+//! model in that torch (there is no engine in the wheel) as the engine does.
 
 mod common;
 
@@ -106,4 +107,19 @@ fn the_wheel_installs_beside_a_torch_and_works_without_rust_or_the_repository() 
     assert_eq!(lines.len(), 2, "{}", said(&out));
     let figures: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&fig).unwrap()).unwrap();
     assert_eq!(lines[1]["category_bytes"]["parameter"], figures["parameter_bytes"], "exact parameter bytes: {}", said(&out));
+
+    // `vramscope` alone is the built-in model: from the wheel, in the venv's torch.
+    let args = ["--headless", "--json", "--steps", "2", "--model", "tiny", "--layers", "1", "--ctx", "32", "--batch", "1"];
+    let out = vramscope(&venv, t.path()).env("VRAMSCOPE_SOCKET_DIR", t.path().join("sockets")).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", said(&out));
+    let steps = |out: &Output| -> Vec<serde_json::Value> { String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
+    let wheel_steps = steps(&out);
+    let engine = common::vramscope().args(args).output().unwrap();
+    let engine_steps = steps(&engine);
+    assert_eq!(wheel_steps.len(), 2, "{}", said(&out));
+    for (w, e) in wheel_steps.iter().zip(&engine_steps) {
+        for key in ["ctx", "batch", "peak_active_bytes", "reserved_bytes"] {
+            assert_eq!(w[key], e[key], "{key}: wheel {w} engine {e}");
+        }
+    }
 }

@@ -29,17 +29,20 @@ def _cache_dir() -> Path:
 
 
 def _cuda_include(torch_dir: Path):
-    """CUDA headers: the pip wheels' beside torch (nvidia-cuda-runtime and nvidia-cuda-crt),
-    else CUDA_HOME's, else /usr/local/cuda's."""
-    site = torch_dir.parent
-    candidates = [site / "nvidia/cu13/include", site / "nvidia/cuda_runtime/include", site / "nvidia/cu12/include"]
+    """The include directories holding the CUDA runtime's headers and its `crt/` ones: the
+    pip wheels' beside torch (CUDA 13's nvidia/cu13; CUDA 12's nvidia-cuda-runtime-cu12 and
+    nvidia-cuda-nvcc-cu12), else CUDA_HOME's, else /usr/local/cuda's. None if either is
+    missing."""
+    site = torch_dir.parent / "nvidia"
+    candidates = [site / "cu13/include", site / "cu12/include", site / "cuda_runtime/include", site / "cuda_nvcc/include"]
     if os.environ.get("CUDA_HOME"):
         candidates.append(Path(os.environ["CUDA_HOME"]) / "include")
     candidates.append(Path("/usr/local/cuda/include"))
-    for d in candidates:
-        if (d / "cuda_runtime_api.h").exists() and (d / "crt/host_config.h").exists():
-            return d
-    return None
+    runtime = next((d for d in candidates if (d / "cuda_runtime_api.h").exists()), None)
+    crt = next((d for d in candidates if (d / "crt/host_config.h").exists()), None)
+    if runtime is None or crt is None:
+        return None
+    return [runtime] if runtime == crt else [runtime, crt]
 
 
 def build_shim(torch):
@@ -56,7 +59,8 @@ def build_shim(torch):
     if has_torch_cuda and not with_cuda:
         no_cuda = (
             "the capture shim has no CUDA: its headers are not beside torch "
-            "(pip install nvidia-cuda-runtime nvidia-cuda-crt, or set CUDA_HOME)"
+            "(pip install nvidia-cuda-runtime nvidia-cuda-crt for CUDA 13, nvidia-cuda-nvcc-cu12 "
+            "for CUDA 12, or set CUDA_HOME)"
         )
     digest = hashlib.sha256()
     for name in ("capture.h",) + _SOURCES:
@@ -84,7 +88,7 @@ def build_shim(torch):
         ]
         libs = ["-lc10", "-ltorch_cpu"]
         if with_cuda:
-            cmd += ["-DVS_WITH_CUDA", f"-I{cuda_inc}"]
+            cmd += ["-DVS_WITH_CUDA"] + [f"-I{d}" for d in cuda_inc]
             libs += ["-lc10_cuda", "-ltorch_cuda"]
         tmp = out_dir / f"libvscapture.{os.getpid()}.so"
         cmd += [str(src / s) for s in _SOURCES] + [f"-L{lib}"] + libs + [f"-Wl,-rpath,{lib}", "-o", str(tmp)]

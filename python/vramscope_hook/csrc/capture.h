@@ -23,6 +23,16 @@ struct VsRawEvent {
 
 #include <exception>
 
+// The torch the shim is compiled against: the engine's 2.13, or a job's own, 2.1 on.
+// torch/version.h moved beside the header-only API in newer versions.
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#else
+#include <torch/version.h>
+#endif
+#define VS_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
 namespace vs {
 // Appends one event tagged with the current step/phase/scope. Cheap; called from
 // allocator paths (any thread, CUDA's under the allocator's lock), so it only takes a

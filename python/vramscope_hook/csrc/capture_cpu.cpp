@@ -6,7 +6,6 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
-#include <torch/headeronly/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -74,7 +73,11 @@ void vs_cpu_delete(void* p) {
 // Delegates to the default allocator (keeping its alignment, profiling hooks and
 // fill options) and swaps in a deleter that reports the free first.
 struct RecordingCpuAllocator final : c10::Allocator {
+#if VS_TORCH_AT_LEAST(2, 3)
   c10::DataPtr allocate(size_t n) override {
+#else  // const before 2.3
+  c10::DataPtr allocate(size_t n) const override {
+#endif
     c10::DataPtr dp;
     try {
       dp = g_inner->allocate(n);
@@ -95,9 +98,11 @@ struct RecordingCpuAllocator final : c10::Allocator {
     return dp;
   }
   c10::DeleterFnPtr raw_deleter() const override { return &vs_cpu_delete; }
+#if VS_TORCH_AT_LEAST(2, 3)
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+#endif
 };
 
 RecordingCpuAllocator g_recording;
@@ -233,13 +238,23 @@ size_t vs_pending() {
 // device_type: 0 = CPU, 1 = CUDA. Mirrors Python's `torch.autocast.__enter__/__exit__`.
 int vs_autocast(int device_type, bool enabled) {
   return vs::guard([&] {
+#if VS_TORCH_AT_LEAST(2, 4)
     const auto dev = device_type == 1 ? at::kCUDA : at::kCPU;
+    const auto set = [dev](bool on) { at::autocast::set_autocast_enabled(dev, on); };
+    if (enabled) at::autocast::set_autocast_dtype(dev, at::kBFloat16);
+#else  // per-device functions before the device-generic ones
+    const auto set = [device_type](bool on) {
+      device_type == 1 ? at::autocast::set_enabled(on) : at::autocast::set_cpu_enabled(on);
+    };
     if (enabled) {
-      at::autocast::set_autocast_dtype(dev, at::kBFloat16);
-      at::autocast::set_autocast_enabled(dev, true);
+      device_type == 1 ? at::autocast::set_autocast_gpu_dtype(at::kBFloat16) : at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    }
+#endif
+    if (enabled) {
+      set(true);
       at::autocast::increment_nesting();
     } else {
-      at::autocast::set_autocast_enabled(dev, false);
+      set(false);
       // Cached low-precision weight copies must not outlive the region, or the next
       // step reads stale weights.
       if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();

@@ -18,6 +18,40 @@
 #include <cuda_runtime_api.h>
 
 namespace cca = c10::cuda::CUDACachingAllocator;
+
+namespace {
+// Parts of libtorch that came and went across the versions a job may bring (2.1 on): each
+// is detected on the type, not by version number, and the fallback says what is missing.
+
+// The allocator's trace hooks (torch 2.2 on). `tracker` is a generic lambda, so its body
+// (which reads TraceEntry fields 2.1 does not have) is compiled only where this is chosen.
+template <class A, class T>
+auto attach_tracker(A* a, T tracker, int) -> decltype(a->attachAllocatorTraceTracker(tracker), bool()) {
+  a->attachAllocatorTraceTracker(std::move(tracker));
+  return true;
+}
+template <class A, class T>
+bool attach_tracker(A*, T, long) {
+  return false;
+}
+
+// Requests refused before cudaMalloc is tried (throw_on_cudamalloc_oom, 2.13 on).
+template <class A, class O>
+auto attach_rejection(A* a, O observer, int) -> decltype(a->attachOomRejectionObserver(observer), void()) {
+  a->attachOomRejectionObserver(std::move(observer));
+}
+template <class A, class O>
+void attach_rejection(A*, O, long) {}
+
+template <class C>
+auto lazy_init_cuda(C& c, int) -> decltype(c.lazyInitDevice(c10::DeviceType::CUDA), void()) {
+  c.lazyInitDevice(c10::DeviceType::CUDA);
+}
+template <class C>
+void lazy_init_cuda(C& c, long) {
+  c.lazyInitCUDA();  // before the device-generic call
+}
+}  // namespace
 #endif
 
 extern "C" {
@@ -48,7 +82,7 @@ const char* vs_cuda_version() {
 // Lazy CUDA init, as the first CUDA tensor would do it: makes the caching allocator's
 // per-device allocators, which trackers attach to. Creates no context.
 int vs_cuda_init() {
-  return vs::guard([] { at::globalContext().lazyInitDevice(c10::DeviceType::CUDA); });
+  return vs::guard([] { lazy_init_cuda(at::globalContext(), 0); });
 }
 
 // Why the caching allocator cannot be traced now, or null when it can.
@@ -78,22 +112,23 @@ int vs_cuda_attach() {
   return vs::guard([&] {
     if (const char* why = untraceable()) throw std::runtime_error(why);
     // Under the allocator's lock: never throws, never calls back into Python.
-    cca::attachAllocatorTraceTracker([](const cca::TraceEntry& te) noexcept {
+    const bool traced = attach_tracker(cca::get(), [](const auto& te) noexcept {
       if (!vs::capture_enabled()) return;
       vs::record(static_cast<uint8_t>(te.action_), static_cast<uint64_t>(te.addr_),
                  static_cast<uint64_t>(te.size_),
                  static_cast<int64_t>(reinterpret_cast<uintptr_t>(te.stream_)),
                  static_cast<uint8_t>(te.device_));
-    });
+    }, 0);
+    if (!traced) throw std::runtime_error("torch " TORCH_VERSION " has no allocator trace hooks (torch 2.2 on has)");
     // Called without the allocator's lock, so the host may take PyTorch's snapshot in it.
     cca::attachOutOfMemoryObserver([](int64_t device, size_t allocated, size_t, size_t) {
       vs::report_oom(static_cast<uint8_t>(device), static_cast<uint64_t>(allocated));
     });
     // 2.13 may refuse a request before trying cudaMalloc (throw_on_cudamalloc_oom); that
     // is an OOM to the job too, said by its own observer.
-    cca::attachOomRejectionObserver([](int64_t device, size_t alloc_size, size_t, size_t) {
+    attach_rejection(cca::get(), [](int64_t device, size_t alloc_size, size_t, size_t) {
       vs::report_oom(static_cast<uint8_t>(device), static_cast<uint64_t>(alloc_size));
-    });
+    }, 0);
     attached.store(true);
   });
 }
@@ -129,7 +164,7 @@ int vs_cuda_record_history(int64_t entries) {
 int vs_cuda_stats(int device, VsCudaStats* out) {
   return vs::guard([&] {
     const auto s = cca::getDeviceStats(static_cast<c10::DeviceIndex>(device));
-    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    const size_t agg = 0;  // StatType::AGGREGATE, in c10::CachingAllocator or (before 2.3) cca
     out->allocated = static_cast<uint64_t>(s.allocated_bytes[agg].current);
     out->allocated_peak = static_cast<uint64_t>(s.allocated_bytes[agg].peak);
     out->reserved = static_cast<uint64_t>(s.reserved_bytes[agg].current);
