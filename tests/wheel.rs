@@ -77,6 +77,17 @@ fn the_wheel_installs_beside_a_torch_and_works_without_rust_or_the_repository() 
     assert!(files.lines().any(|f| f == "vramscope_hook/libvramscope_hook.so"), "{files}");
     assert!(!files.contains("libtorch") && !files.contains("libc10"), "no libtorch inside: {files}");
     assert!(std::fs::metadata(&wheel).unwrap().len() < 20 << 20, "under 20 MB");
+    // `pip install vramscope[cuda13]` brings the CUDA headers the shim is compiled with.
+    let metadata = Command::new(python())
+        .args(["-c", "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); print(z.read(next(n for n in z.namelist() if n.endswith('METADATA'))).decode())"])
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    let metadata = String::from_utf8_lossy(&metadata.stdout).to_string();
+    for extra in ["cuda13", "cuda12"] {
+        assert!(metadata.contains(&format!("Provides-Extra: {extra}")), "{metadata}");
+    }
+    assert!(metadata.contains("Requires-Dist: nvidia-cuda-crt<14,>=13; extra == \"cuda13\""), "{metadata}");
 
     let t = tempfile::tempdir().unwrap();
     let venv = fresh_venv(t.path(), &wheel);

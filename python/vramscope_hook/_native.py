@@ -59,8 +59,8 @@ def build_shim(torch):
     if has_torch_cuda and not with_cuda:
         no_cuda = (
             "the capture shim has no CUDA: its headers are not beside torch "
-            "(pip install nvidia-cuda-runtime nvidia-cuda-crt for CUDA 13, nvidia-cuda-nvcc-cu12 "
-            "for CUDA 12, or set CUDA_HOME)"
+            "(pip install 'vramscope[cuda13]' for a CUDA 13 torch, 'vramscope[cuda12]' for CUDA 12, "
+            "or set CUDA_HOME)"
         )
     digest = hashlib.sha256()
     for name in ("capture.h",) + _SOURCES:
