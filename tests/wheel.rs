@@ -1,7 +1,8 @@
 //! The release wheel as a user gets it: `scripts/wheel` builds it, and in a fresh venv
 //! holding only it and a torch (the project venv's, linked in so the test downloads
 //! nothing), with no Rust on PATH and outside the repository, `vramscope` answers
-//! `--version`, reads a snapshot, watches a user's training script, and trains the built-in
+//! `--version`, reads, compares, draws and replays a snapshot under other settings, estimates,
+//! samples the machine, watches a user's training script, and trains the built-in
 //! model in that torch (there is no engine in the wheel) as the engine does.
 
 mod common;
@@ -100,6 +101,19 @@ fn the_wheel_installs_beside_a_torch_and_works_without_rust_or_the_repository() 
     assert!(out.status.success(), "{}", said(&out));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(summary["peak_active_bytes"].as_u64().is_some_and(|b| b > 0), "{summary}");
+    // The other commands that read snapshots or the machine, as from the wheel.
+    let (snap_s, svg) = (snap.display().to_string(), t.path().join("timeline.svg").display().to_string());
+    let commands: [(&[&str], &str); 5] = [
+        (&["diff", &snap_s, &snap_s], "peak active"),
+        (&["export", &snap_s, "-o", &svg], "wrote"),
+        (&["whatif", &snap_s], "expandable_segments:True"),
+        (&["estimate", "--model", "tiny", "--ctx", "128"], "parameters"),
+        (&["watch", "--once", "--json"], "\"source\""),
+    ];
+    for (args, expect) in commands {
+        let out = vramscope(&venv, t.path()).args(args).output().unwrap();
+        assert!(out.status.success() && said(&out).contains(expect), "{args:?}: {}", said(&out));
+    }
 
     let fig = t.path().join("fig.json");
     std::fs::copy(repo_root().join("tests/py/train_transformer.py"), t.path().join("train.py")).unwrap();
