@@ -68,19 +68,34 @@ fn hook_package(python: &Path, repo_python: Option<&Path>) -> anyhow::Result<Pat
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// Where vramscope's own hook is: its Python package, the directory to put on a job's
+/// import path for it (a source checkout's `python/`; None when `python` has it installed),
+/// and its native core (beside this binary, one directory up for cargo's test binaries in
+/// deps/, or in the package, as pip installs it).
+pub struct HookFiles {
+    pub package: PathBuf,
+    pub import_dir: Option<PathBuf>,
+    pub core: Option<PathBuf>,
+}
+
+pub fn hook_files(python: &Path) -> anyhow::Result<HookFiles> {
+    let import_dir = std::env::var_os("VRAMSCOPE_PYTHON_DIR").map(PathBuf::from).or_else(|| checkout().map(|c| c.join("python")));
+    let package = hook_package(python, import_dir.as_deref())?;
+    let dir = exe_dir();
+    let core = [dir.join("libvramscope_hook.so"), dir.join("../libvramscope_hook.so"), package.join("libvramscope_hook.so")].into_iter().find(|p| p.exists());
+    Ok(HookFiles { package, import_dir, core })
+}
+
 /// The environment that makes every Python process of the job load the hook when it
 /// imports torch (torchrun's workers included).
 pub fn hook_env(cmd: &mut Command, python: &Path, a: &HookSettings) -> anyhow::Result<()> {
-    let repo_python = std::env::var_os("VRAMSCOPE_PYTHON_DIR").map(PathBuf::from).or_else(|| checkout().map(|c| c.join("python")));
-    let package = hook_package(python, repo_python.as_deref())?;
-    let mut path = vec![package.join("_inject")];
-    path.extend(repo_python);
+    let files = hook_files(python)?;
+    let mut path = vec![files.package.join("_inject")];
+    path.extend(files.import_dir);
     path.extend(std::env::var_os("PYTHONPATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
     cmd.env("PYTHONPATH", std::env::join_paths(path)?);
     cmd.env("VRAMSCOPE_HOOK", "1");
-    // Built beside this binary (one directory up for cargo's test binaries in deps/).
-    let dir = exe_dir();
-    if let Some(core) = [dir.join("libvramscope_hook.so"), dir.join("../libvramscope_hook.so")].into_iter().find(|p| p.exists()) {
+    if let Some(core) = files.core {
         cmd.env("VRAMSCOPE_HOOK_CORE", core);
     }
     // Commands the job's Python installed (torchrun) come first on its PATH.

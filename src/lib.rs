@@ -8,6 +8,7 @@
 pub mod chrome;
 pub mod draw;
 pub mod export;
+pub mod attach_pid;
 pub mod builtin;
 pub mod headless;
 pub mod job_env;

@@ -419,7 +419,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
         let output = if args.json { Output::InheritToStderr } else { Output::Inherit };
         let source = vramscope::builtin::launch_builtin(&opts, output).context("starting the built-in model")?;
-        return vramscope::headless::headless(&source, recorder, metrics.as_ref(), args.json, args.check_growth.is_some());
+        return vramscope::headless::headless(&source, recorder, metrics.as_ref(), args.json, args.check_growth.is_some(), None);
     }
     anyhow::ensure!(!args.json, "--json needs --headless");
     let screen = args.screen.load()?;

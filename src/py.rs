@@ -61,7 +61,19 @@ pub struct PyArgs {
 pub struct AttachArgs {
     /// A job's name (or a unique prefix), a socket path, or HOST:PORT for a job listening on
     /// TCP. Without it: the only job running, or the list of them.
+    #[arg(conflicts_with = "pid")]
     pub addr: Option<String>,
+    /// A Python job started without vramscope (plain `python train.py`): vramscope gets its
+    /// hook in (gdb, or sys.remote_exec on Python 3.14), and it comes out again when you
+    /// leave.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// With --headless: stop watching after this many steps (the job runs on).
+    #[arg(long, requires = "headless")]
+    pub steps: Option<u64>,
+    /// With --pid: where the job's snapshots go (its `s` key, OOMs).
+    #[arg(long, default_value = "snapshots", requires = "pid")]
+    pub snapshot_dir: PathBuf,
     /// The token a TCP job printed.
     #[arg(long, conflicts_with = "token_file")]
     pub token: Option<String>,
@@ -114,7 +126,7 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
     let metrics = a.metrics.as_deref().map(Metrics::serve).transpose()?;
     if a.headless {
         let source = JobSource::launch(cmd, &job, "the job", if a.json { Output::InheritToStderr } else { Output::Inherit })?;
-        return headless(&source, recorder, metrics.as_ref(), a.json, a.check_growth);
+        return headless(&source, recorder, metrics.as_ref(), a.json, a.check_growth, None);
     }
     // Its own process group: `q` stops the whole job (torchrun and its workers), and a
     // viewer's death or hangup leaves it running.
@@ -160,7 +172,8 @@ fn resolve(addr: Option<&str>) -> anyhow::Result<(String, Vec<(u32, Endpoint)>)>
 
 /// `vramscope attach`.
 pub fn run_attach(a: AttachArgs, screen: Option<Screen>) -> anyhow::Result<std::process::ExitCode> {
-    let (name, endpoints) = resolve(a.addr.as_deref())?;
+    let by_pid = a.pid.map(|pid| crate::attach_pid::attach(pid, &a.snapshot_dir)).transpose()?;
+    let (name, endpoints) = resolve(by_pid.as_deref().or(a.addr.as_deref()))?;
     let token = match (&a.token, &a.token_file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(f)) => Some(token::read_token_file(f)?),
@@ -170,7 +183,7 @@ pub fn run_attach(a: AttachArgs, screen: Option<Screen>) -> anyhow::Result<std::
     let source = JobSource::attach(name, &endpoints, token.as_deref())?;
     let recorder = a.record.as_deref().map(Recorder::create).transpose()?;
     if a.headless {
-        return headless(&source, recorder, metrics.as_ref(), a.json, false);
+        return headless(&source, recorder, metrics.as_ref(), a.json, false, a.steps);
     }
     watch(source, JobKind::Attached, recorder, metrics.as_ref(), &screen.expect("a screen when not headless"), Ranks::new(HISTORY_CAP))?;
     Ok(std::process::ExitCode::SUCCESS)

@@ -43,6 +43,9 @@ pub struct History {
 
 /// Some once the Python side started reading the history.
 static HISTORY: Mutex<Option<History>> = Mutex::new(None);
+/// Memory the job held before the hook came (`vramscope attach --pid`), as the Python side
+/// found it in the job's objects and PyTorch's snapshot; drained before anything else.
+static SEEDED: Mutex<Vec<RawEvent>> = Mutex::new(Vec::new());
 /// The session's current step and phase, stamped on the entries pushed (a read happens at
 /// the boundary that ends the phase its entries belong to).
 static TAGS: AtomicU64 = AtomicU64::new(0);
@@ -105,7 +108,15 @@ pub fn add_dropped(n: u64) {
     }
 }
 
+/// One event of what was there before (c10's action numbering), stamped `now_ns`.
+pub fn seed(action: u8, addr: u64, size: u64, device: u8, now_ns: u64) {
+    let tags = TAGS.load(Ordering::Relaxed);
+    let e = RawEvent { t_ns: now_ns, addr, size, action, device, step: (tags >> 8) as u32, phase: tags as u8, ..RawEvent::default() };
+    SEEDED.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+}
+
 pub fn drain(out: &mut Vec<RawEvent>) {
+    out.append(&mut SEEDED.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(h) = history().as_mut() {
         out.append(&mut h.events);
     }

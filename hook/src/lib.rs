@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod attach;
 mod history;
 
 use vramscope_core::allocator::{AllocatorConfig, CachingAllocatorModel};
@@ -46,6 +47,9 @@ struct Config {
     listen: Option<String>,
     local_rank: u32,
     wait_for_viewer: bool,
+    /// `vramscope attach --pid`: the hook comes out of the job when its viewers are gone.
+    #[serde(default)]
+    unhook_when_alone: bool,
     snapshot_dir: PathBuf,
     /// The script's name, for the header and snapshot names.
     name: String,
@@ -291,6 +295,31 @@ struct Core {
     knobs: HashMap<String, KnobKind>,
     name: String,
     rank: u32,
+    /// Where the hook leaves the job once alone (`Config::unhook_when_alone`): since when
+    /// no viewer has been there, and whether one ever came.
+    alone: Option<Alone>,
+}
+
+struct Alone {
+    since: std::time::Instant,
+    had_viewer: bool,
+}
+
+/// A viewer that went away comes back within this (a reconnect), or the hook leaves.
+const ALONE_AFTER_VIEWER: Duration = Duration::from_secs(2);
+/// The vramscope that attached never connected (it was killed, say): the hook leaves.
+const ALONE_NEVER_VIEWED: Duration = Duration::from_secs(60);
+
+impl Alone {
+    /// Whether the hook should leave now, given how many viewers there are.
+    fn leave(&mut self, viewers: usize, now: std::time::Instant) -> bool {
+        if viewers > 0 {
+            self.had_viewer = true;
+            self.since = now;
+            return false;
+        }
+        now.duration_since(self.since) > if self.had_viewer { ALONE_AFTER_VIEWER } else { ALONE_NEVER_VIEWED }
+    }
 }
 
 static CORE: Mutex<Option<Core>> = Mutex::new(None);
@@ -458,6 +487,7 @@ fn start(cfg: Config) -> Result<Core, String> {
         knobs: HashMap::new(),
         name: cfg.name,
         rank: cfg.rank,
+        alone: cfg.unhook_when_alone.then(|| Alone { since: std::time::Instant::now(), had_viewer: false }),
     })
 }
 
@@ -494,6 +524,26 @@ pub extern "C" fn vsh_history_start(snapshot: Option<history::SnapshotFn>, why: 
         let mut session = lock(&c.session);
         session.follow_cuda();
         session.report(Report::Note(format!("{why}: CUDA memory comes from PyTorch's memory history, read at every phase boundary")));
+        Ok(())
+    })
+}
+
+/// An allocation (or, `action` 2, its free) the job made before the hook came, as found
+/// in its objects or PyTorch's snapshot (`vramscope attach --pid`); c10's action numbering,
+/// `device` 255 for CPU. Tag it with `vsh_tag` to name it.
+#[no_mangle]
+pub extern "C" fn vsh_seed(action: u8, addr: u64, size: u64, device: u8) -> c_int {
+    with_core(|_| {
+        history::seed(action, addr, size, device, Loaded.now_ns());
+        Ok(())
+    })
+}
+
+/// A line for the screen's event log (what an attach learned, say).
+#[no_mangle]
+pub extern "C" fn vsh_note(text: *const c_char) -> c_int {
+    with_core(|c| {
+        lock(&c.session).report(Report::Note(cstr(text)?.to_string()));
         Ok(())
     })
 }
@@ -649,13 +699,18 @@ fn check_knob(kind: KnobKind, value: &str) -> Result<String, String> {
 
 /// Ends a step (one `optimizer.step()`): reports it, writes a snapshot a viewer asked for,
 /// then applies viewers' controls, waiting here while the job is paused. `mode`: 0 forward
-/// only, 1 train; `precision`: 0 fp32, 1 bf16. Returns 1 if a viewer asked the job to stop.
+/// only, 1 train; `precision`: 0 fp32, 1 bf16. Returns 1 if a viewer asked the job to stop,
+/// 2 if the hook should come out of the job (attached by PID, and its viewers are gone).
 #[no_mangle]
 pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, mode: u8, precision: u8) -> c_int {
     let mut session = None;
     let mut kinds = HashMap::new();
+    let mut leave = false;
     let rc = with_core(|c| {
         let mut s = lock(&c.session);
+        if let Some(alone) = c.alone.as_mut() {
+            leave = alone.leave(s.server().viewers(), std::time::Instant::now());
+        }
         let end = StepEnd {
             loss,
             elapsed_s,
@@ -677,6 +732,9 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
     });
     if rc != 0 {
         return rc;
+    }
+    if leave {
+        return 2;
     }
     // Without the core's lock: the wait may be long, and the OOM handler and the Python
     // side's other threads need the core meanwhile.
@@ -719,6 +777,21 @@ pub extern "C" fn vsh_finish() -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attached_hook_leaves_once_its_viewers_are_gone() {
+        let t0 = std::time::Instant::now();
+        let mut a = Alone { since: t0, had_viewer: false };
+        // Waiting for the vramscope that attached to connect.
+        assert!(!a.leave(0, t0 + Duration::from_secs(30)));
+        assert!(!a.leave(1, t0 + Duration::from_secs(31)));
+        // A viewer's reconnect is not a departure; a departure is.
+        assert!(!a.leave(0, t0 + Duration::from_secs(32)));
+        assert!(a.leave(0, t0 + Duration::from_secs(34)));
+        // One that never came: the hook leaves after a minute.
+        let mut never = Alone { since: t0, had_viewer: false };
+        assert!(never.leave(0, t0 + Duration::from_secs(61)));
+    }
 
     #[test]
     fn knob_values_are_checked_against_their_kind() {

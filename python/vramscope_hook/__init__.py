@@ -20,7 +20,7 @@ import sys
 
 __all__ = ["install", "knob", "step", "active", "stop_requested"]
 
-_state = {"hooks": None, "core": None, "knobs": {}, "tried": False}
+_state = {"hooks": None, "core": None, "knobs": {}, "tried": False, "why": None}
 
 
 def _job_name():
@@ -33,7 +33,7 @@ def _job_name():
     return stem or "python"
 
 
-def _config(shim_path, torch):
+def _config(shim_path, torch, overrides):
     env = os.environ
     rank = int(env.get("RANK", "0"))
     world = env.get("WORLD_SIZE")
@@ -60,13 +60,17 @@ def _config(shim_path, torch):
         "alloc_conf": env.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "queue_batches": int(env.get("VRAMSCOPE_QUEUE", "256")),
         "cuda_available": bool(torch.cuda.is_available()),
+        **overrides,
     }
 
 
-def install():
+def install(overrides=None, before_hooks=None):
     """Starts capturing this process. Call right after `import torch`, before any model is
     built (`vramscope py` and `python -m vramscope_hook` do it for you). True if capture
-    runs; otherwise says why once, on stderr, and the job runs on uncaptured."""
+    runs; otherwise says why once, on stderr, and the job runs on uncaptured. `overrides`:
+    settings of the core's config that the environment would give (`vramscope attach --pid`
+    cannot set the job's environment). `before_hooks(hooks, core)` runs once the session is
+    up and before PyTorch's hooks are, so no step ends meanwhile."""
     if _state["hooks"] is not None or _state["tried"]:
         return _state["hooks"] is not None
     _state["tried"] = True
@@ -87,17 +91,22 @@ def install():
             print(f"vramscope_hook: {note}", file=sys.stderr)
         elif note and cuda:
             print(f"vramscope_hook: {note}: CUDA memory comes from PyTorch's memory history, read at every phase boundary", file=sys.stderr)
-        config = _config(shim_path, torch)
+        config = _config(shim_path, torch, overrides or {})
         config["shim_note"] = note if shim_path is None else None
         if core.vsh_start(json.dumps(config).encode()) != 0:
             raise _native.HookError(core.vsh_last_error().decode())
+        shim.vs_set_capture_enabled(True)  # again, after an earlier attach's unhook
         hooks = _hooks.Hooks(torch, shim, core)
         hooks.knob_values = lambda name, default: knob(name, default) if name in _state["knobs"] else default
+        hooks.on_unhook = _unhook
+        if before_hooks is not None:
+            before_hooks(hooks, core)
         hooks.install()
     except Exception as e:  # never break the job: it runs on, uncaptured
         if core is not None:
             core.vsh_finish()
         print(f"vramscope_hook: not capturing: {e}", file=sys.stderr)
+        _state["why"] = str(e)
         return False
     _state.update(hooks=hooks, core=core)
     atexit.register(core.vsh_finish)
@@ -105,6 +114,26 @@ def install():
     _follow_cuda(torch, core, hooks, shim_path is not None and note is None, note)
     _say_foreign_ooms()
     return True
+
+
+def _unhook():
+    """Takes the hook out of the job (`vramscope attach --pid`, once its viewers are gone):
+    every PyTorch hook and patch, the CPU allocator wrapper, the session; the CUDA trace
+    tracker, which PyTorch cannot remove, records nothing from now on. Attaching again
+    installs it afresh."""
+    hooks, core = _state["hooks"], _state["core"]
+    if hooks is None:
+        return
+    hooks.uninstall()
+    hooks.shim.vs_set_capture_enabled(False)
+    if hooks.history is not None:
+        hooks.history.stop()
+        hooks.history = None
+    atexit.unregister(core.vsh_finish)
+    atexit.unregister(hooks.read_history)
+    sys.excepthook = _state.pop("excepthook", sys.excepthook)
+    core.vsh_finish()
+    _state.update(hooks=None, core=None, tried=False, knobs={})
 
 
 def foreign_oom(error):
@@ -121,7 +150,7 @@ def foreign_oom(error):
 
 def _say_foreign_ooms():
     """A job dying of such an error: the screen says so before the traceback."""
-    previous = sys.excepthook
+    previous = _state["excepthook"] = sys.excepthook
 
     def excepthook(kind, error, tb):
         core = _state["core"]
@@ -147,6 +176,8 @@ def _follow_cuda(torch, core, hooks, shim_has_cuda, why):
 
     def on_cuda_init():
         # Runs inside the job's CUDA init: it must never raise into it.
+        if _state["core"] is not core:
+            return  # the hook left the job before it initialised CUDA
         reason = why
         try:
             if shim_has_cuda:

@@ -121,6 +121,10 @@ class History:
             raise RuntimeError(self.core.vsh_last_error().decode())
         self._record(True)
 
+    def stop(self):
+        """Turns the history off (the hook is leaving the job)."""
+        self._record(False)
+
     def read(self):
         """Hands the core what happened since the last read (call at a phase boundary)."""
         cuda = self.torch.cuda

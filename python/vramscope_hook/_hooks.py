@@ -57,6 +57,10 @@ class Hooks:
         self.stop_requested = False  # the viewer that started the job asked it to end
         self.history = None  # CUDA memory from PyTorch's history (`_history`), where used
         self._originals = []
+        self._handles = []
+        self.on_unhook = None  # set by the package: takes the hook out of the job
+        # Whether the step in progress began under the hook (not so when it came mid-step).
+        self.began = True
 
     # -- phases and scopes -------------------------------------------------------------
 
@@ -208,6 +212,13 @@ class Hooks:
         while paused)."""
         torch = self.torch
         now = time.perf_counter()
+        if not self.began:
+            # The step was under way when the hook came (`vramscope attach --pid`): not a
+            # whole step, so not reported; what it did counts towards the next one.
+            self.began = True
+            self.phase, self.backward_ran, self.loss, self.samples, self.ctx = OTHER, False, None, 0, 0
+            self.core.vsh_phase(OTHER)
+            return
         loss = loss if loss is not None else self.loss
         value = math.nan
         # Reading a CUDA loss would wait for the GPU: only a CPU one is read.
@@ -231,25 +242,37 @@ class Hooks:
         self.samples = 0
         self.ctx = 0
         self.step_started = time.perf_counter()
+        if stop == 2 and self.on_unhook is not None:
+            self.on_unhook()
 
     # -- installing ---------------------------------------------------------------------
 
     def install(self):
         torch = self.torch
         mm = torch.nn.modules.module
-        mm.register_module_forward_pre_hook(self._pre)
+        handles = self._handles
+        handles.append(mm.register_module_forward_pre_hook(self._pre))
         try:
             # Called even when forward raises (an OOM), so scopes stay balanced.
-            mm.register_module_forward_hook(self._post, always_call=True)
+            handles.append(mm.register_module_forward_hook(self._post, always_call=True))
         except TypeError:
-            mm.register_module_forward_hook(self._post)
+            handles.append(mm.register_module_forward_hook(self._post))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        register_optimizer_step_pre_hook(self._opt_pre)
-        register_optimizer_step_post_hook(self._opt_post)
+        handles.append(register_optimizer_step_pre_hook(self._opt_pre))
+        handles.append(register_optimizer_step_post_hook(self._opt_post))
         self._patch(torch.autograd, "backward", self._backward)
         self._patch(torch.optim.Optimizer, "zero_grad", self._zero_grad)
         self._patch(torch.nn.Module, "zero_grad", self._zero_grad)
+
+    def uninstall(self):
+        """Takes every hook and patch out again: the job runs as it did before."""
+        for h in self._handles:
+            h.remove()
+        for owner, attr, original in reversed(self._originals):
+            setattr(owner, attr, original)
+        self._handles.clear()
+        self._originals.clear()
 
     def _patch(self, owner, attr, wrap):
         original = getattr(owner, attr)

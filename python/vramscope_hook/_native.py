@@ -120,9 +120,12 @@ def core_path() -> Path:
 
 
 class _NoShim:
-    """Stands in for the shim where it could not be built: scopes go nowhere."""
+    """Stands in for the shim where it could not be built: scopes and switches go nowhere."""
 
     def vs_set_scope(self, scope):
+        return None
+
+    def vs_set_capture_enabled(self, on):
         return None
 
 
@@ -134,6 +137,7 @@ def load(torch):
         shim_path, note = build_shim(torch)
         shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
         shim.vs_set_scope.argtypes = [ctypes.c_uint32]
+        shim.vs_set_capture_enabled.argtypes = [ctypes.c_bool]
     except (HookError, OSError) as e:
         shim_path, shim, note = None, _NoShim(), str(e)
     core = ctypes.CDLL(str(core_path()))
@@ -154,4 +158,6 @@ def load(torch):
     core.vsh_history_push.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     core.vsh_history_stats.argtypes = [ctypes.c_uint8, ctypes.c_void_p, ctypes.c_uint64]
     core.vsh_history_bus_id.argtypes = [ctypes.c_uint8, ctypes.c_char_p]
+    core.vsh_seed.argtypes = [ctypes.c_uint8, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint8]
+    core.vsh_note.argtypes = [ctypes.c_char_p]
     return shim_path, shim, core, note
