@@ -1,8 +1,15 @@
-//! `vramscope view` and `vramscope diff` on the real fixtures: `--summary --json` against
-//! an independent Python reading of the same pickles, one-line errors on bad files,
-//! whole-screen snapshots of each view, and the loading screen of a long file.
+//! `vramscope view` and `vramscope diff`: whole-screen snapshots of each view, the
+//! loading screen of a long file, `--summary --json` and diffs. Each runs on a training
+//! run made here (`training::`, in every checkout) and on the real fixtures where they
+//! are present, through the same checks; on the real fixtures alone, `--summary --json`
+//! against an independent Python reading of the pickles, and one-line errors on bad
+//! files.
 
 mod common;
+#[path = "common/training_snapshot.rs"]
+mod training_snapshot;
+
+use std::path::Path;
 
 use common::vramscope;
 use common::viewer::{screen, screen_buffer, text};
@@ -14,7 +21,8 @@ use vramscope::screens::viewer::data::ViewerData;
 use vramscope_core::report::snapshot_summary::segment_stats;
 use vramscope_core::snapshot::{read_snapshot_file_observed, ReadPass};
 use vramscope::draw::draw_to_buffer;
-use vramscope::theme::Theme;
+use vramscope::theme::{ColorSupport, Theme};
+use vramscope_core::snapshot::model::Snapshot;
 
 /// Summary figures straight from the pickle with Python's own unpickler.
 const REFERENCE: &str = r#"
@@ -72,7 +80,11 @@ print(json.dumps({
 "#;
 
 fn summary_json(name: &str) -> serde_json::Value {
-    let out = vramscope().args(["view", "--summary", "--json"]).arg(common::fixture_path(name)).output().unwrap();
+    summary_json_of(&common::fixture_path(name))
+}
+
+fn summary_json_of(path: &Path) -> serde_json::Value {
+    let out = vramscope().args(["view", "--summary", "--json"]).arg(path).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -98,18 +110,27 @@ fn summary_figures_match_python_on_every_fixture() {
     }
 }
 
+/// The summary names its largest allocation by `top_frame`, with `file:line` among its
+/// frames.
+fn largest_is_named(s: &serde_json::Value, top_frame: &str, file: &str, line: i64) {
+    assert_eq!(s["largest"][0]["top_frame"], top_frame);
+    let frames = s["largest"][0]["frames"].as_array().unwrap();
+    assert!(frames.iter().any(|f| f["filename"].as_str().unwrap().ends_with(file) && f["line"] == line), "{frames:?}");
+}
+
+/// The file's annotation `name` lands on the timeline.
+fn annotation_is_placed(s: &serde_json::Value, name: &str) {
+    assert!(s["annotations"].as_array().unwrap().iter().any(|a| a["name"] == name && a["event"].is_u64()), "{}", s["annotations"]);
+}
+
 #[test]
 fn largest_allocation_names_its_model_frame() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    let s = summary_json(common::MAGMA27);
-    assert_eq!(s["largest"][0]["top_frame"], "forward (model.py:39)");
-    let frames = s["largest"][0]["frames"].as_array().unwrap();
-    assert!(frames.iter().any(|f| f["filename"].as_str().unwrap().ends_with("model.py") && f["line"] == 39));
+    largest_is_named(&summary_json(common::MAGMA27), "forward (model.py:39)", "model.py", 39);
     // SnapViewer's file has annotations; they land on the timeline.
-    let s = summary_json(common::SNAPVIEWER);
-    assert!(s["annotations"].as_array().unwrap().iter().any(|a| a["name"] == "Annotation3" && a["event"].is_u64()));
+    annotation_is_placed(&summary_json(common::SNAPVIEWER), "Annotation3");
 }
 
 #[test]
@@ -140,29 +161,33 @@ fn bad_files_give_one_line_and_exit_2() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-#[test]
-fn diff_of_a_file_with_itself_is_empty_and_across_files_reports_peaks() {
-    if common::skip_without_real_snapshots() {
-        return;
-    }
-    let a = common::fixture_path(common::MAGMA27);
-    let b = common::fixture_path(common::KKAITLYN);
-    let out = vramscope().args(["diff", "--json"]).arg(&a).arg(&a).output().unwrap();
+/// `diff a a` is empty; `diff a b` reports both peaks and what grew. Returns `diff a b`.
+fn diff_reports_peaks(a: &Path, b: &Path) -> serde_json::Value {
+    let out = vramscope().args(["diff", "--json"]).arg(a).arg(a).output().unwrap();
     assert!(out.status.success());
     let same: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(same["peak_active_bytes"]["delta"], 0);
     assert!(same["grew"].as_array().unwrap().is_empty() && same["shrank"].as_array().unwrap().is_empty());
-    let out = vramscope().args(["diff", "--json"]).arg(&a).arg(&b).output().unwrap();
+    let out = vramscope().args(["diff", "--json"]).arg(a).arg(b).output().unwrap();
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (sa, sb) = (summary_json(common::MAGMA27), summary_json(common::KKAITLYN));
+    let (sa, sb) = (summary_json_of(a), summary_json_of(b));
     assert_eq!(d["peak_active_bytes"]["a"], sa["peak_active_bytes"]);
     assert_eq!(d["peak_active_bytes"]["b"], sb["peak_active_bytes"]);
     assert_eq!(d["peak_reserved_bytes"]["b"], sb["peak_reserved_bytes"]);
     let grew = d["grew"].as_array().unwrap();
     assert!(!grew.is_empty() && grew.iter().all(|g| g["bytes"]["delta"].as_i64().unwrap() > 0));
     // What grew and shrank at the peak accounts for the whole change in active bytes.
-    let text = vramscope().arg("diff").arg(&a).arg(&b).output().unwrap();
+    let text = vramscope().arg("diff").arg(a).arg(b).output().unwrap();
     assert!(String::from_utf8_lossy(&text.stdout).contains("peak active"));
+    d
+}
+
+#[test]
+fn diff_of_a_file_with_itself_is_empty_and_across_files_reports_peaks() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
+    diff_reports_peaks(&common::fixture_path(common::MAGMA27), &common::fixture_path(common::KKAITLYN));
 }
 
 
@@ -178,14 +203,20 @@ fn view_timeline() {
     insta::assert_snapshot!(screen(&mut magma(), &[]));
 }
 
+/// Two steps less detail, zoomed in twice, the second band inspected.
+fn less_detail_zoomed_with_inspector(d: &mut ViewerData) -> String {
+    use ViewerKey::*;
+    let s = screen(d, &[DetailLess, DetailLess, ZoomIn, ZoomIn, SelectDown, Inspect]);
+    assert!(s.contains("detail 25%") && s.contains(" allocation "), "{s}");
+    s
+}
+
 #[test]
 fn view_timeline_less_detail_zoomed_with_inspector() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    use ViewerKey::*;
-    let s = screen(&mut magma(), &[DetailLess, DetailLess, ZoomIn, ZoomIn, SelectDown, Inspect]);
-    assert!(s.contains("detail 25%") && s.contains(" allocation "), "{s}");
+    let s = less_detail_zoomed_with_inspector(&mut magma());
     insta::assert_snapshot!(s);
 }
 
@@ -216,37 +247,37 @@ fn view_categories() {
     insta::assert_snapshot!(screen(&mut magma(), &[NextTab, NextTab, NextTab]));
 }
 
+/// The timeline after `keys`, the file's annotations marked under it.
+fn annotated_timeline(d: &mut ViewerData, keys: &[ViewerKey]) -> String {
+    let s = screen(d, keys);
+    assert!(s.contains('▶'), "{s}");
+    s
+}
+
 #[test]
 fn view_annotations_on_the_timeline() {
     if common::skip_without_real_snapshots() {
         return;
     }
     let mut d = ViewerData::open(&common::fixture_path(common::SNAPVIEWER), None).unwrap();
-    let s = screen(&mut d, &[]);
-    assert!(s.contains('▶'), "{s}");
+    let s = annotated_timeline(&mut d, &[]);
     insta::assert_snapshot!(s);
 }
 
 /// Long enough (about 9 MB) for the reader to report progress several times per pass.
 const COPIES: usize = 40;
 
-#[test]
-fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
-    if common::skip_without_real_snapshots() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("long.pickle");
-    common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
+/// Reading `path` (several MB) shows the segments, then ever longer prefixes of the trace.
+fn read_shows_growing_prefixes(path: &Path) {
     // (pass, done, segments shown, trace length, its last entry)
     let mut seen = Vec::new();
-    let snap = read_snapshot_file_observed(&path, &mut |p| {
+    let snap = read_snapshot_file_observed(path, &mut |p| {
         let t = p.traces.first().copied().unwrap_or_default();
         seen.push((p.pass, p.done, p.segments.is_some(), t.len(), t.last().map(|e| (e.action, e.addr, e.size, e.time_us))));
     })
     .unwrap();
     let trace = &snap.device_traces[0];
-    let size = std::fs::metadata(&path).unwrap().len() as usize;
+    let size = std::fs::metadata(path).unwrap().len() as usize;
     assert!(seen.len() >= 6, "progress through both passes of a {size}-byte file: {seen:?}");
     assert!(seen.windows(2).all(|w| (w[0].0, w[0].1) <= (w[1].0, w[1].1)), "checking, then decoding, each forward: {seen:?}");
     let check = seen.iter().filter(|s| s.0 == ReadPass::Check).count();
@@ -264,14 +295,21 @@ fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
 }
 
 #[test]
-fn the_loading_timeline_grows_into_the_loaded_one() {
+fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
     if common::skip_without_real_snapshots() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("long.pickle");
     common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
-    let rx = spawn_loader(path.clone(), None);
+    read_shows_growing_prefixes(&path);
+}
+
+/// The loading screen's timeline of `path` (named long.pickle) grows into the loaded
+/// one: more than `min_events` actions in `categories` categories, with blocks alive
+/// throughout.
+fn loading_timeline_grows_into_the_loaded_one(path: &Path, min_events: usize, categories: usize) {
+    let rx = spawn_loader(path.to_path_buf(), None);
     let mut loading = Loading::new("long.pickle".into());
     let mut midway = None;
     let mut fractions = Vec::new();
@@ -290,7 +328,7 @@ fn the_loading_timeline_grows_into_the_loaded_one() {
     assert!(loading.timeline().is_none(), "the timeline went to the viewer");
     let tl = &data.tl;
     let fresh = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&data.snap, 0);
-    assert!(tl.total_events > 100_000 && tl.categories.len() == 4, "{} {:?}", tl.total_events, tl.categories);
+    assert!(tl.total_events > min_events && tl.categories.len() == categories, "{} {:?}", tl.total_events, tl.categories);
     // Completed from what the loading screen fed, it is the timeline built from scratch.
     assert_eq!(tl.allocations, fresh.allocations);
     assert_eq!((tl.total_events, tl.peak_bytes, tl.peak_index), (fresh.total_events, fresh.peak_bytes, fresh.peak_index));
@@ -306,25 +344,75 @@ fn the_loading_timeline_grows_into_the_loaded_one() {
 }
 
 #[test]
-fn view_while_loading() {
+fn the_loading_timeline_grows_into_the_loaded_one() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    let snap = common::load(common::MAGMA27);
-    let mut loading = Loading::new(format!("{}.pickle", common::MAGMA27));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.pickle");
+    common::long_snapshot_file(common::KKAITLYN, COPIES, &path);
+    loading_timeline_grows_into_the_loaded_one(&path, 100_000, 4);
+}
+
+/// The loading screen of `name` with `done` of `total` bytes decoded: the segments of
+/// `snap` and the first `entries` entries of its trace.
+fn loading_screen(name: &str, snap: &Snapshot, (done, total): (usize, usize), entries: usize) -> String {
+    let mut loading = Loading::new(name.into());
     for u in [
-        LoadUpdate::Progress { pass: ReadPass::Decode, done: 180_000, total: 495_064 },
+        LoadUpdate::Progress { pass: ReadPass::Decode, done, total },
         LoadUpdate::Device(0),
         LoadUpdate::Segments(segment_stats(snap.device_segments(0)).1),
-        LoadUpdate::Events(snap.device_traces[0][..2500].iter().map(|e| (e.action, e.addr, e.size, 0)).collect(), vec!["unknown".into()]),
+        LoadUpdate::Events(snap.device_traces[0][..entries].iter().map(|e| (e.action, e.addr, e.size, 0)).collect(), vec!["unknown".into()]),
     ] {
         assert!(loading.apply(u).is_none());
     }
     loading.refresh_detail();
     let theme = Theme::load("dark").unwrap();
     let s = text(&draw_to_buffer(160, 40, |f| vramscope::screens::viewer::render::render_loading(f, &loading, &KeyMap::default(), &theme)));
-    assert!(s.contains("loading 49%") && s.contains("2500 trace entries so far") && s.contains("▼ active peak"), "{s}");
+    assert!(s.contains(&format!("{entries} trace entries so far")) && s.contains("▼ active peak"), "{s}");
+    s
+}
+
+#[test]
+fn view_while_loading() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
+    let snap = common::load(common::MAGMA27);
+    let s = loading_screen(&format!("{}.pickle", common::MAGMA27), &snap, (180_000, 495_064), 2500);
+    assert!(s.contains("loading 49%"), "{s}");
     insta::assert_snapshot!(s);
+}
+
+/// `rank1` is the run of `rank0` on cuda:1, device 0's lists empty: it opens on device 1,
+/// loaded in one go or through the loading screen, and diffs as the same run.
+fn opens_on_its_device(rank0: &Path, rank1: &Path) {
+    let snap = vramscope_core::snapshot::read_snapshot_file(rank1).unwrap();
+    let n = snap.device_traces[1].len();
+    let fresh = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&snap, 1);
+    let data = ViewerData::open(rank1, None).unwrap();
+    assert_eq!((data.device, data.tl.peak_bytes), (1, fresh.peak_bytes));
+    let rx = spawn_loader(rank1.to_path_buf(), None);
+    let mut loading = Loading::new("rank1.pickle".into());
+    let data = loop {
+        if let Some(done) = loading.apply(rx.recv().unwrap()) {
+            break done.unwrap();
+        }
+    };
+    assert_eq!(loading.device, Some(1));
+    assert_eq!((data.device, &data.tl.allocations, data.tl.peak_bytes), (1, &fresh.allocations, fresh.peak_bytes));
+    // Asked for device 0, the screen says where the trace is.
+    let mut data = ViewerData::open(rank1, Some(0)).unwrap();
+    let s = screen(&mut data, &[]);
+    assert!(s.contains(&format!("Device 1 has {n} trace entries: d shows the next device")), "{s}");
+    let s = screen(&mut data, &[ViewerKey::NextDevice]);
+    assert!(s.contains("device 1 of 2") && s.contains("▼ active peak"), "{s}");
+    // Against the same run on device 0 (another rank), nothing changed.
+    let out = vramscope().args(["diff", "--json"]).arg(rank0).arg(rank1).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&d["peak_active_bytes"]["delta"], &d["peak_reserved_bytes"]["delta"]), (&serde_json::json!(0), &serde_json::json!(0)));
+    assert!(d["peak_active_bytes"]["a"].as_u64().unwrap() > 0);
 }
 
 #[test]
@@ -337,37 +425,12 @@ fn a_snapshot_of_another_gpu_opens_on_its_device() {
     let path = dir.path().join("rank1.pickle");
     let mut snap = common::load(common::KKAITLYN);
     let trace = std::mem::take(&mut snap.device_traces[0]);
-    let n = trace.len();
     snap.device_traces = vec![Vec::new(), trace];
     for s in &mut snap.segments {
         s.device = 1;
     }
     vramscope_core::snapshot::save_snapshot_atomic(&snap, &path).unwrap();
-    let fresh = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&snap, 1);
-    // Loaded in one go, or through the loading screen, it opens on device 1.
-    let data = ViewerData::open(&path, None).unwrap();
-    assert_eq!((data.device, data.tl.peak_bytes), (1, fresh.peak_bytes));
-    let rx = spawn_loader(path.clone(), None);
-    let mut loading = Loading::new("rank1.pickle".into());
-    let data = loop {
-        if let Some(done) = loading.apply(rx.recv().unwrap()) {
-            break done.unwrap();
-        }
-    };
-    assert_eq!(loading.device, Some(1));
-    assert_eq!((data.device, &data.tl.allocations, data.tl.peak_bytes), (1, &fresh.allocations, fresh.peak_bytes));
-    // Asked for device 0, the screen says where the trace is.
-    let mut data = ViewerData::open(&path, Some(0)).unwrap();
-    let s = screen(&mut data, &[]);
-    assert!(s.contains(&format!("Device 1 has {n} trace entries: d shows the next device")), "{s}");
-    let s = screen(&mut data, &[ViewerKey::NextDevice]);
-    assert!(s.contains("device 1 of 2") && s.contains("▼ active peak"), "{s}");
-    // Against the same run on device 0 (another rank), nothing changed.
-    let out = vramscope().args(["diff", "--json"]).arg(common::fixture_path(common::KKAITLYN)).arg(&path).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((&d["peak_active_bytes"]["delta"], &d["peak_reserved_bytes"]["delta"]), (&serde_json::json!(0), &serde_json::json!(0)));
-    assert!(d["peak_active_bytes"]["a"].as_u64().unwrap() > 0);
+    opens_on_its_device(&common::fixture_path(common::KKAITLYN), &path);
 }
 
 /// MAGMA27 with categories the way a profiler-fed writer records them: logits-sized
@@ -391,18 +454,16 @@ fn band_colours(buf: &ratatui::buffer::Buffer) -> std::collections::BTreeSet<Str
     (4..area.height - 4).flat_map(|y| (11..area.width - 2).map(move |x| (x, y))).filter(|&p| buf[p].symbol() == "█").map(|p| format!("{:?}", buf[p].fg)).collect()
 }
 
-#[test]
-fn the_timeline_colours_by_category_or_by_allocation() {
-    if common::skip_without_real_snapshots() {
-        return;
-    }
+/// `categorized` (whose trace names `categories`) colours its bands by category, or by
+/// allocation; `plain` (a file without categories) by allocation, saying why. Returns
+/// the screen coloured by category.
+fn colours_by_category_or_by_allocation(categorized: &mut ViewerData, plain: &mut ViewerData, categories: &[&str]) -> String {
     let theme = Theme::load("dark").unwrap();
-    let mut d = categorized();
-    let buf = screen_buffer(&mut d, &[], &theme, 160, 40);
+    let buf = screen_buffer(categorized, &[], &theme, 160, 40);
     let s = text(&buf);
-    assert!(s.contains("by category (c: by allocation)") && s.contains("█ activation"), "{s}");
+    assert!(s.contains("by category (c: by allocation)"), "{s}");
     // Each category one colour: the bands take exactly the colours of the categories drawn.
-    let want: std::collections::BTreeSet<String> = ["activation", "parameter", "temporary", "unknown"]
+    let want: std::collections::BTreeSet<String> = categories
         .iter()
         .map(|n| format!("{:?}", theme.category(vramscope_core::event::Category::parse(n).unwrap())))
         .collect();
@@ -411,12 +472,40 @@ fn the_timeline_colours_by_category_or_by_allocation() {
     got.retain(|c| *c != format!("{:?}", theme.ui.accent) && *c != format!("{:?}", theme.chart.peak));
     assert!(got.len() >= 2 && got.is_subset(&want), "{got:?} not within {want:?}");
     // By allocation, neighbours differ: more colours than categories.
-    let buf = screen_buffer(&mut d, &[ViewerKey::ColourBy], &theme, 160, 40);
+    let buf = screen_buffer(categorized, &[ViewerKey::ColourBy], &theme, 160, 40);
     assert!(text(&buf).contains("by allocation (c: by category)"));
     assert!(band_colours(&buf).len() > want.len(), "{:?}", band_colours(&buf));
     // A file without categories says why it colours by allocation, and stays so.
-    let s = screen(&mut magma(), &[ViewerKey::ColourBy]);
-    assert!(s.contains("by allocation (no categories in the file)"), "{s}");
+    let plain = screen(plain, &[ViewerKey::ColourBy]);
+    assert!(plain.contains("by allocation (no categories in the file)"), "{plain}");
+    s
+}
+
+#[test]
+fn the_timeline_colours_by_category_or_by_allocation() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
+    let s = colours_by_category_or_by_allocation(&mut categorized(), &mut magma(), &["activation", "parameter", "temporary", "unknown"]);
+    // Four categories' legend fits beside the status.
+    assert!(s.contains("█ activation"), "{s}");
+}
+
+/// The largest list of `categorized` has a category column, that of `plain` (a file
+/// without categories) none; returns the former.
+fn largest_with_category_column(categorized: &mut ViewerData, plain: &mut ViewerData) -> String {
+    let s = screen(categorized, &[ViewerKey::NextTab]);
+    let head = s.lines().find(|l| l.contains("requested")).unwrap();
+    assert!(head.contains("category"), "{s}");
+    // Without categories there is no column saying unknown on every row.
+    let plain = screen(plain, &[ViewerKey::NextTab]);
+    assert!(!plain.contains("category") && !plain.contains("unknown"), "{plain}");
+    s
+}
+
+/// Row `n` of the largest list.
+fn row(s: &str, n: usize) -> &str {
+    s.lines().find(|l| l.starts_with(&format!("│{n} "))).unwrap()
 }
 
 #[test]
@@ -424,15 +513,48 @@ fn the_largest_list_has_a_category_column() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    let s = screen(&mut categorized(), &[ViewerKey::NextTab]);
-    let head = s.lines().find(|l| l.contains("requested")).unwrap();
-    assert!(head.contains("category"), "{s}");
+    let s = largest_with_category_column(&mut categorized(), &mut magma());
     // The logits-sized block is an activation.
-    let row = |n: &str| s.lines().find(|l| l.starts_with(&format!("│{n} "))).unwrap().to_string();
-    assert!(row("1").contains("█ activation") && row("1").contains("forward (model.py:39)"), "{s}");
-    // Without categories there is no column saying unknown on every row.
-    let s = screen(&mut magma(), &[ViewerKey::NextTab]);
-    assert!(!s.contains("category") && !s.contains("unknown"), "{s}");
+    assert!(row(&s, 1).contains("█ activation") && row(&s, 1).contains("forward (model.py:39)"), "{s}");
+}
+
+/// The inspector is the right-hand 48 columns.
+fn inspector_column(s: &str) -> Vec<String> {
+    s.lines().map(|l| l.chars().skip(112).collect::<String>()).collect()
+}
+
+/// The inspector on the top band at the peak whose frames include a Python one (blocks
+/// older than the trace have no frames, those made in backward only native ones): the
+/// Python frames first, the native ones folded into a line. Returns the keys that got
+/// there, the inspector's column and the row of its frames' header.
+fn inspect_a_band_with_python_frames(d: &mut ViewerData) -> (Vec<ViewerKey>, Vec<String>, usize) {
+    use ViewerKey::*;
+    let mut keys = vec![Inspect];
+    while !inspector_column(&screen(d, &keys)).iter().any(|l| l.contains(".py:")) {
+        keys.insert(0, SelectDown);
+        assert!(keys.len() < 40, "no band with Python frames at the peak");
+    }
+    let side = inspector_column(&screen(d, &keys));
+    let header = side.iter().position(|l| l.contains("frames (collapsed; f toggles)")).expect("frames header");
+    assert!(side[header + 1].contains(".py:"), "the user's Python line first:\n{}", side.join("\n"));
+    assert!(side.iter().any(|l| l.contains("native frames (f shows them)")), "{}", side.join("\n"));
+    assert!(!side.iter().any(|l| l.contains("at::") || l.contains("c10::")), "{}", side.join("\n"));
+    (keys, side, header)
+}
+
+/// After `keys`, unfolded, the frames run past the inspector's box: the title says which
+/// of its rows show, and the keys scroll. Returns how many rows there are.
+fn unfolded_frames_scroll(d: &mut ViewerData, keys: &[ViewerKey]) -> usize {
+    use ViewerKey::*;
+    let with = |more: &[ViewerKey]| [keys, more].concat();
+    let s = screen(d, &with(&[AllFrames]));
+    let rows = s.split(" allocation 1–35/").nth(1).and_then(|t| t.split(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("rows 1–35 of more:\n{s}"));
+    assert!(s.contains(&format!(" allocation 1–35/{rows} (pageup/pagedown) ")) && !s.contains("native frames (f"), "{s}");
+    let scrolled = screen(d, &with(&[AllFrames, InspectorDown, InspectorDown]));
+    assert!(scrolled.contains(&format!(" allocation 11–45/{rows} ")), "{scrolled}");
+    let back = screen(d, &with(&[AllFrames, InspectorDown, InspectorDown, InspectorUp, InspectorUp, InspectorUp]));
+    assert_eq!(back, s);
+    rows
 }
 
 #[test]
@@ -440,31 +562,24 @@ fn the_inspector_shows_python_frames_first_and_scrolls() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    use ViewerKey::*;
     let mut d = ViewerData::open(&common::fixture_path(common::KKAITLYN), None).unwrap();
-    // The top band at the peak with frames (blocks older than the trace have none).
-    let mut keys = vec![Inspect];
-    let side = |s: &str| -> Vec<String> { s.lines().map(|l| l.chars().skip(112).collect::<String>()).collect() };
-    while side(&screen(&mut d, &keys)).iter().any(|l| l.contains("(none recorded)")) {
-        keys.insert(0, SelectDown);
-        assert!(keys.len() < 40, "no band with frames at the peak");
-    }
-    let s = screen(&mut d, &keys);
-    // The inspector is the right-hand 48 columns.
-    let side = side(&s);
-    let header = side.iter().position(|l| l.contains("frames (collapsed; f toggles)")).expect("frames header");
-    assert!(side[header + 1].contains(".py:"), "the user's Python line first:\n{}", side.join("\n"));
-    assert!(side.iter().any(|l| l.contains("native frames (f shows them)")), "{}", side.join("\n"));
-    assert!(!side.iter().any(|l| l.contains("at::") || l.contains("c10::")), "{}", side.join("\n"));
+    let (keys, side, header) = inspect_a_band_with_python_frames(&mut d);
     insta::assert_snapshot!(side[header - 7..].join("\n"));
-    // Unfolded, the frames run past the box: the title says where, and the keys scroll.
-    let with = |more: &[ViewerKey]| [keys.as_slice(), more].concat();
-    let s = screen(&mut d, &with(&[AllFrames]));
-    assert!(s.contains(" allocation 1–35/182 (pageup/pagedown) ") && !s.contains("native frames (f"), "{s}");
-    let scrolled = screen(&mut d, &with(&[AllFrames, InspectorDown, InspectorDown]));
-    assert!(scrolled.contains(" allocation 11–45/182 "), "{scrolled}");
-    let back = screen(&mut d, &with(&[AllFrames, InspectorDown, InspectorDown, InspectorUp, InspectorUp, InspectorUp]));
-    assert_eq!(back, s);
+    assert_eq!(unfolded_frames_scroll(&mut d, &keys), 182);
+}
+
+/// The help over `d` at 80×24: every key and every word of every description whole.
+fn help_at_80_by_24(d: &mut ViewerData) -> String {
+    let theme = Theme::load("dark").unwrap();
+    let s = text(&screen_buffer(d, &[ViewerKey::Help], &theme, 80, 24));
+    let keys = KeyMap::<ViewerKey>::default();
+    for (key, help) in keys.help_rows() {
+        assert!(s.contains(&key), "{key}:\n{s}");
+        for word in help.split_whitespace() {
+            assert!(s.split(|c: char| c.is_whitespace() || c == '│').any(|w| w == word), "'{word}' of '{help}':\n{s}");
+        }
+    }
+    s
 }
 
 #[test]
@@ -472,17 +587,27 @@ fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    let theme = Theme::load("dark").unwrap();
-    let s = text(&screen_buffer(&mut magma(), &[ViewerKey::Help], &theme, 80, 24));
-    let keys = KeyMap::<ViewerKey>::default();
-    // Every key and every word of every description is on screen whole.
-    for (key, help) in keys.help_rows() {
-        assert!(s.contains(&key), "{key}:\n{s}");
-        for word in help.split_whitespace() {
-            assert!(s.split(|c: char| c.is_whitespace() || c == '│').any(|w| w == word), "'{word}' of '{help}':\n{s}");
-        }
-    }
+    let s = help_at_80_by_24(&mut magma());
     insta::assert_snapshot!(s);
+}
+
+/// Each colour depth, with the name of its screen's snapshot.
+const DEPTHS: [(ColorSupport, &str); 2] = [(ColorSupport::Palette256, "viewer_colours_256"), (ColorSupport::TrueColor, "viewer_colours_truecolor")];
+
+/// The 80×24 screen of `d` with its colours at `depth`: the categories drawn stay apart,
+/// and 256 colours draw no RGB.
+fn colours_at(depth: ColorSupport, d: &mut ViewerData) -> String {
+    use vramscope_core::event::Category;
+    let theme = Theme::load_at("dark", depth).unwrap();
+    let buf = screen_buffer(d, &[], &theme, 80, 24);
+    let [a, p, t] = [Category::Activation, Category::Parameter, Category::Temporary].map(|c| theme.category(c));
+    assert!(a != p && p != t && a != t, "{depth:?}: {a:?} {p:?} {t:?}");
+    if depth == ColorSupport::Palette256 {
+        let area = buf.area;
+        let rgb = (0..area.height).flat_map(|y| (0..area.width).map(move |x| (x, y))).find(|&c| matches!(buf[c].fg, ratatui::style::Color::Rgb(..)) || matches!(buf[c].bg, ratatui::style::Color::Rgb(..)));
+        assert_eq!(rgb, None, "256 colours draw no RGB");
+    }
+    common::colour_capture::colours(&buf)
 }
 
 #[test]
@@ -490,20 +615,8 @@ fn viewer_colours_at_256_and_truecolor() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    use vramscope_core::event::Category;
-    use vramscope::theme::ColorSupport;
-    for (depth, name) in [(ColorSupport::Palette256, "viewer_colours_256"), (ColorSupport::TrueColor, "viewer_colours_truecolor")] {
-        let theme = Theme::load_at("dark", depth).unwrap();
-        let buf = screen_buffer(&mut categorized(), &[], &theme, 80, 24);
-        // The categories drawn stay apart at this depth, and 256 colours draw no RGB.
-        let [a, p, t] = [Category::Activation, Category::Parameter, Category::Temporary].map(|c| theme.category(c));
-        assert!(a != p && p != t && a != t, "{depth:?}: {a:?} {p:?} {t:?}");
-        if depth == ColorSupport::Palette256 {
-            let area = buf.area;
-            let rgb = (0..area.height).flat_map(|y| (0..area.width).map(move |x| (x, y))).find(|&c| matches!(buf[c].fg, ratatui::style::Color::Rgb(..)) || matches!(buf[c].bg, ratatui::style::Color::Rgb(..)));
-            assert_eq!(rgb, None, "256 colours draw no RGB");
-        }
-        insta::assert_snapshot!(name, common::colour_capture::colours(&buf));
+    for (depth, name) in DEPTHS {
+        insta::assert_snapshot!(name, colours_at(depth, &mut categorized()));
     }
 }
 
@@ -531,4 +644,199 @@ fn the_what_if_panel_on_a_long_trace_computes_off_the_ui_thread() {
     let done = draw(&data, &ui);
     assert!(done.contains("frag@peak") && done.contains("recorded: defaults"), "{done}");
     assert!(!done.contains("computing…"), "{done}");
+}
+
+/// The same checks on a small training run made here (`training_snapshot`): they run in
+/// every checkout, with or without the real fixtures.
+mod training {
+    use super::*;
+    use std::path::PathBuf;
+    use training_snapshot::TrainingRun;
+
+    /// `run` written to `dir` as `name`, as `vramscope view` is given it.
+    fn written(run: TrainingRun, dir: &Path, name: &str) -> PathBuf {
+        let path = dir.join(name);
+        training_snapshot::write(run, &path);
+        path
+    }
+
+    /// The run, opened as `vramscope view train.pickle` opens it.
+    fn training() -> ViewerData {
+        let dir = tempfile::tempdir().unwrap();
+        ViewerData::open(&written(TrainingRun::default(), dir.path(), "train.pickle"), None).unwrap()
+    }
+
+    /// The run as a file whose writer recorded no categories.
+    fn uncategorized() -> ViewerData {
+        let mut snap = TrainingRun::default().snapshot();
+        for e in &mut snap.device_traces[0] {
+            e.category = None;
+        }
+        ViewerData::new("train.pickle".into(), snap, 0)
+    }
+
+    /// The categories of the run: those its trace names, and "unknown" for the blocks
+    /// alive throughout it.
+    const CATEGORIES: [&str; 7] = ["unknown", "parameter", "input", "activation", "temporary", "gradient", "optimizer_state"];
+
+    #[test]
+    fn view_timeline() {
+        let s = screen(&mut training(), &[]);
+        assert!(s.contains("device 0 of 1 · 46 segments, 131 blocks, 1028 trace entries"), "{s}");
+        assert!(s.contains("▼ active peak 271 MiB") && s.contains("by category (c: by allocation)"), "{s}");
+        // The cursor starts at the peak: in the second step's backward pass.
+        assert!(s.contains("action 334 · t+0.028 s · active 271 MiB · in step 1 > backward"), "{s}");
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn view_timeline_less_detail_zoomed_with_inspector() {
+        let s = less_detail_zoomed_with_inspector(&mut training());
+        // Zoomed in around the peak, the inspector on the second band from the top.
+        assert!(!s.contains("actions 0–682 of 682") && s.contains("category   "), "{s}");
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn view_largest_with_inspector() {
+        use ViewerKey::*;
+        let s = screen(&mut training(), &[NextTab, SelectDown, Inspect]);
+        // The first layer's attention softmax: torch's Python frame, then the model's.
+        assert!(row(&s, 2).contains("16.0 MiB") && row(&s, 2).contains("forward (model.py:50)"), "{s}");
+        let side = inspector_column(&s);
+        let header = side.iter().position(|l| l.contains("frames (collapsed")).expect("frames header");
+        assert!(side[header + 1].contains("  softmax (functional.py:2140)") && side[header + 2].contains("  forward (model.py:50)"), "{s}");
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn view_segments() {
+        use ViewerKey::*;
+        let s = screen(&mut training(), &[NextTab, NextTab]);
+        assert!(s.contains(" segments · 46 on device 0 "), "{s}");
+        // The dataset, on the GPU before recording began, fills most of the first segment.
+        assert!(s.contains("│0x7f3a40000000   large  12.0 MiB  11.4 MiB"), "{s}");
+        assert_eq!(s.lines().filter(|l| l.starts_with("│0x7f3a")).count(), 31, "as many rows as fit:\n{s}");
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn view_categories() {
+        use ViewerKey::*;
+        let s = screen(&mut training(), &[NextTab, NextTab, NextTab]);
+        assert!(s.contains(" bytes at the peak (action 334) by category "), "{s}");
+        for c in CATEGORIES {
+            assert!(s.lines().any(|l| l.split_whitespace().any(|w| w == c)), "{c}:\n{s}");
+        }
+        // Activations hold most of the peak.
+        assert!(s.lines().nth(3).unwrap().contains("59.0%") && s.lines().nth(3).unwrap().contains("activation"), "{s}");
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn view_annotations_on_the_timeline() {
+        let s = annotated_timeline(&mut training(), &[ViewerKey::ZoomIn, ViewerKey::ZoomIn]);
+        // Phases start (▶) and end (◀) under the plot; the status names those the cursor is in.
+        let marks = s.lines().find(|l| l.contains('▲')).expect("the ribbon");
+        assert!(marks.contains('◀'), "{s}");
+        assert!(s.contains("in step 1 > backward"), "{s}");
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn largest_allocation_names_its_model_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = summary_json_of(&written(TrainingRun::default(), dir.path(), "train.pickle"));
+        // The first layer's attention scores, `q @ k.transpose(-2, -1)`.
+        largest_is_named(&s, "forward (model.py:48)", "model.py", 48);
+        for phase in ["step 0", "forward", "backward", "optimizer"] {
+            annotation_is_placed(&s, phase);
+        }
+    }
+
+    #[test]
+    fn diff_of_a_file_with_itself_is_empty_and_across_files_reports_peaks() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = written(TrainingRun::default(), dir.path(), "batch8.pickle");
+        let b = written(TrainingRun { batch: 16, ..TrainingRun::default() }, dir.path(), "batch16.pickle");
+        let d = diff_reports_peaks(&a, &b);
+        // Twice the sequences: the activations at the peak double (all but the 4-byte
+        // loss); the parameters, their gradients and Adam's state do not change.
+        let at_peak = |c: &str| d["groups"].as_array().unwrap().iter().find(|g| g["name"] == c).unwrap()["bytes"].clone();
+        assert_eq!(at_peak("activation")["delta"].as_u64(), at_peak("activation")["a"].as_u64().map(|a| a - 4), "{d}");
+        for c in ["parameter", "gradient", "optimizer_state"] {
+            assert_eq!(at_peak(c)["delta"], 0, "{c}: {d}");
+        }
+        assert_eq!(d["grew"][0]["top_frame"], "forward (model.py:50)", "the attention softmax grew most: {d}");
+    }
+
+    /// Long enough (about 7 MB) for the reader to report progress several times per pass.
+    const LONG: TrainingRun = TrainingRun { steps: 320, batch: 8, device: 0 };
+
+    #[test]
+    fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        read_shows_growing_prefixes(&written(LONG, dir.path(), "long.pickle"));
+    }
+
+    #[test]
+    fn the_loading_timeline_grows_into_the_loaded_one() {
+        let dir = tempfile::tempdir().unwrap();
+        loading_timeline_grows_into_the_loaded_one(&written(LONG, dir.path(), "long.pickle"), 60_000, CATEGORIES.len());
+    }
+
+    #[test]
+    fn view_while_loading() {
+        let s = loading_screen("train.pickle", &TrainingRun::default().snapshot(), (45_000, 90_000), 400);
+        assert!(s.contains("loading 60%") && s.contains("46 segments, reserved 618 MiB"), "{s}");
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn a_snapshot_of_another_gpu_opens_on_its_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let rank0 = written(TrainingRun::default(), dir.path(), "rank0.pickle");
+        let rank1 = written(TrainingRun { device: 1, ..TrainingRun::default() }, dir.path(), "rank1.pickle");
+        opens_on_its_device(&rank0, &rank1);
+    }
+
+    #[test]
+    fn the_timeline_colours_by_category_or_by_allocation() {
+        colours_by_category_or_by_allocation(&mut training(), &mut uncategorized(), &CATEGORIES);
+    }
+
+    #[test]
+    fn the_largest_list_has_a_category_column() {
+        let s = largest_with_category_column(&mut training(), &mut uncategorized());
+        // The attention scores are a temporary, their softmax an activation.
+        assert!(row(&s, 1).contains("█ temporary") && row(&s, 1).contains("forward (model.py:48)"), "{s}");
+        assert!(row(&s, 2).contains("█ activation") && row(&s, 2).contains("forward (model.py:50)"), "{s}");
+    }
+
+    #[test]
+    fn the_inspector_shows_python_frames_first_and_scrolls() {
+        let mut d = training();
+        // The top band at the peak was made in backward: its native frames show as they are.
+        let top = inspector_column(&screen(&mut d, &[ViewerKey::Inspect]));
+        assert!(top.iter().any(|l| l.contains("MmBackward0")) && !top.iter().any(|l| l.contains(".py:") || l.contains("native frames (f")), "{}", top.join("\n"));
+        let (keys, side, header) = inspect_a_band_with_python_frames(&mut d);
+        // Below the backward pass's gradients, the loss: torch's frame, then the model's.
+        assert!(side[header + 1].contains("  cross_entropy (functional.py:3494)") && side[header + 2].contains("  forward (model.py:121)"), "{}", side.join("\n"));
+        insta::assert_snapshot!(side[header - 8..].join("\n"));
+        // All 38 frames, the long C++ names wrapped.
+        assert_eq!(unfolded_frames_scroll(&mut d, &keys), 81);
+    }
+
+    #[test]
+    fn the_help_fits_an_80_by_24_terminal_without_cutting_words() {
+        let s = help_at_80_by_24(&mut training());
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn viewer_colours_at_256_and_truecolor() {
+        for (depth, name) in DEPTHS {
+            insta::assert_snapshot!(name, colours_at(depth, &mut training()));
+        }
+    }
 }
