@@ -88,7 +88,9 @@ fn ptrace_refusal(pid: u32) -> Option<String> {
     }
 }
 
-/// The gdb commands: wait for a safe point, load the core, start the attach thread.
+/// The gdb commands: wait for a safe point, load the core, start the attach thread. The
+/// work is in the breakpoints' commands, so it runs only where one was hit: a wait that is
+/// interrupted (the job never allocates) changes nothing.
 fn gdb_script(core: &Path, script: &Path) -> String {
     let q = |p: &Path| serde_json::to_string(&p.to_string_lossy()).expect("a string serialises");
     format!(
@@ -96,12 +98,15 @@ fn gdb_script(core: &Path, script: &Path) -> String {
          # A signal during a call unwinds it rather than leaving the job stopped in it.\n\
          set unwindonsignal on\n\
          sharedlibrary libc.so\n\
-         break malloc\nbreak free\ncontinue\ndelete\n\
-         set $h = (void*)dlopen({core}, 2)\n\
-         if $h == 0\n  printf \"VS_DLOPEN_FAILED %s\\n\", (char*)dlerror()\nelse\n\
-         \x20 set $f = (int(*)(const char*))dlsym($h, \"vsh_attach_spawn\")\n\
-         \x20 if $f == 0\n    printf \"VS_NO_ENTRY\\n\"\n  else\n    printf \"VS_SPAWNED %d\\n\", $f({script})\n  end\nend\n\
-         detach\nquit\n",
+         break malloc\nbreak free\n\
+         commands 1-2\n\
+         \x20 silent\n  delete\n\
+         \x20 set $h = (void*)dlopen({core}, 2)\n\
+         \x20 if $h == 0\n    printf \"VS_DLOPEN_FAILED %s\\n\", (char*)dlerror()\n  else\n\
+         \x20   set $f = (int(*)(const char*))dlsym($h, \"vsh_attach_spawn\")\n\
+         \x20   if $f == 0\n      printf \"VS_NO_ENTRY\\n\"\n    else\n      printf \"VS_SPAWNED %d\\n\", $f({script})\n    end\n  end\n\
+         end\n\
+         continue\ndetach\nquit\n",
         core = q(core),
         script = q(script)
     )

@@ -1,0 +1,151 @@
+//! `vramscope attach --pid` on jobs started with plain `python` (issue 30): what it streams,
+//! that the job runs on untouched once vramscope leaves, and the one-line refusals this
+//! machine can produce (gdb is installed by scripts/setup's test dependencies).
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{python, repo_root, vramscope};
+
+/// `tests/py/plain_job.py` with `args`, started as a user starts it, vramscope nowhere.
+fn plain_job(args: &[&str], dir: &Path) -> Child {
+    Command::new(python())
+        .arg(repo_root().join("tests/py/plain_job.py"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PYTHONPATH")
+        .env_remove("VRAMSCOPE_HOOK")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until process `pid` has torch loaded (a job that has not imported it is refused).
+fn wait_for_torch(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default().contains("libtorch_cpu.so") {
+        assert!(Instant::now() < deadline, "the job never imported torch");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn sockets() -> std::path::PathBuf {
+    vramscope_core::channel::dir::socket_dir().unwrap()
+}
+
+fn attach_json(pid: u32, steps: u64, dir: &Path) -> Vec<serde_json::Value> {
+    let out = vramscope()
+        .args(["attach", "--pid", &pid.to_string(), "--headless", "--json", "--steps", &steps.to_string(), "--snapshot-dir"])
+        .arg(dir)
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn a_plain_python_job_streams_whole_steps_and_runs_on_as_before_once_vramscope_leaves() {
+    let t = tempfile::tempdir().unwrap();
+    let (out, times) = (t.path().join("figures.json"), t.path().join("times.txt"));
+    let mut job = plain_job(&["--steps", "900", "--out", out.to_str().unwrap(), "--times", times.to_str().unwrap()], t.path());
+    wait_for_torch(job.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let attached_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let steps = attach_json(job.id(), 3, t.path());
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    let figures: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let params = figures["parameter_bytes"].as_u64().unwrap();
+    for s in &steps {
+        for phase in ["forward", "backward", "optimizer"] {
+            assert!(s["phase_peak_bytes"][phase].as_u64().is_some_and(|b| b > 0), "{phase} in {s}");
+        }
+        // Made before vramscope came, learned from the job's own objects.
+        let seen = s["category_bytes"]["parameter"].as_u64().unwrap();
+        assert!(seen.abs_diff(params) * 50 <= params, "parameter bytes {seen}, the job's own count {params}");
+        assert_eq!(s["category_bytes"]["optimizer_state"].as_u64(), Some(2 * seen), "AdamW's two moments: {s}");
+    }
+    // The hook leaves the job once its viewer is gone, and a second attach works.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sessions_of(job.id()) > 0 {
+        assert!(Instant::now() < deadline, "the hook never left the job");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let left_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert_eq!(attach_json(job.id(), 2, t.path()).len(), 2, "attached again");
+    let status = job.wait().unwrap();
+    assert!(status.success(), "the job ran to its end: {status:?}");
+    let mut said = String::new();
+    std::io::Read::read_to_string(job.stdout.as_mut().unwrap(), &mut said).unwrap();
+    assert!(said.contains("trained 900 steps"), "{said}");
+    // The pause the job saw while vramscope got in: well under a second between two steps.
+    let rows: Vec<(f64, f64)> = std::fs::read_to_string(&times).unwrap().lines().map(|l| {
+        let mut it = l.split_whitespace().map(|v| v.parse::<f64>().unwrap());
+        (it.next().unwrap(), it.next().unwrap())
+    }).collect();
+    let gap = rows.windows(2).filter(|w| w[1].0 > attached_at && w[0].0 < left_at).map(|w| w[1].0 - w[0].0).fold(0.0, f64::max);
+    assert!(gap < 1.0, "the job stood still {gap:.2} s");
+}
+
+/// vramscope sessions serving from inside process `pid`.
+fn sessions_of(pid: u32) -> usize {
+    std::fs::read_dir(sockets()).map(|d| d.filter_map(Result::ok).filter(|e| {
+        let n = e.file_name().to_string_lossy().into_owned();
+        n.contains(&format!("-pid{pid}")) && n.ends_with(".sock")
+    }).count()).unwrap_or(0)
+}
+
+fn refusal(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = vramscope();
+    cmd.arg("attach").args(args).timeout(Duration::from_secs(60));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    err
+}
+
+#[test]
+fn what_cannot_be_attached_to_is_said_in_one_line_and_the_job_is_left_as_it_was() {
+    // No such process.
+    let max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    let e = refusal(&["--pid", &(max + 1).to_string(), "--headless"], &[]);
+    assert!(e.contains("no process with PID"), "{e}");
+    // Not Python.
+    let mut sleep = Command::new("sleep").arg("60").spawn().unwrap();
+    let e = refusal(&["--pid", &sleep.id().to_string(), "--headless"], &[]);
+    assert!(e.contains("is not a CPython process") && e.contains("sleep"), "{e}");
+    sleep.kill().unwrap();
+    // Python without torch.
+    let mut bare = Command::new(python()).args(["-c", "import time; time.sleep(60)"]).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let e = refusal(&["--pid", &bare.id().to_string(), "--headless"], &[]);
+    assert!(e.contains("has not imported torch yet"), "{e}");
+    bare.kill().unwrap();
+
+    let t = tempfile::tempdir().unwrap();
+    // A job that never allocates (asleep before its first step): nothing changes in it.
+    let ready = t.path().join("ready.json");
+    let mut idle = plain_job(&["--steps", "1", "--idle", "600", "--out", ready.to_str().unwrap()], t.path());
+    // Its model is built and written down: from here on it only sleeps.
+    common::tmux::wait_file(&ready, 60);
+    std::thread::sleep(Duration::from_millis(500));
+    let e = refusal(&["--pid", &idle.id().to_string(), "--headless"], &[]);
+    assert!(e.contains("called neither malloc nor free"), "{e}");
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", idle.id())).unwrap();
+    assert!(!maps.contains("libvramscope_hook"), "nothing was loaded into the job");
+    assert!(idle.try_wait().unwrap().is_none(), "the job lives on");
+    // No gdb, and a Python without sys.remote_exec.
+    let e = refusal(&["--pid", &idle.id().to_string(), "--headless"], &[("PATH", "/nonexistent")]);
+    assert!(e.contains("gdb is not installed") && e.contains("sys.remote_exec"), "{e}");
+    idle.kill().unwrap();
+    let _ = idle.wait();
+}

@@ -1,0 +1,40 @@
+"""A training loop started with plain `python`, nothing of vramscope in it: an MLP with
+AdamW, one step every --sleep seconds. Writes its own figures to --out (JSON: parameter
+bytes) and, per step, the time it ended and how long it took to --times."""
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--sleep", type=float, default=0.02)
+    p.add_argument("--out")
+    p.add_argument("--times")
+    p.add_argument("--idle", type=float, default=0.0, help="seconds asleep before training (no thread allocates meanwhile)")
+    a = p.parse_args()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}, f)
+    times = open(a.times, "w") if a.times else None
+    time.sleep(a.idle)
+    for _ in range(a.steps):
+        t = time.perf_counter()
+        model(torch.randn(64, 256)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if times:
+            times.write(f"{time.time():.6f} {time.perf_counter() - t:.6f}\n")
+            times.flush()
+        time.sleep(a.sleep)
+    print("trained", a.steps, "steps", flush=True)
+
+
+if __name__ == "__main__":
+    main()
