@@ -149,3 +149,29 @@ fn what_cannot_be_attached_to_is_said_in_one_line_and_the_job_is_left_as_it_was(
     idle.kill().unwrap();
     let _ = idle.wait();
 }
+
+/// Live, in a real terminal: the attached job's steps on the screen, `d` leaves it running,
+/// the terminal is restored, and the hook comes out of the job.
+#[test]
+fn live_in_a_terminal_d_leaves_the_job_running_without_the_hook() {
+    let t = tempfile::tempdir().unwrap();
+    let mut job = plain_job(&["--steps", "1500"], t.path());
+    wait_for_torch(job.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let cmd = format!("{bin} attach --pid {} --snapshot-dir {d}; echo $? > {d}/exit", job.id(), d = t.path().display());
+    let s = common::tmux::Session::start("vramscope-attach-pid", &cmd);
+    let screen = s.wait_for("the job's steps", 120, |sc| sc.contains("plain_job") && sc.contains("step 2"));
+    assert!(screen.contains("active memory"), "{screen}");
+    s.keys("d");
+    assert_eq!(common::tmux::wait_file(&t.path().join("exit"), 60).trim(), "0");
+    s.assert_terminal_restored();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sessions_of(job.id()) > 0 {
+        assert!(Instant::now() < deadline, "the hook never left the job");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(job.try_wait().unwrap().is_none(), "the job runs on");
+    job.kill().unwrap();
+    let _ = job.wait();
+}

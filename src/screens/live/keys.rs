@@ -35,7 +35,7 @@ crate::actions! {
     NextStep, "next_step", "n", "replay: seek a step forward";
     PrevStep, "prev_step", "N", "replay: seek a step back";
     Help, "help", "?", "this help";
-    Detach, "detach", "d", "quit, leaving a job vramscope py started running";
+    Detach, "detach", "d", "quit, leaving the job running (py, attach)";
     Quit, "quit", "q", "quit (stops a job vramscope started; an attached one runs on)";
 }
 

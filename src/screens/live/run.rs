@@ -353,11 +353,11 @@ impl Controls for JobControls<'_> {
         }
         match a {
             LiveKey::Quit => return true,
-            LiveKey::Detach if self.kind == JobKind::Started => {
+            LiveKey::Detach if self.kind != JobKind::Engine => {
                 self.detached = true;
                 return true;
             }
-            LiveKey::Detach => store.log_line(LogKind::Info, "d leaves a job started by `vramscope py` running; q already leaves this one running".into()),
+            LiveKey::Detach => store.log_line(LogKind::Info, "d leaves a user's job running (py, attach); vramscope's own model ends with the screen: q".into()),
             // Nothing runs to save it at the end of: say so rather than promise it.
             LiveKey::Snapshot if store.finished => store.log_line(
                 LogKind::Info,
