@@ -104,7 +104,7 @@ pub fn hook_env(cmd: &mut Command, python: &Path, a: &HookSettings) -> anyhow::R
         path.extend(std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
         cmd.env("PATH", std::env::join_paths(path)?);
     }
-    let dir = std::path::absolute(&a.snapshot_dir)?;
+    let dir = std::path::absolute(a.snapshot_dir)?;
     cmd.env("VRAMSCOPE_SNAPSHOT_DIR", dir);
     if let Some(d) = a.device {
         cmd.env("VRAMSCOPE_DEVICE", d);

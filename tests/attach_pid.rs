@@ -124,12 +124,14 @@ fn what_cannot_be_attached_to_is_said_in_one_line_and_the_job_is_left_as_it_was(
     let e = refusal(&["--pid", &sleep.id().to_string(), "--headless"], &[]);
     assert!(e.contains("is not a CPython process") && e.contains("sleep"), "{e}");
     sleep.kill().unwrap();
+    let _ = sleep.wait();
     // Python without torch.
     let mut bare = Command::new(python()).args(["-c", "import time; time.sleep(60)"]).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let e = refusal(&["--pid", &bare.id().to_string(), "--headless"], &[]);
     assert!(e.contains("has not imported torch yet"), "{e}");
     bare.kill().unwrap();
+    let _ = bare.wait();
 
     let t = tempfile::tempdir().unwrap();
     // A job that never allocates (asleep before its first step): nothing changes in it.

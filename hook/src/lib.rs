@@ -359,6 +359,21 @@ fn cstr<'a>(p: *const c_char) -> Result<&'a str, String> {
     unsafe { CStr::from_ptr(p) }.to_str().map_err(|e| e.to_string())
 }
 
+/// `n` values the Python side passes at `p` and keeps alive for the call.
+fn borrowed_slice<'a, T>(p: *const T, n: usize) -> Result<&'a [T], String> {
+    if p.is_null() {
+        return Err("null array".into());
+    }
+    // SAFETY: the Python side's ctypes array of `n` values, alive for the call.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// One value the Python side passes at `p` and keeps alive for the call.
+fn borrowed<'a, T>(p: *const T) -> Result<&'a T, String> {
+    // SAFETY: null or the Python side's ctypes structure, alive for the call.
+    unsafe { p.as_ref() }.ok_or_else(|| "null pointer".into())
+}
+
 #[no_mangle]
 pub extern "C" fn vsh_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
@@ -555,11 +570,7 @@ pub extern "C" fn vsh_history_push(entries: *const history::HistoryEntry, n: usi
         if n == 0 {
             return Ok(());
         }
-        if entries.is_null() {
-            return Err("null entries".into());
-        }
-        // SAFETY: the Python side passes an array of `n` entries it keeps alive for the call.
-        let entries = unsafe { std::slice::from_raw_parts(entries, n) };
+        let entries = borrowed_slice(entries, n)?;
         let epoch_now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
         history::push(entries, Loaded.now_ns(), epoch_now_us);
         Ok(())
@@ -571,8 +582,7 @@ pub extern "C" fn vsh_history_push(entries: *const history::HistoryEntry, n: usi
 #[no_mangle]
 pub extern "C" fn vsh_history_stats(device: u8, stats: *const CudaStats, dropped: u64) -> c_int {
     with_core(|_| {
-        // SAFETY: the Python side passes one CudaStats it keeps alive for the call.
-        let st = unsafe { stats.as_ref() }.ok_or("null stats")?;
+        let st = borrowed(stats)?;
         history::set_stats(device, *st);
         history::add_dropped(dropped);
         Ok(())
