@@ -45,6 +45,11 @@ pub struct PyArgs {
     /// CPU tensors whatever the job does), or cuda:N (only that CUDA device).
     #[arg(long, value_parser = parse_device)]
     pub device: Option<String>,
+    /// Start the job's model forward (and its loss) under bf16 autocast, or not; `p`
+    /// switches between steps. A script that runs its own autocast, or declares a
+    /// `precision` knob, chooses for itself.
+    #[arg(long, value_parser = ["fp32", "bf16"])]
+    pub precision: Option<String>,
     /// PYTORCH_CUDA_ALLOC_CONF for the job (on CPU, the modelled GPU's settings).
     #[arg(long, value_name = "CONF")]
     pub alloc_conf: Option<String>,
@@ -119,6 +124,9 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
         c
     };
     job_env::hook_env(&mut cmd, &python, &HookSettings { snapshot_dir: &a.snapshot_dir, device: a.device.as_deref(), alloc_conf: a.alloc_conf.as_deref() })?;
+    if let Some(p) = &a.precision {
+        cmd.env("VRAMSCOPE_PRECISION", p);
+    }
     let what = Path::new(&first).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or(first.clone());
     let job = job_name(&what);
     let recorder = a.record.as_deref().map(Recorder::create).transpose()?;

@@ -604,3 +604,76 @@ fn the_built_in_model_runs_in_the_users_torch_with_the_engines_figures_and_knobs
     assert_eq!(steps[0].peak_active_bytes, engine.steps()[0].peak_active_bytes, "python {:?} engine {:?}", steps[0], engine.steps()[0]);
     assert_eq!(steps[0].reserved_bytes, engine.steps()[0].reserved_bytes);
 }
+
+/// `p` on a script that declares no precision of its own: bf16 autocast around the model's
+/// forward and its loss from the next step, as `--precision bf16` starts it; a script under
+/// its own autocast keeps its precision and the screen says why `p` does nothing.
+#[test]
+fn the_precision_key_works_on_any_script_that_does_not_choose_its_own() {
+    let t = tempfile::tempdir().unwrap();
+    let run = |precision: &str, extra: &[&str]| -> Vec<serde_json::Value> {
+        let out = vramscope()
+            .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+            .args(["py", "--headless", "--json", "--precision", precision, "--snapshot-dir"])
+            .arg(t.path())
+            .arg(script("train_transformer.py"))
+            .args(["--steps", "2"])
+            .args(extra)
+            .assert()
+            .success();
+        String::from_utf8_lossy(&out.get_output().stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let (fp32, bf16) = (run("fp32", &[]), run("bf16", &[]));
+    assert_eq!((fp32[1]["precision"].as_str(), bf16[1]["precision"].as_str()), (Some("fp32"), Some("bf16")));
+    let forward = |s: &serde_json::Value| s["phase_peak_bytes"]["forward"].as_u64().unwrap();
+    assert!(forward(&bf16[1]) < forward(&fp32[1]), "bf16 forward {} vs fp32 {}", forward(&bf16[1]), forward(&fp32[1]));
+
+    // The key itself: a running job switches at its next step.
+    let dir = sockets(&t);
+    let mut job = start_standalone(&dir, t.path(), &["--steps", "40", "--sleep", "0.2"]);
+    let source = JobSource::attach("job".into(), &[(0, job_socket(&dir))], None).unwrap();
+    next_report(&source, 60, |r| matches!(r, Report::Step(s) if s.precision == vramscope_core::step_config::Precision::Fp32));
+    source.send(&Control::SetKnob { name: "precision".into(), value: "bf16".into() });
+    next_report(&source, 60, |r| matches!(r, Report::Step(s) if s.precision == vramscope_core::step_config::Precision::Bf16));
+    drop(source);
+    let _ = job.kill();
+    let _ = job.wait();
+
+    // A script under its own autocast: bf16 whatever the key says, and said so.
+    let out = vramscope()
+        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+        .args(["py", "--headless", "--precision", "fp32", "--snapshot-dir"])
+        .arg(t.path())
+        .arg(script("hook_lifecycle.py"))
+        .arg("own-autocast")
+        .assert()
+        .success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout);
+    let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step ")).collect();
+    assert!(steps.len() == 2 && steps.iter().all(|l| l.contains(" bf16 ")), "{stdout}");
+    assert!(stdout.contains("owns its precision, and p does not change it"), "{stdout}");
+}
+
+/// What real scripts showed: a Hugging Face model's batch comes as keyword arguments, and
+/// with gradient accumulation the step's loss is the optimizer step's, not one micro-step's.
+#[test]
+fn keyword_batches_are_counted_and_an_accumulated_steps_loss_is_the_whole_steps() {
+    let t = tempfile::tempdir().unwrap();
+    let out = vramscope()
+        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
+        .args(["py", "--headless", "--json", "--snapshot-dir"])
+        .arg(t.path())
+        .arg(script("hook_lifecycle.py"))
+        .arg("kwargs")
+        .assert()
+        .success();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.get_output().stdout), String::from_utf8_lossy(&out.get_output().stderr));
+    let steps: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let logged: Vec<f64> = stderr.lines().filter(|l| l.starts_with("{\"step_loss\"")).map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step_loss"].as_f64().unwrap()).collect();
+    assert_eq!((steps.len(), logged.len()), (3, 3), "{stdout}{stderr}");
+    for (s, want) in steps.iter().zip(&logged) {
+        assert_eq!((s["batch"].as_i64(), s["ctx"].as_i64()), (Some(32), Some(16)), "4 micro-batches of [8, 16]: {s}");
+        let loss = s["loss"].as_f64().unwrap();
+        assert!((loss - want).abs() < 1e-4, "step loss {loss}, the script's {want}");
+    }
+}

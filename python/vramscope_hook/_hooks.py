@@ -52,7 +52,7 @@ class Hooks:
         self.samples = 0
         self.ctx = 0
         self.model = None  # id of the module whose forwards count samples
-        self.loss = None
+        self.losses = []  # what each backward of this step was called on (micro-steps)
         self.knob_values = None  # set by the package: name -> current value getter
         self.stop_requested = False  # the viewer that started the job asked it to end
         self.history = None  # CUDA memory from PyTorch's history (`_history`), where used
@@ -61,6 +61,15 @@ class Hooks:
         self.on_unhook = None  # set by the package: takes the hook out of the job
         # Whether the step in progress began under the hook (not so when it came mid-step).
         self.began = True
+        # Precision by key for a script that does not choose it (`precision_knob`): the
+        # autocast region the hook holds open from the model's forward to backward.
+        self.precision_knob = None  # set by the package: () -> "fp32", "bf16", or None: the script's
+        self._cast = None
+        self.script_autocast = False  # the script runs under its own autocast
+        self.note = None  # set by the package: a line for the screen's event log
+        # The model's forward whose batch was not in its positional arguments: counted from
+        # its keyword arguments (input_ids, ...) when it returns.
+        self._uncounted = None
 
     # -- phases and scopes -------------------------------------------------------------
 
@@ -132,11 +141,29 @@ class Hooks:
         stack.append((sid, name))
         self.shim.vs_set_scope(sid)
 
-    def _post(self, module, args, out):
+    def _post(self, module, args, *rest):
+        # (kwargs, output) where torch passes keyword arguments, else (output,).
         stack = self._stack()
         if stack:
             stack.pop()
         self.shim.vs_set_scope(stack[-1][0] if stack else 0)
+        if not stack and self._uncounted == id(module):
+            self._uncounted = None
+            kwargs = rest[0] if len(rest) == 2 else {}
+            for key in ("input_ids", "inputs_embeds", "labels"):
+                if self._count(kwargs.get(key)):
+                    break
+
+    def _count(self, a):
+        """Counts a model input's samples and, where it has one, its sequence length."""
+        if not isinstance(a, self.torch.Tensor) or a.dim() < 1:
+            return False
+        self.samples += int(a.shape[0])
+        # A sequence length only where there is one: token ids [batch, seq] or embeddings
+        # [batch, seq, d]; an MLP's [batch, features] has none.
+        if (a.dim() == 2 and not a.is_floating_point()) or a.dim() == 3:
+            self.ctx = int(a.shape[1])
+        return True
 
     def _outermost(self, module, args):
         torch = self.torch
@@ -149,18 +176,47 @@ class Hooks:
         counted = id(module) != self.model
         for a in args:
             if isinstance(a, torch.Tensor):
-                if not counted and a.dim() >= 1:
-                    counted = True
-                    self.samples += int(a.shape[0])
-                    # A sequence length only where there is one: token ids [batch, seq] or
-                    # embeddings [batch, seq, d]; an MLP's [batch, features] has none.
-                    if (a.dim() == 2 and not a.is_floating_point()) or a.dim() == 3:
-                        self.ctx = int(a.shape[1])
+                if not counted:
+                    counted = self._count(a)
                 self.core.vsh_tag(_storage_ptr(a), INPUT, b"input")
-        try:
-            self.autocast = torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu")
-        except TypeError:
-            self.autocast = torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+        if not counted:
+            # Hugging Face models take their batch as keyword arguments.
+            self._uncounted = id(module)
+        if id(module) == self.model:
+            self._cast_for(module)
+        self.autocast = self._autocast_on()
+
+    def _autocast_on(self, device_type=None):
+        torch = self.torch
+        if device_type is not None:
+            try:
+                return torch.is_autocast_enabled(device_type)
+            except TypeError:  # before 2.4: one function per device
+                return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+        return self._autocast_on("cuda") or self._autocast_on("cpu")
+
+    def _cast_for(self, model):
+        """Precision by key: under bf16, the model's forward (and the loss computed from it
+        in this step) runs in the hook's autocast region, closed before backward; a script
+        under its own autocast owns its precision, and is said so once."""
+        want = self.precision_knob() if self.precision_knob is not None else None
+        if want is None or self._cast is not None:
+            return  # the script chooses its precision (a knob of its own), or the region is open
+        param = next(model.parameters(), None)
+        device_type = param.device.type if param is not None else "cpu"
+        if self._autocast_on(device_type):
+            if not self.script_autocast and self.note is not None:
+                self.note("the script runs under its own autocast: it owns its precision, and p does not change it")
+            self.script_autocast = True
+            return
+        if want == "bf16":
+            self._cast = self.torch.autocast(device_type, dtype=self.torch.bfloat16)
+            self._cast.__enter__()
+
+    def _close_cast(self):
+        if self._cast is not None:
+            cast, self._cast = self._cast, None
+            cast.__exit__(None, None, None)
 
     # -- backward, optimizer, zero_grad ----------------------------------------------------
 
@@ -174,10 +230,12 @@ class Hooks:
         def backward(tensors, *args, **kwargs):
             self._stack().clear()
             self.shim.vs_set_scope(0)
+            # Backward never runs in the hook's autocast region (as torch.autocast advises).
+            self._close_cast()
             self.set_phase(BACKWARD)
             self.backward_ran = True
             if isinstance(tensors, self.torch.Tensor) and tensors.numel() == 1:
-                self.loss = tensors.detach()
+                self.losses.append(tensors.detach())
             try:
                 return original(tensors, *args, **kwargs)
             finally:
@@ -216,16 +274,19 @@ class Hooks:
             # The step was under way when the hook came (`vramscope attach --pid`): not a
             # whole step, so not reported; what it did counts towards the next one.
             self.began = True
-            self.phase, self.backward_ran, self.loss, self.samples, self.ctx = OTHER, False, None, 0, 0
+            self.phase, self.backward_ran, self.samples, self.ctx = OTHER, False, 0, 0
+            self.losses = []
             self.core.vsh_phase(OTHER)
             return
-        loss = loss if loss is not None else self.loss
+        self._close_cast()
+        # The step's loss: the given one, else what its backwards were called on, summed
+        # over micro-steps (a script that accumulates gradients divides each by their
+        # number, so the sum is the step's mean). Reading a CUDA loss would wait for the
+        # GPU: only CPU ones are read.
+        losses = [loss] if loss is not None else self.losses
         value = math.nan
-        # Reading a CUDA loss would wait for the GPU: only a CPU one is read.
-        if isinstance(loss, torch.Tensor) and loss.device.type == "cpu":
-            value = float(loss)
-        elif isinstance(loss, (int, float)):
-            value = float(loss)
+        if losses and all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.device.type == "cpu") for x in losses):
+            value = sum(float(x) for x in losses)
         batch, ctx = self.samples, self.ctx
         if self.knob_values is not None:
             ctx = int(self.knob_values("ctx", ctx))
@@ -238,7 +299,7 @@ class Hooks:
         self.stop_requested |= stop == 1
         self.phase = OTHER
         self.backward_ran = False
-        self.loss = None
+        self.losses = []
         self.samples = 0
         self.ctx = 0
         self.step_started = time.perf_counter()
@@ -253,8 +314,9 @@ class Hooks:
         handles = self._handles
         handles.append(mm.register_module_forward_pre_hook(self._pre))
         try:
-            # Called even when forward raises (an OOM), so scopes stay balanced.
-            handles.append(mm.register_module_forward_hook(self._post, always_call=True))
+            # Called even when forward raises (an OOM), so scopes stay balanced; with the
+            # keyword arguments, which carry a Hugging Face model's batch.
+            handles.append(mm.register_module_forward_hook(self._post, with_kwargs=True, always_call=True))
         except TypeError:
             handles.append(mm.register_module_forward_hook(self._post))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -267,6 +329,7 @@ class Hooks:
 
     def uninstall(self):
         """Takes every hook and patch out again: the job runs as it did before."""
+        self._close_cast()
         for h in self._handles:
             h.remove()
         for owner, attr, original in reversed(self._originals):

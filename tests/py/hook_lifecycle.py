@@ -11,6 +11,10 @@
   cublas-oom  The job dies of an out-of-memory error the caching allocator never saw.
   mlp         An MLP on [32, 256] inputs with 4 micro-batches a step (no sequence length),
               its loss a top-level module.
+  own-autocast  A loop under its own CPU bf16 autocast.
+  kwargs      A Hugging Face-style model called with keyword arguments (input_ids, labels),
+              4 micro-batches of [8, 16] a step, each loss divided by 4 before backward;
+              prints each step's mean loss, as the Trainer logs it, to stderr.
   history     The shim has no CUDA (no headers): on what looks like a GPU machine, CUDA
               memory comes from PyTorch's memory history, faked here with a scripted
               allocator. Run under `vramscope py --headless --json`: two training steps,
@@ -233,4 +237,40 @@ def history():
     print(json.dumps({"calls": fake.calls}), file=sys.stderr)
 
 
-{"history": history, "mlp": mlp, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+def own_autocast():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(16, 64)).float().sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def kwargs():
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(100, 32)
+            self.head = torch.nn.Linear(32, 100)
+
+        def forward(self, input_ids=None, labels=None):
+            logits = self.head(self.embed(input_ids))
+            return torch.nn.functional.cross_entropy(logits.view(-1, 100), labels.view(-1))
+
+    model = LM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        total = 0.0
+        for _ in range(4):
+            ids = torch.randint(0, 100, (8, 16))
+            loss = model(input_ids=ids, labels=ids) / 4
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        print(json.dumps({"step_loss": total}), file=sys.stderr)
+
+
+{"kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()

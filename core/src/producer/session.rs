@@ -624,12 +624,16 @@ impl Session {
     }
 
     /// Declares a knob (the Python hook's `knob()`); its value is the declared default.
+    /// A knob and its value now. Declared again (a script taking over a knob the Python
+    /// hook declared for it, as `precision`), the latest declaration's value holds.
     pub fn declare_knob(&mut self, name: &str, value: &str) {
-        if self.info.knobs.iter().all(|k| k.name != name) {
-            self.info.knobs.push(Knob { name: name.to_string(), value: value.to_string() });
-            // Viewers learn the new knob with a fresh Started (they keep their store).
-            self.report(Report::Started(self.info.clone()));
+        match self.info.knobs.iter_mut().find(|k| k.name == name) {
+            Some(k) if k.value == value => return,
+            Some(k) => k.value = value.to_string(),
+            None => self.info.knobs.push(Knob { name: name.to_string(), value: value.to_string() }),
         }
+        // Viewers learn the knob with a fresh Started (they keep their store).
+        self.report(Report::Started(self.info.clone()));
     }
 
     /// Ends the stream: snapshots being written finish, every viewer gets the end.
