@@ -201,8 +201,50 @@ fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|f| f.is_file()))
 }
 
-/// Gets the hook into process `pid` and returns the name its session serves viewers under.
+/// The processes of `pid` that train: itself, or where it is torchrun's launcher, its
+/// worker ranks (its children that have a RANK and torch), not the launcher itself, nor
+/// DataLoader workers or other helpers, which are the ranks' children.
+pub fn trainers(pid: u32) -> Vec<u32> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let launcher = cmdline.split(|&b| b == 0).any(|arg| {
+        let arg = String::from_utf8_lossy(arg);
+        arg.ends_with("torchrun") || arg == "torch.distributed.run" || arg == "torch.distributed.launch"
+    });
+    if !launcher {
+        return vec![pid];
+    }
+    let mut ranks: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            // The parent pid is the field after the command's closing parenthesis and state.
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            let environ = std::fs::read(format!("/proc/{child}/environ")).unwrap_or_default();
+            ppid == Some(pid) && environ.split(|&b| b == 0).any(|v| v.starts_with(b"RANK="))
+        })
+        .collect();
+    ranks.sort_unstable();
+    ranks
+}
+
+/// Gets the hook into process `pid` (each worker rank where it is torchrun's launcher)
+/// and returns the name its sessions serve viewers under.
 pub fn attach(pid: u32, snapshot_dir: &Path) -> anyhow::Result<String> {
+    check(pid)?;
+    let ranks = trainers(pid);
+    anyhow::ensure!(!ranks.is_empty(), "process {pid} is torchrun's launcher, and none of its workers has started yet");
+    let job = job_name(&format!("pid{pid}"));
+    for &rank in &ranks {
+        attach_one(rank, &job, snapshot_dir).map_err(|e| if rank == pid { e } else { e.context(format!("worker {rank} of torchrun {pid}")) })?;
+    }
+    Ok(job)
+}
+
+/// Gets the hook into one process, serving under `job`.
+fn attach_one(pid: u32, job: &str, snapshot_dir: &Path) -> anyhow::Result<()> {
     let target = check(pid)?;
     let remote_exec = target.python.is_some_and(|v| v >= (3, 14));
     if !remote_exec {
@@ -218,8 +260,7 @@ pub fn attach(pid: u32, snapshot_dir: &Path) -> anyhow::Result<String> {
     let files = job_env::hook_files(&python)?;
     let core = files.core.ok_or_else(|| anyhow::anyhow!("vramscope's hook core (libvramscope_hook.so) is not installed beside vramscope"))?;
     let sockets = dir::socket_dir()?;
-    let job = job_name(&format!("pid{pid}"));
-    let work = sockets.join(format!("{job}.attach"));
+    let work = sockets.join(format!("{job}-{pid}.attach"));
     let (script, status) = (work.with_extension("py"), work.with_extension("status"));
     let config = serde_json::json!({
         "status": status,
@@ -242,7 +283,7 @@ pub fn attach(pid: u32, snapshot_dir: &Path) -> anyhow::Result<String> {
     let outcome = injected.and_then(|()| wait_status(pid, &status));
     let _ = std::fs::remove_file(&script);
     let _ = std::fs::remove_file(&status);
-    outcome.map(|()| job)
+    outcome
 }
 
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {

@@ -14,17 +14,25 @@ use vramscope_core::stream::{Control, Incoming};
 /// Prints the job's steps; the exit code says whether all went well (1: the growth check
 /// failed). A job this vramscope started is stopped at the end if it has not stopped
 /// (vramscope's engine waits, paused, after an error).
-/// `steps`: end once every rank seen has reported this many (a job attached to runs on).
+/// `steps`: end once every rank of the job has reported this many (a job attached to runs
+/// on).
 pub fn headless(source: &JobSource, mut recorder: Option<Recorder>, metrics: Option<&Metrics>, json: bool, check_growth: bool, steps: Option<u64>) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let mut live = LiveByOrigin::default();
     let mut feed = metrics.map(Feed::new);
     let mut reported: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    // Every rank of the job: as many as its ranks say the world has.
+    let mut world = 1usize;
     let done = std::cell::Cell::new(false);
     let items = std::iter::from_fn(|| if done.get() { None } else { source.next() }).inspect(|(rank, i)| {
-        if let Incoming::Report(vramscope_core::stream::Report::Step(_)) = i {
-            *reported.entry(*rank).or_default() += 1;
-            done.set(steps.is_some_and(|n| reported.values().all(|&r| r >= n)));
+        use vramscope_core::stream::Report;
+        match i {
+            Incoming::Report(Report::Started(info)) => world = world.max(info.world_size.unwrap_or(1) as usize),
+            Incoming::Report(Report::Step(_)) => {
+                *reported.entry(*rank).or_default() += 1;
+                done.set(steps.is_some_and(|n| reported.len() >= world && reported.values().all(|&r| r >= n)));
+            }
+            _ => {}
         }
         if let Incoming::Batch(b) = i {
             live.ingest(b);

@@ -177,3 +177,39 @@ fn live_in_a_terminal_d_leaves_the_job_running_without_the_hook() {
     job.kill().unwrap();
     let _ = job.wait();
 }
+
+/// torchrun's launcher, attached by its PID: the hook goes into each worker rank (not the
+/// launcher), and the screen gets every rank.
+#[test]
+fn attaching_to_torchrun_watches_each_worker_rank() {
+    let t = tempfile::tempdir().unwrap();
+    let torchrun = python().parent().unwrap().join("torchrun");
+    let mut launcher = Command::new(torchrun)
+        .args(["--nproc-per-node", "2", "--standalone"])
+        .arg(repo_root().join("tests/py/train_ddp.py"))
+        .args(["--steps", "3000", "--sleep", "0.05"])
+        .current_dir(t.path())
+        .env_remove("PYTHONPATH")
+        .env_remove("VRAMSCOPE_HOOK")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let ranks = vramscope::attach_pid::trainers(launcher.id());
+        if ranks.len() == 2 && ranks.iter().all(|&r| std::fs::read_to_string(format!("/proc/{r}/maps")).unwrap_or_default().contains("libtorch_cpu.so")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "torchrun's workers never started");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let steps = attach_json(launcher.id(), 2, t.path());
+    let ranks: std::collections::BTreeSet<i64> = steps.iter().filter_map(|s| s["rank"].as_i64()).collect();
+    assert_eq!(ranks, [0, 1].into(), "{steps:?}");
+    let _ = launcher.kill();
+    let _ = launcher.wait();
+    // Its workers end with it (torchrun's own process group handling may leave them).
+    let _ = Command::new("pkill").args(["-f", "train_ddp.py --steps 3000"]).status();
+}

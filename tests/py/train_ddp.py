@@ -5,6 +5,7 @@ its figures to --out with `{rank}` replaced."""
 import argparse
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after each step")
     a = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -39,6 +41,7 @@ def main():
         loss = nn.functional.cross_entropy(model(tokens).view(-1, 500), tokens.view(-1))
         loss.backward()
         opt.step()
+        time.sleep(a.sleep)
     if a.out:
         with open(a.out.replace("{rank}", str(rank)), "w") as f:
             json.dump({"rank": rank, "parameter_bytes": sum(p.nbytes for p in model.parameters()),
