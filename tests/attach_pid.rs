@@ -213,3 +213,22 @@ fn attaching_to_torchrun_watches_each_worker_rank() {
     // Its workers end with it (torchrun's own process group handling may leave them).
     let _ = Command::new("pkill").args(["-f", "train_ddp.py --steps 3000"]).status();
 }
+
+/// On a GPU machine, what the job held in CUDA memory before the attach comes from
+/// PyTorch's snapshot (tests/py/fake_cuda.py fakes a device holding a 2 MiB segment with
+/// 512 KiB in use): the steps seen count it, reserved and live.
+#[test]
+fn an_attach_learns_the_cuda_memory_the_job_already_holds_from_pytorchs_snapshot() {
+    let t = tempfile::tempdir().unwrap();
+    let mut job = plain_job(&["--steps", "2000", "--fake-cuda"], t.path());
+    wait_for_torch(job.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let steps = attach_json(job.id(), 2, t.path());
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    for s in &steps {
+        assert_eq!(s["reserved_bytes"].as_u64(), Some(2 << 20), "the segment held before: {s}");
+        assert_eq!(s["live_bytes"].as_u64(), Some(512 << 10), "the block in use before: {s}");
+    }
+    job.kill().unwrap();
+    let _ = job.wait();
+}

@@ -95,6 +95,7 @@ def install(overrides=None, before_hooks=None):
         config["shim_note"] = note if shim_path is None else None
         if core.vsh_start(json.dumps(config).encode()) != 0:
             raise _native.HookError(core.vsh_last_error().decode())
+        atexit.register(core.vsh_finish)
         shim.vs_set_capture_enabled(True)  # again, after an earlier attach's unhook
         hooks = _hooks.Hooks(torch, shim, core)
         hooks.knob_values = lambda name, default: knob(name, default) if name in _state["knobs"] else default
@@ -104,19 +105,22 @@ def install(overrides=None, before_hooks=None):
         # declares one (then the script chooses).
         core.vsh_declare_knob(b"precision", os.environ.get("VRAMSCOPE_PRECISION", "fp32").encode(), b"str")
         hooks.precision_knob = lambda: None if "precision" in _state["knobs"] else (core.vsh_knob(b"precision") or b"fp32").decode()
+        _state.update(hooks=hooks, core=core)
+        # CUDA first (at once where the job initialised it), so what `before_hooks` learns
+        # of the device's memory lands on the device followed.
+        _follow_cuda(torch, core, hooks, shim_path is not None and note is None, note)
         if before_hooks is not None:
             before_hooks(hooks, core)
         hooks.install()
     except Exception as e:  # never break the job: it runs on, uncaptured
         if core is not None:
+            atexit.unregister(core.vsh_finish)
             core.vsh_finish()
+        _state.update(hooks=None, core=None)
         print(f"vramscope_hook: not capturing: {e}", file=sys.stderr)
         _state["why"] = str(e)
         return False
-    _state.update(hooks=hooks, core=core)
-    atexit.register(core.vsh_finish)
     os.register_at_fork(after_in_child=_forked)
-    _follow_cuda(torch, core, hooks, shim_path is not None and note is None, note)
     _say_foreign_ooms()
     return True
 

@@ -75,6 +75,8 @@ def _learn_what_is_there(hooks, core):
             core.vsh_seed(action, addr, size, device)
             seeded.add(addr)
             cuda_blocks += action == 0
+        if hooks.history is not None:
+            hooks.history.first = False  # learned here already: its first read must not repeat it
     learned = {PARAMETER: 0, GRADIENT: 0, OPTIMIZER_STATE: 0}
 
     def seed(t, category, name):

@@ -16,9 +16,15 @@ def main():
     p.add_argument("--out")
     p.add_argument("--times")
     p.add_argument("--idle", type=float, default=0.0, help="seconds asleep before training (no thread allocates meanwhile)")
+    p.add_argument("--fake-cuda", action="store_true", help="look like a GPU machine that holds CUDA memory already (tests/py/fake_cuda.py)")
     a = p.parse_args()
+    if a.fake_cuda:
+        import fake_cuda
+
+        fake_cuda.install()
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # Adam's step asks the (fake) CUDA device about graph capture; SGD's does not.
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3) if a.fake_cuda else torch.optim.AdamW(model.parameters(), lr=1e-3)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}, f)
