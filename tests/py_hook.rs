@@ -516,6 +516,20 @@ fn the_growth_check_finds_the_leaks_people_write_and_passes_healthy_loops() {
     }
 }
 
+/// `vramscope py --headless FLAGS tests/py/hook_lifecycle.py CASE` with `env`, which must
+/// succeed: its stdout, its stderr, and the JSON step lines among its stdout (`--json`).
+fn lifecycle_headless(t: &tempfile::TempDir, case: &str, flags: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> (String, String, Vec<serde_json::Value>) {
+    let mut cmd = vramscope();
+    cmd.env("VRAMSCOPE_SOCKET_DIR", sockets(t)).args(["py", "--headless"]).args(flags).arg("--snapshot-dir").arg(t.path());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.arg(script("hook_lifecycle.py")).arg(case).assert().success();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.get_output().stdout).to_string(), String::from_utf8_lossy(&out.get_output().stderr).to_string());
+    let steps = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    (stdout, stderr, steps)
+}
+
 /// Where the shim cannot follow CUDA's allocator (its headers were not beside torch, or no
 /// compiler), CUDA memory comes from PyTorch's own memory history, read at every phase
 /// boundary: the peaks and reserved bytes are the history's, phase by phase, what was live
@@ -523,16 +537,7 @@ fn the_growth_check_finds_the_leaks_people_write_and_passes_healthy_loops() {
 #[test]
 fn without_the_shims_cuda_capture_the_figures_come_from_pytorchs_memory_history() {
     let t = tempfile::tempdir().unwrap();
-    let out = vramscope()
-        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
-        .args(["py", "--headless", "--json", "--snapshot-dir"])
-        .arg(t.path())
-        .arg(script("hook_lifecycle.py"))
-        .arg("history")
-        .assert()
-        .success();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.get_output().stdout), String::from_utf8_lossy(&out.get_output().stderr));
-    let steps: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "history", &["--json"], &[]);
     assert_eq!(steps.len(), 2, "{stdout}{stderr}");
     const MIB: u64 = 1 << 20;
     let phase = |s: &serde_json::Value, p: &str| s["phase_peak_bytes"][p].as_u64();
@@ -557,21 +562,13 @@ fn without_the_shims_cuda_capture_the_figures_come_from_pytorchs_memory_history(
 #[test]
 fn without_a_compiler_the_job_runs_and_says_what_is_not_captured() {
     let t = tempfile::tempdir().unwrap();
-    let out = vramscope()
-        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
-        .env("VRAMSCOPE_HOOK_CACHE", t.path().join("cache"))
-        .env("CXX", "/nonexistent/c++")
-        .args(["py", "--headless", "--json", "--snapshot-dir"])
-        .arg(t.path())
-        .arg(script("hook_lifecycle.py"))
-        .arg("mlp")
-        .assert()
-        .success();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.get_output().stdout), String::from_utf8_lossy(&out.get_output().stderr));
+    let cache = t.path().join("cache");
+    let env = [("VRAMSCOPE_HOOK_CACHE", cache.as_os_str()), ("CXX", "/nonexistent/c++".as_ref())];
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "mlp", &["--json"], &env);
     let said: Vec<&str> = stderr.lines().filter(|l| l.starts_with("vramscope_hook:")).collect();
     assert_eq!(said.len(), 1, "{stderr}");
     assert!(said[0].contains("cannot build the capture shim: /nonexistent/c++") && said[0].contains("no allocator events on CPU"), "{stderr}");
-    assert_eq!(stdout.lines().filter(|l| l.starts_with('{')).count(), 3, "every step still reported: {stdout}{stderr}");
+    assert_eq!(steps.len(), 3, "every step still reported: {stdout}{stderr}");
 }
 
 /// Installed by pip there is no engine: the built-in model runs in the user's torch through
@@ -640,15 +637,7 @@ fn the_precision_key_works_on_any_script_that_does_not_choose_its_own() {
     let _ = job.wait();
 
     // A script under its own autocast: bf16 whatever the key says, and said so.
-    let out = vramscope()
-        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
-        .args(["py", "--headless", "--precision", "fp32", "--snapshot-dir"])
-        .arg(t.path())
-        .arg(script("hook_lifecycle.py"))
-        .arg("own-autocast")
-        .assert()
-        .success();
-    let stdout = String::from_utf8_lossy(&out.get_output().stdout);
+    let (stdout, _, _) = lifecycle_headless(&t, "own-autocast", &["--precision", "fp32"], &[]);
     let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step ")).collect();
     assert!(steps.len() == 2 && steps.iter().all(|l| l.contains(" bf16 ")), "{stdout}");
     assert!(stdout.contains("owns its precision, and p does not change it"), "{stdout}");
@@ -659,16 +648,7 @@ fn the_precision_key_works_on_any_script_that_does_not_choose_its_own() {
 #[test]
 fn keyword_batches_are_counted_and_an_accumulated_steps_loss_is_the_whole_steps() {
     let t = tempfile::tempdir().unwrap();
-    let out = vramscope()
-        .env("VRAMSCOPE_SOCKET_DIR", sockets(&t))
-        .args(["py", "--headless", "--json", "--snapshot-dir"])
-        .arg(t.path())
-        .arg(script("hook_lifecycle.py"))
-        .arg("kwargs")
-        .assert()
-        .success();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.get_output().stdout), String::from_utf8_lossy(&out.get_output().stderr));
-    let steps: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "kwargs", &["--json"], &[]);
     let logged: Vec<f64> = stderr.lines().filter(|l| l.starts_with("{\"step_loss\"")).map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step_loss"].as_f64().unwrap()).collect();
     assert_eq!((steps.len(), logged.len()), (3, 3), "{stdout}{stderr}");
     for (s, want) in steps.iter().zip(&logged) {

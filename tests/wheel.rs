@@ -23,6 +23,13 @@ fn build_wheel() -> PathBuf {
     PathBuf::from(stdout.lines().last().expect("the wheel's path, last").trim())
 }
 
+/// What Python `code` prints about the wheel, opened as the zip file `z`.
+fn in_wheel(wheel: &Path, code: &str) -> String {
+    let out = Command::new(python()).args(["-c", &format!("import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); {code}")]).arg(wheel).output().unwrap();
+    assert!(out.status.success(), "{}", said(&out));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 /// A venv of the system's Python whose only packages are the wheel and, through a `.pth`
 /// file, the project venv's torch and its dependencies (not the project's own hook).
 fn fresh_venv(dir: &Path, wheel: &Path) -> PathBuf {
@@ -68,23 +75,13 @@ fn the_wheel_installs_beside_a_torch_and_works_without_rust_or_the_repository() 
     let name = wheel.file_name().unwrap().to_string_lossy().into_owned();
     let tag = name.trim_end_matches(".whl").rsplit('-').next().unwrap();
     assert!(tag.starts_with("manylinux_2_") && tag.ends_with("_x86_64"), "{name}");
-    let listing = Command::new(python())
-        .args(["-c", "import sys, zipfile; print('\\n'.join(zipfile.ZipFile(sys.argv[1]).namelist()))"])
-        .arg(&wheel)
-        .output()
-        .unwrap();
-    let files = String::from_utf8_lossy(&listing.stdout).to_string();
+    let files = in_wheel(&wheel, "print('\\n'.join(z.namelist()))");
     assert!(files.lines().any(|f| f.ends_with(".data/scripts/vramscope")), "{files}");
     assert!(files.lines().any(|f| f == "vramscope_hook/libvramscope_hook.so"), "{files}");
     assert!(!files.contains("libtorch") && !files.contains("libc10"), "no libtorch inside: {files}");
     assert!(std::fs::metadata(&wheel).unwrap().len() < 20 << 20, "under 20 MB");
     // `pip install vramscope[cuda13]` brings the CUDA headers the shim is compiled with.
-    let metadata = Command::new(python())
-        .args(["-c", "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); print(z.read(next(n for n in z.namelist() if n.endswith('METADATA'))).decode())"])
-        .arg(&wheel)
-        .output()
-        .unwrap();
-    let metadata = String::from_utf8_lossy(&metadata.stdout).to_string();
+    let metadata = in_wheel(&wheel, "print(z.read(next(n for n in z.namelist() if n.endswith('METADATA'))).decode())");
     for extra in ["cuda13", "cuda12"] {
         assert!(metadata.contains(&format!("Provides-Extra: {extra}")), "{metadata}");
     }
