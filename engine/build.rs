@@ -33,7 +33,8 @@ fn main() {
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
         .file("../python/vramscope_hook/csrc/capture_cpu.cpp")
-        .file("../python/vramscope_hook/csrc/capture_cuda.cpp");
+        .file("../python/vramscope_hook/csrc/capture_cuda.cpp")
+        .file("../python/vramscope_hook/csrc/autocast_policy.cpp");
     if let Some(inc) = &cuda_include {
         if with_cuda {
             build.define("VS_WITH_CUDA", None).include(inc);
@@ -54,7 +55,7 @@ fn main() {
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
 
-    for f in ["../python/vramscope_hook/csrc/capture.h", "../python/vramscope_hook/csrc/capture_cpu.cpp", "../python/vramscope_hook/csrc/capture_cuda.cpp"] {
+    for f in ["../python/vramscope_hook/csrc/capture.h", "../python/vramscope_hook/csrc/capture_cpu.cpp", "../python/vramscope_hook/csrc/capture_cuda.cpp", "../python/vramscope_hook/csrc/autocast_policy.cpp"] {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rerun-if-env-changed=VRAMSCOPE_REQUIRE_CUDA");

@@ -657,3 +657,19 @@ fn keyword_batches_are_counted_and_an_accumulated_steps_loss_is_the_whole_steps(
         assert!((loss - want).abs() < 1e-4, "step loss {loss}, the script's {want}");
     }
 }
+
+/// The shim's CUDA autocast policy for CPU tensors (docs/autocast.md): off, each op the CS336
+/// model runs keeps CPU autocast's dtype; on, those CUDA runs in fp32 come out fp32, and the
+/// rest (matmuls in bf16, elementwise ops in their inputs' dtype) stay as they were.
+#[test]
+fn the_cuda_autocast_policy_gives_each_op_cudas_dtype_on_cpu() {
+    let t = tempfile::tempdir().unwrap();
+    let (out, _) = lifecycle("policy", &t);
+    let fp32_on_cuda = ["exp", "log", "pow", "rsqrt", "sum", "sum_all", "softmax", "log_softmax"];
+    for (op, cpu) in out["cpu"].as_object().unwrap() {
+        assert_eq!(cpu, "bfloat16", "{op} under CPU's policy: {out}");
+        let want = if fp32_on_cuda.contains(&op.as_str()) { "float32" } else { "bfloat16" };
+        assert_eq!(out["cuda"][op], want, "{op} under CUDA's policy: {out}");
+    }
+    assert_eq!(out["off_again"], out["cpu"], "switched off, CPU's policy again");
+}

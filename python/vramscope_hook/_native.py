@@ -14,7 +14,7 @@ from pathlib import Path
 from ._history import SNAPSHOT_FN
 
 _HERE = Path(__file__).resolve().parent
-_SOURCES = ("capture_cpu.cpp", "capture_cuda.cpp")
+_SOURCES = ("capture_cpu.cpp", "capture_cuda.cpp", "autocast_policy.cpp")
 
 
 class HookError(RuntimeError):

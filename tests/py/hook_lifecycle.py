@@ -12,6 +12,8 @@
   mlp         An MLP on [32, 256] inputs with 4 micro-batches a step (no sequence length),
               its loss a top-level module.
   own-autocast  A loop under its own CPU bf16 autocast.
+  policy      The shim's CUDA autocast policy for CPU tensors: the dtype each op the CS336
+              model runs gives under CPU autocast, with the policy off and on.
   kwargs      A Hugging Face-style model called with keyword arguments (input_ids, labels),
               4 micro-batches of [8, 16] a step, each loss divided by 4 before backward;
               prints each step's mean loss, as the Trainer logs it, to stderr.
@@ -223,4 +225,29 @@ def kwargs():
         print(json.dumps({"step_loss": total}), file=sys.stderr)
 
 
-{"kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+def policy():
+    from vramscope_hook import _native
+
+    shim = ctypes.CDLL(str(_native.build_shim(torch)[0]), mode=ctypes.RTLD_GLOBAL)
+    shim.vs_set_cuda_autocast_policy.argtypes = [ctypes.c_bool]
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    w = torch.randn(8, 8, requires_grad=True)
+
+    def dtypes():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ops = {
+                "exp": torch.exp(x), "log": torch.log(x.abs() + 1), "pow": x.pow(2), "rsqrt": torch.rsqrt(x.abs() + 1),
+                "sum": x.sum(-1, keepdim=True), "sum_all": x.sum(), "softmax": torch.softmax(x, -1),
+                "log_softmax": torch.log_softmax(x, -1), "mean": x.mean(-1), "max": torch.max(x, -1, keepdim=True)[0],
+                "sub": x - x, "einsum": torch.einsum("ab,cb->ac", x.float(), w), "sigmoid": torch.sigmoid(x),
+            }
+            return {k: str(v.dtype).removeprefix("torch.") for k, v in ops.items()}
+
+    off = dtypes()
+    shim.vs_set_cuda_autocast_policy(True)
+    on = dtypes()
+    shim.vs_set_cuda_autocast_policy(False)
+    print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
+
+
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
