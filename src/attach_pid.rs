@@ -27,7 +27,6 @@ const STATUS_WAIT: Duration = Duration::from_secs(90);
 /// What the checks learned about the process.
 #[derive(Debug)]
 pub struct Target {
-    pub pid: u32,
     /// The job's Python version, where its executable or libpython names it.
     pub python: Option<(u32, u32)>,
 }
@@ -69,7 +68,7 @@ pub fn check(pid: u32) -> anyhow::Result<Target> {
         "process {pid} has not imported torch yet: attach once it has, or start it with `vramscope py`"
     );
     let python = python_version_in(&exe_name).or_else(|| libpython.and_then(python_version_in));
-    Ok(Target { pid, python })
+    Ok(Target { python })
 }
 
 /// Why ptrace will refuse, from Yama's setting, before gdb tries (None: it may work).
@@ -139,8 +138,7 @@ fn gdb_outcome(pid: u32, out: &str) -> anyhow::Result<()> {
 }
 
 /// gdb's way in; returns once gdb has left the job.
-fn inject_with_gdb(pid: u32, core: &Path, script: &Path, work: &Path) -> anyhow::Result<()> {
-    let gdb = which("gdb").ok_or_else(|| anyhow::anyhow!("gdb is not installed (apt install gdb): vramscope needs it to get into a running job"))?;
+fn inject_with_gdb(gdb: &Path, pid: u32, core: &Path, script: &Path, work: &Path) -> anyhow::Result<()> {
     let commands = work.with_extension("gdb");
     std::fs::write(&commands, gdb_script(core, script))?;
     let mut child = Command::new(gdb)
@@ -233,7 +231,7 @@ pub fn trainers(pid: u32) -> Vec<u32> {
 /// Gets the hook into process `pid` (each worker rank where it is torchrun's launcher)
 /// and returns the name its sessions serve viewers under.
 pub fn attach(pid: u32, snapshot_dir: &Path) -> anyhow::Result<String> {
-    check(pid)?;
+    // Each process attached to is checked there (a PID that is no process gives itself).
     let ranks = trainers(pid);
     anyhow::ensure!(!ranks.is_empty(), "process {pid} is torchrun's launcher, and none of its workers has started yet");
     let job = job_name(&format!("pid{pid}"));
@@ -246,16 +244,18 @@ pub fn attach(pid: u32, snapshot_dir: &Path) -> anyhow::Result<String> {
 /// Gets the hook into one process, serving under `job`.
 fn attach_one(pid: u32, job: &str, snapshot_dir: &Path) -> anyhow::Result<()> {
     let target = check(pid)?;
-    let remote_exec = target.python.is_some_and(|v| v >= (3, 14));
-    if !remote_exec {
+    // gdb, where the job's Python has no sys.remote_exec.
+    let gdb = if target.python.is_some_and(|v| v >= (3, 14)) {
+        None
+    } else {
         if let Some(why) = ptrace_refusal(pid) {
             anyhow::bail!(why);
         }
-        if which("gdb").is_none() {
-            let v = target.python.map_or("its Python".into(), |(a, b)| format!("its Python {a}.{b}"));
-            anyhow::bail!("gdb is not installed (apt install gdb), and {v} has no sys.remote_exec (3.14 on): vramscope needs one of them to get into process {pid}");
-        }
-    }
+        let v = target.python.map_or("its Python".into(), |(a, b)| format!("its Python {a}.{b}"));
+        Some(which("gdb").ok_or_else(|| {
+            anyhow::anyhow!("gdb is not installed (apt install gdb), and {v} has no sys.remote_exec (3.14 on): vramscope needs one of them to get into process {pid}")
+        })?)
+    };
     let python = job_env::python(None);
     let files = job_env::hook_files(&python)?;
     let core = files.core.ok_or_else(|| anyhow::anyhow!("vramscope's hook core (libvramscope_hook.so) is not installed beside vramscope"))?;
@@ -279,7 +279,10 @@ fn attach_one(pid: u32, job: &str, snapshot_dir: &Path) -> anyhow::Result<()> {
         config = q(&serde_json::Value::String(config.to_string())),
     );
     write_private(&script, &text)?;
-    let injected = if remote_exec { inject_with_remote_exec(pid, &script) } else { inject_with_gdb(pid, &core, &script, &work) };
+    let injected = match &gdb {
+        Some(gdb) => inject_with_gdb(gdb, pid, &core, &script, &work),
+        None => inject_with_remote_exec(pid, &script),
+    };
     let outcome = injected.and_then(|()| wait_status(pid, &status));
     let _ = std::fs::remove_file(&script);
     let _ = std::fs::remove_file(&status);

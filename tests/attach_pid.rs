@@ -71,11 +71,7 @@ fn a_plain_python_job_streams_whole_steps_and_runs_on_as_before_once_vramscope_l
         assert_eq!(s["category_bytes"]["optimizer_state"].as_u64(), Some(2 * seen), "AdamW's two moments: {s}");
     }
     // The hook leaves the job once its viewer is gone, and a second attach works.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sessions_of(job.id()) > 0 {
-        assert!(Instant::now() < deadline, "the hook never left the job");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_unhooked(job.id());
     let left_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     assert_eq!(attach_json(job.id(), 2, t.path()).len(), 2, "attached again");
     let status = job.wait().unwrap();
@@ -90,6 +86,15 @@ fn a_plain_python_job_streams_whole_steps_and_runs_on_as_before_once_vramscope_l
     }).collect();
     let gap = rows.windows(2).filter(|w| w[1].0 > attached_at && w[0].0 < left_at).map(|w| w[1].0 - w[0].0).fold(0.0, f64::max);
     assert!(gap < 1.0, "the job stood still {gap:.2} s");
+}
+
+/// Waits until no vramscope session serves from inside process `pid` (the hook left).
+fn wait_until_unhooked(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sessions_of(pid) > 0 {
+        assert!(Instant::now() < deadline, "the hook never left the job");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// vramscope sessions serving from inside process `pid`.
@@ -168,11 +173,7 @@ fn live_in_a_terminal_d_leaves_the_job_running_without_the_hook() {
     s.keys("d");
     assert_eq!(common::tmux::wait_file(&t.path().join("exit"), 60).trim(), "0");
     s.assert_terminal_restored();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sessions_of(job.id()) > 0 {
-        assert!(Instant::now() < deadline, "the hook never left the job");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_unhooked(job.id());
     assert!(job.try_wait().unwrap().is_none(), "the job runs on");
     job.kill().unwrap();
     let _ = job.wait();

@@ -83,11 +83,12 @@ def _learn_what_is_there(hooks, core):
         ptr = _storage_ptr(t)
         if ptr == 0:
             return
+        nbytes = t.untyped_storage().nbytes()
         if t.device.type == "cpu" and ptr not in seeded:
             seeded.add(ptr)
-            core.vsh_seed(0, ptr, t.untyped_storage().nbytes(), CPU)
+            core.vsh_seed(0, ptr, nbytes, CPU)
             weakref.finalize(t, core.vsh_seed, 2, ptr, 0, CPU)
-        learned[category] += t.untyped_storage().nbytes()
+        learned[category] += nbytes
         if name is not None:
             core.vsh_tag(ptr, category, name.encode())
 
