@@ -36,7 +36,7 @@ pub fn launch_in_python(opts: &EngineOptions, output: Output) -> anyhow::Result<
     cmd.arg("--steps").arg(opts.steps.unwrap_or(0).to_string());
     let device = opts.device.to_string();
     cmd.arg("--device").arg(&device);
-    job_env::hook_env(&mut cmd, &python, &HookSettings { snapshot_dir: &opts.snapshot_dir, device: Some(&device), alloc_conf: Some(&opts.alloc_conf) })
+    job_env::hook_env(&mut cmd, &python, &HookSettings { snapshot_dir: &opts.snapshot_dir, device: Some(&device), alloc_conf: Some(&opts.alloc_conf), autocast_policy: opts.autocast_policy })
         .map_err(|e| anyhow::anyhow!("the built-in model runs in your torch where vramscope's engine is not installed, and {e:#}"))?;
     // The screen and the snapshots name the model as the engine would.
     cmd.env("VRAMSCOPE_NAME", &c.model_name).env("VRAMSCOPE_QUEUE", opts.queue_batches.to_string());

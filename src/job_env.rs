@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
+use vramscope_core::step_config::AutocastPolicy;
 
 /// What the hook is told about the job, from the command's flags.
 pub struct HookSettings<'a> {
@@ -15,6 +16,8 @@ pub struct HookSettings<'a> {
     pub device: Option<&'a str>,
     /// PYTORCH_CUDA_ALLOC_CONF for the job (None or empty: the user's own, if any).
     pub alloc_conf: Option<&'a str>,
+    /// Whose bf16 autocast the job's CPU autocast regions follow while the GPU is modelled.
+    pub autocast_policy: AutocastPolicy,
 }
 
 /// The Python to run a script with.
@@ -109,6 +112,7 @@ pub fn hook_env(cmd: &mut Command, python: &Path, a: &HookSettings) -> anyhow::R
     if let Some(d) = a.device {
         cmd.env("VRAMSCOPE_DEVICE", d);
     }
+    cmd.env("VRAMSCOPE_AUTOCAST_POLICY", a.autocast_policy.as_str());
     if let Some(c) = a.alloc_conf.filter(|c| !c.is_empty()) {
         vramscope_core::allocator::AllocatorConfig::parse_conf(c).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
         cmd.env("PYTORCH_CUDA_ALLOC_CONF", c);

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use vramscope_core::step_config::{
-    validate_batch, validate_ctx, Attention, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
+    validate_batch, validate_ctx, Attention, AutocastPolicy, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::keys::KeyMap;
@@ -186,9 +186,21 @@ struct RunArgs {
     record: Option<PathBuf>,
     #[command(flatten)]
     alloc: AllocConfArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// Serve the run's figures to Prometheus at ADDR/metrics (PORT alone: loopback).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+}
+
+/// Whose bf16 autocast a CPU run follows.
+#[derive(Args, Clone)]
+struct PolicyArgs {
+    /// bf16 on CPU: cuda (the modelled GPU allocates as CUDA autocast would: exp, sum,
+    /// softmax, the losses in fp32) or cpu (CPU autocast's own lists, what a CPU run
+    /// measures). A CUDA device always runs CUDA's.
+    #[arg(long, value_name = "POLICY", default_value = "cuda", value_parser = |s: &str| s.parse::<AutocastPolicy>())]
+    autocast_policy: AutocastPolicy,
 }
 
 /// The caching-allocator settings of the GPU that CPU runs model.
@@ -265,6 +277,8 @@ struct SweepArgs {
     fit: bool,
     #[command(flatten)]
     alloc: AllocConfArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 #[derive(Args)]
@@ -282,6 +296,8 @@ struct EstimateArgs {
     /// and the loss's backward there make workspace copies a GPU does not.
     #[arg(long)]
     cpu: bool,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 #[derive(Args)]
@@ -399,6 +415,7 @@ impl RunArgs {
         o.snapshot_dir = self.snapshot_dir.clone();
         o.leak_bytes_per_step = self.inject_leak_bytes;
         o.alloc_conf = self.alloc.resolve()?;
+        o.autocast_policy = self.policy.autocast_policy;
         if let Some(n) = self.check_growth {
             o.steps = Some(n);
             // The check reads every event: room enough that none is dropped.
@@ -455,6 +472,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
         seed: a.seed,
         snapshot_dir: a.snapshots.clone().or_else(|| a.images.clone()),
         alloc_conf: a.alloc.resolve()?,
+        autocast_policy: a.policy.autocast_policy,
     };
     // Drawn only when stderr is a terminal.
     let progress = indicatif::ProgressBar::new(configs.len() as u64).with_style(
@@ -484,7 +502,9 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
 
 fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
     let cfg = a.shape.step_config()?;
-    let e = estimate::estimate_on(&cfg, a.cpu);
+    let policy = a.policy.autocast_policy;
+    anyhow::ensure!(a.cpu || policy == AutocastPolicy::Cuda, "--autocast-policy cpu is what a CPU run measures: add --cpu (a GPU runs CUDA's policy)");
+    let e = estimate::estimate_on(&cfg, estimate::Target { cpu: a.cpu, autocast_policy: policy });
     let fit = a.gpu_mem.map(|b| estimate::fit_in(&cfg, b));
     if a.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "estimate": e, "fit": fit }))?);

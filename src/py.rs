@@ -13,6 +13,7 @@ use vramscope_core::record::writer::Recorder;
 use vramscope_core::source::job::{list_jobs, JobSource, Output};
 use vramscope_core::source::launch::job_name;
 use vramscope_core::store::ranks::Ranks;
+use vramscope_core::step_config::AutocastPolicy;
 
 use crate::headless::headless;
 use crate::job_env::{self, HookSettings};
@@ -53,6 +54,10 @@ pub struct PyArgs {
     /// PYTORCH_CUDA_ALLOC_CONF for the job (on CPU, the modelled GPU's settings).
     #[arg(long, value_name = "CONF")]
     pub alloc_conf: Option<String>,
+    /// bf16 on CPU: cuda (the job's CPU autocast regions allocate as CUDA autocast would,
+    /// for the modelled GPU) or cpu (CPU autocast's own lists). CUDA jobs run CUDA's.
+    #[arg(long, value_name = "POLICY", default_value = "cuda", value_parser = |s: &str| s.parse::<AutocastPolicy>())]
+    pub autocast_policy: AutocastPolicy,
     /// Serve the job's figures to Prometheus at ADDR/metrics (PORT alone: loopback).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
@@ -123,7 +128,7 @@ pub fn run_py(a: PyArgs, screen: Option<Screen>) -> anyhow::Result<std::process:
         c.args(&a.command[1..]);
         c
     };
-    job_env::hook_env(&mut cmd, &python, &HookSettings { snapshot_dir: &a.snapshot_dir, device: a.device.as_deref(), alloc_conf: a.alloc_conf.as_deref() })?;
+    job_env::hook_env(&mut cmd, &python, &HookSettings { snapshot_dir: &a.snapshot_dir, device: a.device.as_deref(), alloc_conf: a.alloc_conf.as_deref(), autocast_policy: a.autocast_policy })?;
     if let Some(p) = &a.precision {
         cmd.env("VRAMSCOPE_PRECISION", p);
     }

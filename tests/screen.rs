@@ -24,8 +24,8 @@ use vramscope::theme::Theme;
 use vramscope_core::source::gauges::sample::{DeviceSample, GaugeBatch, GaugeSample, Gauges, HostSample, ProcessSample, SourceKind, SourceStatus};
 use vramscope_core::store::ranks::RankSummary;
 use vramscope_core::store::{LogKind, Store};
-use vramscope_core::step_config::{Attention, Mode, Precision, Preset, StepConfig};
-use vramscope_core::stream::{EngineInfo, KnobChange, OutOfMemory, Report, StepReport};
+use vramscope_core::step_config::{Attention, AutocastPolicy, Mode, Precision, Preset, StepConfig};
+use vramscope_core::stream::{EngineInfo, Knob, KnobChange, OutOfMemory, Report, StepReport};
 
 const MIB: u64 = 1 << 20;
 const PARAMS: [&str; 8] = [
@@ -135,7 +135,7 @@ fn session() -> Store {
         store.ingest_report(Report::Step(StepReport {
             step: step as u64, mode: Mode::Train, precision: Precision::Fp32, attention: Some(Attention::Naive), ctx: 256, batch: 4,
             peak_allocated_bytes: 120 * MIB, reserved_bytes: 160 * MIB, peak_reserved_bytes: 160 * MIB, peak_active_bytes: 118 * MIB,
-            phase_peak_bytes, category_bytes: BTreeMap::new(), live_bytes: 96 * MIB, step_time_s: 1.25, tokens_per_s: 819.2, samples_per_s: 3.2, loss: 9.2,
+            phase_peak_bytes, phase_active_peak_bytes: BTreeMap::new(), category_bytes: BTreeMap::new(), live_bytes: 96 * MIB, step_time_s: 1.25, tokens_per_s: 819.2, samples_per_s: 3.2, loss: 9.2,
             dropped_batches: 0, dropped_events: 0, rank: None, device: None,
         }));
     }
@@ -401,6 +401,33 @@ fn lost_events_show_the_jobs_exact_figures_and_mark_what_the_events_draw_incompl
     assert!(screen.contains("at step end  96.0 MiB"), "{screen}");
     assert!(screen.contains("incomplete: events were lost"), "{screen}");
     assert!(screen.contains("figures at step end exact; timeline and table incomplete"), "{screen}");
+}
+
+#[test]
+fn the_header_says_whose_autocast_a_bf16_step_follows() {
+    let header = |autocast: Option<AutocastPolicy>, knobs: bool| {
+        let mut store = session();
+        let c = config(256, Precision::Bf16);
+        let info = EngineInfo {
+            device: "cpu".into(),
+            parameters: 9_316_608,
+            // A user's job declares its precision as a knob; vramscope's model as its config.
+            config: (!knobs).then(|| c.clone()),
+            knobs: if knobs { vec![Knob { name: "precision".into(), value: "bf16".into() }] } else { Vec::new() },
+            name: "tiny".into(),
+            autocast,
+            ..EngineInfo::default()
+        };
+        store.ingest_report(Report::Started(info));
+        text(&store, &whole(&store), 160, 40).lines().next().unwrap_or_default().to_string()
+    };
+    for knobs in [false, true] {
+        assert!(header(Some(AutocastPolicy::Cuda), knobs).contains("bf16 (CUDA autocast)"), "{}", header(Some(AutocastPolicy::Cuda), knobs));
+        assert!(header(Some(AutocastPolicy::Cpu), knobs).contains("bf16 (CPU autocast)"), "{}", header(Some(AutocastPolicy::Cpu), knobs));
+        // A recording made before the policy was said claims neither.
+        let unknown = header(None, knobs);
+        assert!(unknown.contains("bf16") && !unknown.contains("autocast"), "{unknown}");
+    }
 }
 
 #[test]

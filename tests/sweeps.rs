@@ -8,8 +8,8 @@ use common::vramscope;
 use assert_cmd::Command;
 use serde_json::Value;
 
-use vramscope_core::report::estimate::estimate_on;
-use vramscope_core::step_config::{Attention, Mode, Precision};
+use vramscope_core::report::estimate::{estimate_on, Target};
+use vramscope_core::step_config::{Attention, AutocastPolicy, Mode, Precision};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(cmd.assert().success().get_output().stdout.clone()).unwrap()
@@ -119,7 +119,7 @@ fn the_estimate_matches_measured_cpu_peaks() {
     ];
     for (mode, precision, attention, tol) in cases {
         let cfg = common::tiny(128, 2, mode, precision, attention);
-        let e = estimate_on(&cfg, true);
+        let e = estimate_on(&cfg, Target { cpu: true, autocast_policy: AutocastPolicy::Cuda });
         let run = common::run(common::options(cfg, 2));
         // Step 1 is the steady state (AdamW moments exist).
         let step = run.steps()[1].clone();
@@ -140,6 +140,34 @@ fn the_estimate_matches_measured_cpu_peaks() {
     }
 }
 
+/// Each tensor's dtype under the policy in force: on a GPU (CUDA autocast) the softmax's exp
+/// is fp32 and the attention weights go into their matmul as a bf16 copy; a CPU run under
+/// CPU autocast keeps them bf16. A GPU has no CPU policy to pick.
+#[test]
+fn the_estimate_names_each_tensors_dtype_under_the_policy_in_force() {
+    let args = ["estimate", "--model", "small", "--ctx", "512", "--batch", "4", "--precision", "bf16"];
+    let gpu = stdout(vramscope().args(args));
+    for want in [
+        "## small — training step, ctx 512, batch 4, bf16 (CUDA autocast)",
+        "| softmax: torch.exp(rescaled_input) | [4, 12, 512, 512] fp32 |",
+        "| einsum(attention_weights, V, ...): autocast's bf16 copy of attention_weights | [4, 12, 512, 512] bf16 |",
+        "| log_softmax: torch.exp(x) | [4, 512, 10000] fp32 |",
+    ] {
+        assert!(gpu.contains(want), "'{want}' missing:\n{gpu}");
+    }
+    let cpu = stdout(vramscope().args(args).args(["--cpu", "--autocast-policy", "cpu"]));
+    for want in ["bf16 (CPU autocast), naive attention, reference AdamW (as a CPU run measures it)", "| softmax: torch.exp(rescaled_input) | [4, 12, 512, 512] bf16 |", "| log_softmax: torch.exp(x) | [4, 512, 10000] bf16 |"] {
+        assert!(cpu.contains(want), "'{want}' missing:\n{cpu}");
+    }
+    assert!(!cpu.contains("copy of attention_weights"), "{cpu}");
+    vramscope()
+        .args(args)
+        .args(["--autocast-policy", "cpu"])
+        .assert()
+        .failure()
+        .stderr(predicates::str::contains("--autocast-policy cpu is what a CPU run measures: add --cpu"));
+}
+
 #[test]
 fn estimate_2_7b_prints_the_hand_arithmetic_and_the_fit() {
     let out = stdout(vramscope().args(["estimate", "--model", "2.7B", "--ctx", "512", "--batch", "4", "--gpu-mem", "80GiB"]));
@@ -149,7 +177,7 @@ fn estimate_2_7b_prints_the_hand_arithmetic_and_the_fit() {
         "4 × 512 × 2560 × 4 B = 20971520 B = 20.0 MiB",
         "softmax: exponentiated_rescaled_input / torch.sum(…) | [4, 32, 512, 512] fp32 | 128 MiB",
         "| fp32 |",
-        "| bf16 |",
+        "| bf16 (CUDA autocast) |",
         "In 80.0 GiB (train mode, fp32): fits",
         "Largest ctx at batch 4:",
     ] {

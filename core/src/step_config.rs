@@ -115,6 +115,26 @@ choice_enum!(Attention, "attention", { Naive => "naive", Fused => "fused" });
 // `reference`: the CS336 reference's AdamW (new moment tensors every step); `torch`:
 // torch.optim.AdamW's (moments updated in place).
 choice_enum!(Optimizer, "optimizer", { Reference => "reference", Torch => "torch" });
+// Whose bf16 autocast op lists a run follows: on a CUDA device always CUDA's (autocast runs
+// there); on CPU, `cuda` (the default) models the GPU, `cpu` is what a CPU run measures.
+choice_enum!(AutocastPolicy, "autocast policy", { Cuda => "cuda", Cpu => "cpu" });
+
+#[allow(clippy::derivable_impls)]
+impl Default for AutocastPolicy {
+    fn default() -> Self {
+        AutocastPolicy::Cuda
+    }
+}
+
+impl AutocastPolicy {
+    /// How the header names it beside the precision: "CUDA autocast".
+    pub fn label(self) -> &'static str {
+        match self {
+            AutocastPolicy::Cuda => "CUDA autocast",
+            AutocastPolicy::Cpu => "CPU autocast",
+        }
+    }
+}
 
 // The enum comes from `choice_enum!`, which gives no variant `#[default]`.
 #[allow(clippy::derivable_impls)]
@@ -186,6 +206,15 @@ impl fmt::Display for DeviceChoice {
 }
 
 impl Precision {
+    /// As the header and reports name it: bf16 says whose autocast policy it follows, where
+    /// known ("bf16 (CUDA autocast)").
+    pub fn label(self, policy: Option<AutocastPolicy>) -> String {
+        match (self, policy) {
+            (Precision::Bf16, Some(p)) => format!("bf16 ({})", p.label()),
+            _ => self.to_string(),
+        }
+    }
+
     pub fn toggled(self) -> Self {
         match self {
             Precision::Fp32 => Precision::Bf16,

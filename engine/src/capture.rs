@@ -26,6 +26,7 @@ extern "C" {
     fn vs_dropped() -> u64;
     fn vs_set_oom_callback(cb: Option<OomCallback>);
     fn vs_autocast(device_type: c_int, enabled: bool) -> c_int;
+    fn vs_set_cuda_autocast_policy(on: bool);
     fn vs_last_error() -> *const c_char;
     fn vs_clear_grad(t: *const torch_sys::C_tensor);
     fn vs_cuda_compiled() -> c_int;
@@ -101,6 +102,12 @@ pub fn set_oom_handler(handler: OomHandler) {
 /// bf16 autocast on for `cuda` or CPU; `false` leaves the region and clears the cast cache.
 pub fn autocast(cuda: bool, enabled: bool) -> Result<(), ShimError> {
     check(unsafe { vs_autocast(cuda as c_int, enabled) })
+}
+
+/// CPU autocast follows CUDA's op lists (on) or CPU's own (off): the shim's AutocastCPU
+/// kernels, python/vramscope_hook/csrc/autocast_policy.cpp.
+pub fn cuda_autocast_policy_on_cpu(on: bool) {
+    unsafe { vs_set_cuda_autocast_policy(on) }
 }
 
 /// Sets `t.grad` to None, freeing the gradient (PyTorch's `zero_grad(set_to_none=True)`).

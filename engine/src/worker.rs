@@ -18,7 +18,7 @@ use vramscope_core::producer::server::Server;
 use vramscope_core::producer::tracker::Backend;
 use vramscope_core::snapshot::model::Frame;
 use vramscope_core::source::launch::EngineOptions;
-use vramscope_core::step_config::{DeviceChoice, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use vramscope_core::step_config::{AutocastPolicy, DeviceChoice, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
 use vramscope_core::selftest::evidence::OomFigures;
 use vramscope_core::stream::EngineInfo;
 
@@ -125,6 +125,7 @@ pub fn setup(opts: &EngineOptions) -> anyhow::Result<Setup> {
             let alloc = AllocatorConfig::parse_conf(&opts.alloc_conf).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?;
             // Before any tensor exists, so every free is seen.
             capture::install_cpu_allocator()?;
+            capture::cuda_autocast_policy_on_cpu(opts.autocast_policy == AutocastPolicy::Cuda);
             Backend::Modelled(Box::new(vramscope_core::allocator::CachingAllocatorModel::new(alloc)))
         }
     };
@@ -163,6 +164,7 @@ impl Worker {
             clock_zero_ns: capture::clock_zero_ns(),
             alloc_conf: if cuda { std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default() } else { opts.alloc_conf.clone() },
             pci_bus_id: None,
+            autocast: Some(if cuda { AutocastPolicy::Cuda } else { opts.autocast_policy }),
         };
         let scopes = Arc::new(Scopes::new(Box::new(capture::set_scope)));
         let runner = Frame { name: "vramscope-engine step".into(), filename: "engine/src/worker.rs".into(), line: 0 };

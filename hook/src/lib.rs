@@ -27,7 +27,7 @@ use vramscope_core::producer::server::{Listen, Log, Server};
 use vramscope_core::producer::session::{between_steps, lock, Flusher, Boundary, Capture, Session, SessionOptions, Shared, StepEnd};
 use vramscope_core::producer::tracker::Backend;
 use vramscope_core::snapshot::model::Frame;
-use vramscope_core::step_config::{Mode, Precision};
+use vramscope_core::step_config::{AutocastPolicy, Mode, Precision};
 use vramscope_core::stream::{EngineInfo, Report};
 
 /// How the Python side starts the core (JSON).
@@ -62,6 +62,9 @@ struct Config {
     /// torch sees a GPU: PYTORCH_CUDA_ALLOC_CONF is the real allocator's, not the model's.
     #[serde(default)]
     cuda_available: bool,
+    /// Whose bf16 autocast policy CPU autocast regions follow while the GPU is modelled.
+    #[serde(default)]
+    autocast_policy: AutocastPolicy,
 }
 
 /// The settings of the GPU modelled from the job's CPU tensors, and what to say about them.
@@ -95,6 +98,7 @@ struct ShimFns {
     cuda_snapshot: extern "C" fn(*mut *mut c_char, *mut usize) -> c_int,
     cuda_pci_bus_id: extern "C" fn(c_int, *mut c_char, usize) -> c_int,
     free: extern "C" fn(*mut c_void),
+    set_cuda_autocast_policy: extern "C" fn(bool),
 }
 
 impl ShimFns {
@@ -132,7 +136,15 @@ impl ShimFns {
             cuda_snapshot: sym(h, "vs_cuda_snapshot")?,
             cuda_pci_bus_id: sym(h, "vs_cuda_pci_bus_id")?,
             free: sym(h, "vs_free")?,
+            set_cuda_autocast_policy: sym(h, "vs_set_cuda_autocast_policy")?,
         })
+    }
+
+    /// The CPU tensors are no longer the modelled GPU: libtorch's own CPU allocator back, and
+    /// CPU autocast's own op lists.
+    fn stop_modelling(&self) {
+        (self.remove_cpu_allocator)();
+        (self.set_cuda_autocast_policy)(false);
     }
 
     fn check(&self, rc: c_int) -> Result<(), String> {
@@ -439,6 +451,10 @@ fn start(cfg: Config) -> Result<Core, String> {
         Follow::Auto | Follow::Cpu => {
             let (alloc, said) = model_config(&cfg.alloc_conf, cfg.cuda_available && follow == Follow::Auto)?;
             note = note.or(said);
+            // The modelled GPU's bf16 regions allocate as the chosen policy's lists say.
+            if let Some(s) = shim() {
+                (s.set_cuda_autocast_policy)(cfg.autocast_policy == AutocastPolicy::Cuda);
+            }
             Backend::Modelled(Box::new(CachingAllocatorModel::new(alloc)))
         }
     };
@@ -463,6 +479,10 @@ fn start(cfg: Config) -> Result<Core, String> {
         clock_zero_ns: clock_zero_ns(),
         alloc_conf: cfg.alloc_conf.clone(),
         pci_bus_id: None,
+        autocast: Some(match follow {
+            Follow::Cuda(_) => AutocastPolicy::Cuda,
+            _ => cfg.autocast_policy,
+        }),
     };
     let scopes = Arc::new(Scopes::new(Box::new(|id| {
         if let Some(s) = shim() {
@@ -519,7 +539,7 @@ pub extern "C" fn vsh_cuda_initialised() -> c_int {
         // On failure the Python side falls back to PyTorch's memory history.
         let s = shim().ok_or("no capture shim")?;
         s.check((s.cuda_attach)())?;
-        (s.remove_cpu_allocator)();
+        s.stop_modelling();
         lock(&c.session).follow_cuda();
         Ok(())
     })
@@ -534,7 +554,7 @@ pub extern "C" fn vsh_history_start(snapshot: Option<history::SnapshotFn>, why: 
         let why = cstr(why)?;
         history::start(snapshot);
         if let Some(s) = shim() {
-            (s.remove_cpu_allocator)();
+            s.stop_modelling();
         }
         let mut session = lock(&c.session);
         session.follow_cuda();
@@ -776,7 +796,7 @@ pub extern "C" fn vsh_finish() -> c_int {
             (s.set_oom_callback)(None);
             // Whatever ends the session (the job's exit, a start that failed after this
             // point) leaves libtorch's own CPU allocator in place.
-            (s.remove_cpu_allocator)();
+            s.stop_modelling();
         }
         drop(c.flusher);
         lock(&c.session).finish();

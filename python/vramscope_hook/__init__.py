@@ -60,6 +60,8 @@ def _config(shim_path, torch, overrides):
         "alloc_conf": env.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "queue_batches": int(env.get("VRAMSCOPE_QUEUE", "256")),
         "cuda_available": bool(torch.cuda.is_available()),
+        # Whose bf16 autocast lists the modelled GPU's CPU autocast regions follow.
+        "autocast_policy": env.get("VRAMSCOPE_AUTOCAST_POLICY", "cuda"),
         **overrides,
     }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::event::{Batch, Category, Phase};
 use crate::snapshot::model::Frame;
 use crate::snapshot::writer::{save_snapshot_atomic, unique_path};
-use crate::step_config::{Attention, Mode, Precision};
+use crate::step_config::{Attention, AutocastPolicy, Mode, Precision};
 use crate::stream::{Control, EngineInfo, Incoming, Knob, KnobChange, OutOfMemory, Report, StepReport};
 
 use super::cut::{FrameTables, SnapshotCut};
@@ -292,6 +292,7 @@ impl Session {
         self.tracker.switch_to_cuda(self.capture.now_ns(), 0);
         self.info.cuda = true;
         self.info.device = "cuda".into();
+        self.info.autocast = Some(AutocastPolicy::Cuda);
         self.info.note = Some("the job initialised CUDA: following its caching allocator (CPU tensors before that were modelled)".into());
         self.report(Report::Started(self.info.clone()));
         self.flush();
@@ -428,11 +429,9 @@ impl Session {
             None => &mut self.tracker,
         };
         let stats = t.take_step_stats();
-        let phase_peak_bytes = self
-            .phases_seen
-            .iter()
-            .map(|p| (p.as_str().to_string(), stats.phase_peak_allocated[*p as usize]))
-            .collect();
+        let by_phase = |peaks: &[u64; 5]| self.phases_seen.iter().map(|p| (p.as_str().to_string(), peaks[*p as usize])).collect();
+        let phase_peak_bytes = by_phase(&stats.phase_peak_allocated);
+        let phase_active_peak_bytes = by_phase(&stats.phase_peak_active);
         let category_bytes = Category::ALL
             .iter()
             .map(|c| (c.as_str().to_string(), t.category_bytes[*c as usize]))
@@ -450,6 +449,7 @@ impl Session {
             peak_reserved_bytes: stats.peak_reserved,
             peak_active_bytes: stats.peak_active,
             phase_peak_bytes,
+            phase_active_peak_bytes,
             category_bytes,
             live_bytes: t.active_bytes,
             step_time_s: end.elapsed_s,

@@ -46,6 +46,8 @@ struct Live {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepStats {
     pub phase_peak_allocated: [u64; 5],
+    /// Requested bytes, as memory_viz's active timeline stacks them.
+    pub phase_peak_active: [u64; 5],
     pub peak_allocated: u64,
     pub peak_reserved: u64,
     pub peak_active: u64,
@@ -196,6 +198,8 @@ impl Tracker {
         let s = &mut self.step_stats;
         let p = &mut s.phase_peak_allocated[phase as usize];
         *p = (*p).max(self.allocated_bytes);
+        let a = &mut s.phase_peak_active[phase as usize];
+        *a = (*a).max(self.active_bytes);
         s.peak_allocated = s.peak_allocated.max(self.allocated_bytes);
         s.peak_reserved = s.peak_reserved.max(self.reserved_bytes);
         s.peak_active = s.peak_active.max(self.active_bytes);

@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use crate::step_config::{Attention, Mode, Optimizer, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use crate::step_config::{Attention, AutocastPolicy, Mode, Optimizer, Precision, StepConfig, MAX_BATCH, MAX_CTX};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Dtype {
@@ -80,13 +80,17 @@ struct Tape {
     peak: u64,
     /// What was alive at the peak (indices into `made`).
     at_peak: Vec<usize>,
+    /// The last layer's `einsum(attention_weights, V)`: the first tensor it made, and the
+    /// attention weights it saved. Backward's peak with naive attention is just after
+    /// that einsum's backward, when everything saved from there on has been let go.
+    last_weights_einsum: Option<(usize, Id)>,
 }
 
 type Id = usize;
 
 impl Tape {
     fn new(grad: bool, cpu: bool, base: u64) -> Tape {
-        Tape { grad, cpu, made: Vec::new(), layer: None, live: base, peak: base, at_peak: Vec::new() }
+        Tape { grad, cpu, made: Vec::new(), layer: None, live: base, peak: base, at_peak: Vec::new(), last_weights_einsum: None }
     }
 
     fn make(&mut self, line: &str, dims: &[i64], dtype: Dtype) -> Id {
@@ -137,13 +141,17 @@ struct Shape {
     layers: i64,
     c: Dtype,
     bf16: bool,
+    /// What the ops on CUDA's fp32 lists (exp, sum, log) make under bf16 autocast: fp32 on
+    /// CUDA's policy, the compute dtype on CPU's.
+    listed: Dtype,
     attention: Attention,
 }
 
 impl Shape {
-    fn of(cfg: &StepConfig) -> Shape {
+    fn of(cfg: &StepConfig, policy: AutocastPolicy) -> Shape {
         let d = cfg.dims;
         let bf16 = cfg.precision == Precision::Bf16;
+        let c = if bf16 { Dtype::Bf16 } else { Dtype::F32 };
         Shape {
             b: cfg.batch,
             t: cfg.ctx,
@@ -152,8 +160,9 @@ impl Shape {
             h: d.heads,
             v: d.vocab,
             layers: d.layers,
-            c: if bf16 { Dtype::Bf16 } else { Dtype::F32 },
+            c,
             bf16,
+            listed: if policy == AutocastPolicy::Cuda { Dtype::F32 } else { c },
             attention: cfg.attention,
         }
     }
@@ -225,6 +234,17 @@ fn rope(tp: &mut Tape, s: &Shape, what: &str) -> Id {
     out
 }
 
+/// An op on CUDA's fp32 list (exp) applied to a `dims` tensor of the compute dtype. Under
+/// CUDA's bf16 policy autocast casts the input to an fp32 copy first, which dies with the op.
+fn listed_op(tp: &mut Tape, s: &Shape, line: &str, dims: &[i64]) -> Id {
+    let copy = (s.listed != s.c).then(|| tp.make(&format!("{line}: autocast's fp32 copy of its input"), dims, Dtype::F32));
+    let out = tp.make(line, dims, s.listed);
+    if let Some(c) = copy {
+        tp.free(c);
+    }
+    out
+}
+
 /// `x - torch.max(x, dim=-1, keepdim=True)[0]` for x of shape `dims`: the max (values and
 /// indices; autograd keeps the indices) and the shifted tensor. `lines` name the max and
 /// the subtraction.
@@ -264,15 +284,21 @@ fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id
     tp.free(scores);
     let (peak, shifted) = shift_by_max(tp, &bhtt, c, ["softmax: torch.max(x, dim=dim, keepdim=True)", "softmax: rescaled_input = x - torch.max(…)[0]"]);
     tp.free(peak);
-    let exps = tp.make("softmax: torch.exp(rescaled_input)", &bhtt, c);
+    let exps = listed_op(tp, s, "softmax: torch.exp(rescaled_input)", &bhtt);
     tp.save(exps);
-    let total = tp.make("softmax: torch.sum(exponentiated_rescaled_input, dim=dim, keepdim=True)", &bht1, c);
+    let total = tp.make("softmax: torch.sum(exponentiated_rescaled_input, dim=dim, keepdim=True)", &bht1, s.listed);
     tp.save(total);
-    let probs = tp.make("softmax: exponentiated_rescaled_input / torch.sum(…)", &bhtt, c);
+    let probs = tp.make("softmax: exponentiated_rescaled_input / torch.sum(…)", &bhtt, s.listed);
     tp.free(total);
     tp.free(shifted);
     tp.free(exps);
-    tp.save(probs);
+    let first = tp.made.len();
+    // fp32 weights (CUDA's policy) go into the matmul as a bf16 copy, which it keeps.
+    let weights = if s.listed != c { tp.make("einsum(attention_weights, V, ...): autocast's bf16 copy of attention_weights", &bhtt, c) } else { probs };
+    tp.save(weights);
+    if tp.layer == Some(s.layers - 1) {
+        tp.last_weights_einsum = Some((first, weights));
+    }
     // V is a permuted view of v_proj's output: the matmul copies it unless batch is 1.
     let vc = (s.b > 1).then(|| tp.make("einsum(attention_weights, V, ...): V made contiguous", &bhtd, c));
     tp.save(vc.unwrap_or(v));
@@ -280,6 +306,7 @@ fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id
     if let Some(vc) = vc {
         tp.free(vc);
     }
+    tp.free(weights);
     tp.free(masked);
     tp.free(probs);
     out
@@ -376,8 +403,8 @@ fn block(tp: &mut Tape, s: &Shape, x: Id) -> Id {
 }
 
 /// BasicsTransformerLM.forward, then nn_utils.py cross_entropy of its logits (which die
-/// with that expression). The loss stays alive.
-fn forward_and_loss(tp: &mut Tape, s: &Shape) {
+/// with that expression). The loss stays alive. Returns the peak up to the logits.
+fn forward_and_loss(tp: &mut Tape, s: &Shape) -> u64 {
     let (btd, btv, bt1) = ([s.b, s.t, s.d], [s.b, s.t, s.v], [s.b, s.t, 1]);
     let embedded = tp.make("Embedding: self.weight[token_ids, :]", &btd, Dtype::F32);
     let mut x = embedded;
@@ -397,34 +424,58 @@ fn forward_and_loss(tp: &mut Tape, s: &Shape) {
     let logits = linear(tp, s, normed, &btd, s.v, s.d, "lm_head");
     tp.free(normed);
     tp.free(embedded);
+    let to_logits = tp.peak;
     let c = s.c;
     let (peak, shifted) = shift_by_max(tp, &btv, c, ["log_softmax: x_max = torch.max(x, dim=dim, keepdim=True)[0]", "log_softmax: x = x - x_max"]);
-    let exps = tp.make("log_softmax: torch.exp(x)", &btv, c);
+    let exps = listed_op(tp, s, "log_softmax: torch.exp(x)", &btv);
     tp.save(exps);
-    let total = tp.make("log_softmax: torch.sum(torch.exp(x), dim=dim, keepdim=True)", &bt1, c);
+    // From here on the CUDA policy's tensors are fp32: the exp's output, the sum and the
+    // log (fp32 lists), then bf16 x minus the fp32 log promotes.
+    let l = s.listed;
+    let total = tp.make("log_softmax: torch.sum(torch.exp(x), dim=dim, keepdim=True)", &bt1, l);
     tp.save(total);
     tp.free(exps);
-    let log = tp.make("log_softmax: torch.log(…)", &bt1, c);
+    let log = tp.make("log_softmax: torch.log(…)", &bt1, l);
     tp.free(total);
-    let logp = tp.make("log_softmax: x - torch.log(…)", &btv, c);
+    // bf16 minus fp32: a GPU's kernel casts as it reads, a CPU's casts x into an fp32
+    // temporary first.
+    let widened = (tp.cpu && l != c).then(|| tp.make("log_softmax: x - torch.log(…): the CPU's fp32 copy of x", &btv, Dtype::F32));
+    let logp = tp.make("log_softmax: x - torch.log(…)", &btv, l);
+    if let Some(w) = widened {
+        tp.free(w);
+    }
     for id in [log, shifted, peak] {
         tp.free(id);
     }
-    let neg = tp.make("cross_entropy: -log_softmax(inputs)", &btv, c);
+    let neg = tp.make("cross_entropy: -log_softmax(inputs)", &btv, l);
     tp.free(logp);
     tp.save(neg);
-    let picked = tp.make("cross_entropy: torch.gather(…, -1, targets.unsqueeze(-1))", &bt1, c);
-    let loss = tp.make("cross_entropy: torch.mean(…)", &[], c);
+    let picked = tp.make("cross_entropy: torch.gather(…, -1, targets.unsqueeze(-1))", &bt1, l);
+    let loss = tp.make("cross_entropy: torch.mean(…)", &[], l);
     tp.free(picked);
     tp.free(neg);
     tp.free(logits);
     let _ = loss; // alive through backward
+    to_logits
 }
+/// What an estimate is for: a GPU, or (`cpu`) a CPU run of the engine, whose bf16 ops follow
+/// `policy` (a GPU always follows CUDA's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Target {
+    pub cpu: bool,
+    pub autocast_policy: AutocastPolicy,
+}
+
+impl Target {
+    pub const GPU: Target = Target { cpu: false, autocast_policy: AutocastPolicy::Cuda };
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
     pub config: StepConfig,
-    /// The peaks a CPU run measures rather than a GPU's (see `estimate_on`).
-    pub on_cpu: bool,
+    /// The peaks a CPU run measures rather than a GPU's, and the autocast policy followed.
+    #[serde(flatten)]
+    pub target: Target,
     pub parameters: u64,
     pub parameter_bytes: u64,
     pub gradient_bytes: u64,
@@ -452,6 +503,9 @@ pub struct Estimate {
     pub peak_transients: Vec<Term>,
     /// Peak of a no-grad forward pass.
     pub forward_peak_bytes: u64,
+    /// Peak of a no-grad forward pass that stops at the logits (generation, an evaluation
+    /// without the loss).
+    pub logits_peak_bytes: u64,
     /// Peak of a steady-state training step (forward, backward, AdamW step), by phase.
     pub train_forward_peak_bytes: u64,
     pub backward_peak_bytes: u64,
@@ -496,14 +550,15 @@ fn grouped<'a>(made: impl Iterator<Item = &'a Made>) -> Vec<Term> {
 
 /// The estimate for a GPU.
 pub fn estimate(cfg: &StepConfig) -> Estimate {
-    estimate_on(cfg, false)
+    estimate_on(cfg, Target::GPU)
 }
 
-/// The estimate on a GPU, or (`cpu`) the peaks a CPU run measures: there bf16 matmuls copy
-/// their weight for the duration of the op, and the gather's backward in bf16 accumulates in
-/// an fp32 [batch, ctx, vocab] buffer.
-pub fn estimate_on(cfg: &StepConfig, cpu: bool) -> Estimate {
-    let s = Shape::of(cfg);
+/// The estimate on a GPU, or the peaks a CPU run measures: there bf16 matmuls copy their
+/// weight for the duration of the op, and the gather's backward in bf16 accumulates in an
+/// fp32 [batch, ctx, vocab] buffer.
+pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
+    let cpu = target.cpu;
+    let s = Shape::of(cfg, target.autocast_policy);
     let (b, t, dm, v) = (s.b, s.t, s.d, s.v);
     let sizes = parameter_sizes(&s);
     let parameters: u64 = sizes.iter().map(|n| *n as u64).sum();
@@ -515,29 +570,47 @@ pub fn estimate_on(cfg: &StepConfig, cpu: bool) -> Estimate {
 
     // Without grad: nothing is saved, and autocast's copies die with their ops.
     let mut no_grad = Tape::new(false, cpu, persistent);
-    forward_and_loss(&mut no_grad, &s);
+    let logits_peak_bytes = forward_and_loss(&mut no_grad, &s);
     // A training step in the steady state: AdamW's moments exist.
     let mut tape = Tape::new(true, cpu, persistent + moments);
     forward_and_loss(&mut tape, &s);
     let end_of_forward = tape.live;
 
-    let c = s.c.size();
-    let (btv, btd, bt1) = ((b * t * v) as u64 * c, (b * t * dm) as u64 * c, (b * t) as u64 * c);
+    let (c, l) = (s.c.size(), s.listed.size());
+    let (btv, btd) = ((b * t * v) as u64 * c, (b * t * dm) as u64 * c);
+    // The loss's tensors after its exp: fp32 on CUDA's bf16 policy.
+    let (btv_l, bt1_l) = ((b * t * v) as u64 * l, (b * t) as u64 * l);
     let head_weight = (v * dm) as u64;
     // Backward peaks where it begins (everything saved, and the gradient of the gathered
     // log-probabilities), or at the LM head (the cross-entropy's saved tensors gone, the
     // logits' gradient, the head weight's gradient, the gradient of its input), or in the
     // last layer's attention (three [b, h, t, t] gradients at once with naive attention).
-    let loss_saved = 2 * btv + (b * t) as u64 * 8 + bt1;
-    let cpu_scatter = if cpu && s.bf16 { (b * t * v) as u64 * 4 } else { 0 };
-    let start = end_of_forward + 4 + bt1 + btv + cpu_scatter;
+    let loss_saved = 2 * btv_l + (b * t) as u64 * 8 + bt1_l;
+    let cpu_scatter = if cpu && s.bf16 && l == 2 { (b * t * v) as u64 * 4 } else { 0 };
+    // On CUDA's policy the fp32 gradient of `x - log(…)` is cast back to bf16 for x, next to
+    // the gradient of the negation, once the negation's saved input is let go.
+    let widened_grad = if l != c { btv } else { 0 };
+    let start = end_of_forward + 4 + bt1_l + btv_l + cpu_scatter + widened_grad;
     let head_grads = head_weight * 4 + if s.bf16 { head_weight * 2 } else { 0 };
     let at_head = end_of_forward - loss_saved + btv + head_grads + btd;
     let attention_scores_bytes = match s.attention {
         Attention::Naive => (b * s.h * t * t) as u64 * c,
         Attention::Fused => 0,
     };
-    let in_attention = end_of_forward - loss_saved + head_weight * 4 + 3 * attention_scores_bytes;
+    // Naive attention: in the last layer's softmax backward. Everything saved from its
+    // weights' einsum on has been let go, the gradients of the parameters after it exist
+    // (fp32), and five [b, h, t, t] tensors of the softmax's dtype are alive at once (the
+    // weights' gradient, the division's two gradients and the temporaries of the second),
+    // beside the fp32 residual gradient and the attention output's gradient.
+    let in_attention = match tape.last_weights_einsum {
+        Some((first, weights)) => {
+            let released: u64 = tape.made.iter().enumerate().filter(|(i, m)| m.live && (*i >= first || *i == weights)).map(|(_, m)| m.term.bytes).sum();
+            let grads_after = (head_weight + 2 * dm as u64 + 3 * (dm * s.f) as u64 + (dm * dm) as u64) * 4;
+            let softmax = 5 * (b * s.h * t * t) as u64 * l;
+            end_of_forward - released + grads_after + softmax + (b * t * dm) as u64 * (4 + c)
+        }
+        None => 0,
+    };
     let backward_peak_bytes = start.max(at_head).max(in_attention);
     // The update's temporaries for the largest parameter: the reference's AdamW holds five
     // of its size at once (new m and v, the step's numerator, sqrt(v) + eps and the
@@ -562,7 +635,7 @@ pub fn estimate_on(cfg: &StepConfig, cpu: bool) -> Estimate {
     let residual = (b * t * dm) as u64 * 4;
     Estimate {
         config: cfg.clone(),
-        on_cpu: cpu,
+        target,
         parameters,
         parameter_bytes,
         gradient_bytes: parameter_bytes,
@@ -581,6 +654,7 @@ pub fn estimate_on(cfg: &StepConfig, cpu: bool) -> Estimate {
         ),
         peak_transients,
         forward_peak_bytes: no_grad.peak,
+        logits_peak_bytes,
         train_forward_peak_bytes: tape.peak,
         backward_peak_bytes,
         optimizer_peak_bytes,
@@ -648,10 +722,10 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
         if train { "training step" } else { "forward only (no grad)" },
         c.ctx,
         c.batch,
-        c.precision,
+        c.precision.label(Some(e.target.autocast_policy)),
         c.attention,
         if train { format!(", {} AdamW", c.optimizer) } else { String::new() },
-        if e.on_cpu { " (as a CPU run measures it)" } else { "" }
+        if e.target.cpu { " (as a CPU run measures it)" } else { "" }
     );
     let _ = writeln!(s, "| what | bytes |\n|---|---:|");
     let per_param = |x: u64| x as f64 / e.parameters as f64;
@@ -689,12 +763,14 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
         let _ = writeln!(s, "| {} | {} | {} |", t.name, t.shape, bytes(t.bytes));
     }
     let _ = writeln!(s);
-    let _ = writeln!(s, "### Predicted active peaks (bytes live tensors hold)\n\n| precision | forward (no grad) | train: forward | backward | optimizer | full step |\n|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "### Predicted active peaks (bytes live tensors hold)\n\n| precision | forward to the logits (no grad) | forward and loss (no grad) | train: forward | backward | optimizer | full step |\n|---|---:|---:|---:|---:|---:|---:|");
     for p in Precision::ALL {
-        let x = estimate_on(&StepConfig { precision: *p, ..c.clone() }, e.on_cpu);
+        let x = estimate_on(&StepConfig { precision: *p, ..c.clone() }, e.target);
         let _ = writeln!(
             s,
-            "| {p} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            p.label(Some(e.target.autocast_policy)),
+            bytes(x.logits_peak_bytes),
             bytes(x.forward_peak_bytes),
             bytes(x.train_forward_peak_bytes),
             bytes(x.backward_peak_bytes),

@@ -10,7 +10,7 @@ use crate::event::Phase;
 use crate::format::bytes;
 use crate::source::job::Output;
 use crate::source::launch::{launch_engine, EngineOptions};
-use crate::step_config::{Attention, DeviceChoice, Mode, Precision, StepConfig};
+use crate::step_config::{Attention, AutocastPolicy, DeviceChoice, Mode, Precision, StepConfig};
 use crate::stream::{Control, Incoming, Report, StepReport};
 
 /// What a sweep varies besides the configurations themselves.
@@ -24,6 +24,8 @@ pub struct SweepOptions {
     pub snapshot_dir: Option<PathBuf>,
     /// The modelled GPU's allocator settings (CPU).
     pub alloc_conf: String,
+    /// Whose bf16 autocast a CPU run follows.
+    pub autocast_policy: AutocastPolicy,
 }
 
 /// The cross product of the lists, in the order the flags vary slowest to fastest:
@@ -80,6 +82,7 @@ pub fn run_one(config: &StepConfig, o: &SweepOptions) -> SweepRow {
     opts.steps = Some(total);
     opts.seed = o.seed;
     opts.alloc_conf = o.alloc_conf.clone();
+    opts.autocast_policy = o.autocast_policy;
     if let Some(dir) = &o.snapshot_dir {
         opts.snapshot_at = vec![total - 1];
         opts.snapshot_dir = dir.clone();

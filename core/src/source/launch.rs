@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::step_config::{DeviceChoice, StepConfig};
+use crate::step_config::{AutocastPolicy, DeviceChoice, StepConfig};
 
 use super::job::{JobSource, Output};
 
@@ -47,6 +47,9 @@ pub struct EngineOptions {
     /// as memory_viz shows a trace that begins mid-run.
     #[serde(default)]
     pub snapshot_trace_from_step: Option<u64>,
+    /// Whose bf16 autocast policy a CPU run follows (a CUDA device runs CUDA's).
+    #[serde(default)]
+    pub autocast_policy: AutocastPolicy,
 }
 
 impl EngineOptions {
@@ -66,6 +69,7 @@ impl EngineOptions {
             selftest: None,
             force_oom_at_step: None,
             snapshot_trace_from_step: None,
+            autocast_policy: AutocastPolicy::default(),
         }
     }
 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{Batch, Phase};
 use crate::source::gauges::sample::GaugeBatch;
-use crate::step_config::{Attention, Mode, Precision, StepConfig};
+use crate::step_config::{Attention, AutocastPolicy, Mode, Precision, StepConfig};
 
 /// CLOCK_MONOTONIC now, in nanoseconds: the clock every process of a session shares (the
 /// capture shim's steady_clock is the same clock).
@@ -97,6 +97,10 @@ pub struct EngineInfo {
     /// ordinals are renumbered by CUDA_VISIBLE_DEVICES; NVML's are not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_bus_id: Option<String>,
+    /// Whose autocast op lists a bf16 step follows; None where unknown (recordings made
+    /// before it was said, a job whose device the hook does not model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autocast: Option<AutocastPolicy>,
 }
 
 impl EngineInfo {
@@ -122,6 +126,9 @@ pub struct StepReport {
     /// Peak of requested live bytes (what memory_viz's active timeline stacks).
     pub peak_active_bytes: u64,
     pub phase_peak_bytes: BTreeMap<String, u64>,
+    /// Peak of requested live bytes in each phase.
+    #[serde(default)]
+    pub phase_active_peak_bytes: BTreeMap<String, u64>,
     /// Live requested bytes per category at the end of the step.
     pub category_bytes: BTreeMap<String, u64>,
     pub live_bytes: u64,
@@ -161,6 +168,7 @@ impl StepReport {
             peak_reserved_bytes: 0,
             peak_active_bytes: 0,
             phase_peak_bytes: BTreeMap::new(),
+            phase_active_peak_bytes: BTreeMap::new(),
             category_bytes: BTreeMap::new(),
             live_bytes: 0,
             step_time_s: 1.0,

@@ -80,14 +80,22 @@ fn is_replay(store: &Store) -> bool {
 /// rank and the knobs it declared.
 fn job_facts(info: &vramscope_core::stream::EngineInfo, wide: bool) -> (String, Vec<String>) {
     let params = format!("{:.1}M params", info.parameters as f64 / 1e6);
+    // bf16 says whose autocast op lists it follows: a modelled GPU can follow either.
+    let precision = |p: &str| match (p.parse::<vramscope_core::step_config::Precision>(), wide) {
+        (Ok(p), true) => p.label(info.autocast),
+        _ => p.to_string(),
+    };
     let mut facts = Vec::new();
     let name = match &info.config {
         Some(c) => {
-            facts.extend([c.precision.to_string(), format!("ctx {}", c.ctx), format!("batch {}", c.batch), c.mode.to_string(), c.attention.to_string(), format!("{} AdamW", c.optimizer)]);
+            facts.extend([precision(c.precision.as_str()), format!("ctx {}", c.ctx), format!("batch {}", c.batch), c.mode.to_string(), c.attention.to_string(), format!("{} AdamW", c.optimizer)]);
             c.model_name.clone()
         }
         None => {
-            facts.extend(info.knobs.iter().map(|k| format!("{} {}", k.name, k.value)));
+            facts.extend(info.knobs.iter().map(|k| match k.name.as_str() {
+                "precision" => format!("precision {}", precision(&k.value)),
+                _ => format!("{} {}", k.name, k.value),
+            }));
             info.name.clone()
         }
     };
