@@ -479,10 +479,11 @@ fn start(cfg: Config) -> Result<Core, String> {
         clock_zero_ns: clock_zero_ns(),
         alloc_conf: cfg.alloc_conf.clone(),
         pci_bus_id: None,
-        autocast: Some(match follow {
-            Follow::Cuda(_) => AutocastPolicy::Cuda,
-            _ => cfg.autocast_policy,
-        }),
+        // Without a shim nothing applies a policy to CPU autocast: claim none.
+        autocast: match follow {
+            Follow::Cuda(_) => Some(AutocastPolicy::Cuda),
+            _ => shim().map(|_| cfg.autocast_policy),
+        },
     };
     let scopes = Arc::new(Scopes::new(Box::new(|id| {
         if let Some(s) = shim() {
