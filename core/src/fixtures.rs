@@ -46,17 +46,34 @@ pub fn real_snapshots_dir(repo_root: &Path) -> Option<PathBuf> {
     places(repo_root, "snapshots", "").into_iter().find(|d| REAL_SNAPSHOTS.iter().all(|f| d.join(format!("{f}.pickle")).is_file()))
 }
 
+/// A real torch.profiler trace of a GPU job, from 2021: ResNet-50 on a V100 (pytorch/kineto's
+/// TensorBoard plugin samples), gzipped, without addresses or totals, CPU and CUDA memory
+/// events mixed. `scripts/fixtures` downloads it into `profiler/`.
+pub const REAL_TRACE: &str = "kineto_resnet50_v100_2021.pt.trace.json.gz";
+
 /// One of `REAL_RUNS`, where it is.
 pub fn real_run(repo_root: &Path, name: &str) -> Option<PathBuf> {
-    places(repo_root, "cuda-autocast", "cuda-autocast").into_iter().map(|d| d.join(format!("{name}.pickle"))).find(|f| f.is_file())
+    find(repo_root, "cuda-autocast", &format!("{name}.pickle"))
+}
+
+fn find(repo_root: &Path, sub: &str, file: &str) -> Option<PathBuf> {
+    places(repo_root, sub, sub).into_iter().map(|d| d.join(file)).find(|f| f.is_file())
 }
 
 /// For a test held to one of `REAL_RUNS`: `None` after saying it skipped, as `for_test`.
 pub fn real_run_for_test(repo_root: &Path, name: &str) -> Option<PathBuf> {
-    let file = real_run(repo_root, name);
+    said_if_absent(real_run(repo_root, name), name)
+}
+
+/// `REAL_TRACE` for a test, as `real_run_for_test`.
+pub fn real_trace_for_test(repo_root: &Path) -> Option<PathBuf> {
+    said_if_absent(find(repo_root, "profiler", REAL_TRACE), REAL_TRACE)
+}
+
+fn said_if_absent(file: Option<PathBuf>, name: &str) -> Option<PathBuf> {
     if file.is_none() {
         let test = std::thread::current().name().unwrap_or("a test").to_string();
-        let _ = writeln!(std::io::stderr(), "skipped {test} at {name}: that real GPU run is absent here; `scripts/fixtures` downloads it (pinned, checked by sha256)");
+        let _ = writeln!(std::io::stderr(), "skipped {test} at {name}: that real file is absent here; `scripts/fixtures` downloads it (pinned, checked by sha256)");
     }
     file
 }

@@ -11,6 +11,7 @@ pub mod fixtures;
 pub mod format;
 pub mod input;
 pub mod producer;
+pub mod profiler;
 pub mod record;
 pub mod report;
 pub mod selftest;

@@ -381,6 +381,32 @@ pub struct SnapshotSummary {
     pub largest: Vec<AllocationInfo>,
     pub breakdown: Breakdown,
     pub annotations: Vec<AnnotationMark>,
+    /// A torch.profiler trace: what it covers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profiled: Option<ProfiledSummary>,
+}
+
+/// What a torch.profiler trace covers, said before its figures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProfiledSummary {
+    /// The profiled steps (`ProfilerStep#N`).
+    pub steps: Vec<u64>,
+    /// Memory is counted from the window's start (the trace states no totals).
+    pub relative_to_window_start: bool,
+    /// Reserved bytes are the trace's `Total Reserved`, where it states them.
+    pub reserved_stated: bool,
+}
+
+impl ProfiledSummary {
+    fn describe(&self) -> String {
+        let steps = match self.steps.as_slice() {
+            [] => "no ProfilerStep marks".to_string(),
+            [one] => format!("step {one}"),
+            [first, .., last] => format!("{} steps, {first} to {last}", self.steps.len()),
+        };
+        let from = if self.relative_to_window_start { "; memory counted from the window's start (the trace states no totals)" } else { "" };
+        format!("torch.profiler trace: the profiled window only ({steps}){from}")
+    }
 }
 
 pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> SnapshotSummary {
@@ -388,7 +414,9 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
     let reserved = reserved_figures(snap, tl, device);
     let per_device = device_counts(snap);
     let here = per_device.get(device).cloned();
-    let conflict = reserved.conflict;
+    let profiled = snap.profiled.as_ref();
+    // A trace has no segments: its reserved bytes are what it states, and cannot conflict.
+    let conflict = if profiled.is_some() { None } else { reserved.conflict };
     SnapshotSummary {
         oom: oom_reports(snap, tl, device),
         device,
@@ -400,7 +428,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
         peak_active_event: tl.peak_index,
         peak_active_time_us: event_time(snap, tl, device, tl.peak_index),
         trace_start_time_us: snap.trace(device).first().map(|e| e.time_us),
-        peak_reserved_bytes: reserved.peak,
+        peak_reserved_bytes: profiled.map_or(reserved.peak, |p| p.peak_reserved(device).unwrap_or(0)),
         reserved_bytes: totals.reserved,
         allocated_bytes: totals.allocated,
         segments: here.as_ref().map_or(0, |c| c.segments),
@@ -416,6 +444,11 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
         largest: largest_first(tl, top).into_iter().map(|id| allocation_info(snap, tl, device, id, false)).collect(),
         breakdown: breakdown_at_peak(snap, tl, has_categories(tl)),
         annotations: annotation_marks(snap, tl, device),
+        profiled: profiled.map(|p| ProfiledSummary {
+            steps: p.steps.clone(),
+            relative_to_window_start: !p.totals,
+            reserved_stated: p.peak_reserved(device).is_some(),
+        }),
     }
 }
 
@@ -433,10 +466,22 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
     for r in &s.oom {
         super::oom::write_text(out, r, 5)?;
     }
+    if let Some(p) = &s.profiled {
+        writeln!(out, "{}", p.describe())?;
+    }
     writeln!(out, "peak active      {} at action {} of {}{at}", bytes(s.peak_active_bytes), s.peak_active_event, s.events)?;
-    writeln!(out, "peak reserved    {}", bytes(s.peak_reserved_bytes))?;
-    writeln!(out, "at the end       reserved {}, allocated {}, cached free {}", bytes(s.reserved_bytes), bytes(s.allocated_bytes), bytes(s.inactive_bytes))?;
-    writeln!(out, "fragmentation    {:.1}% of reserved holds no allocation; largest free block {}", s.fragmentation * 100.0, bytes(s.largest_free_block))?;
+    match &s.profiled {
+        Some(p) => {
+            let reserved = if p.reserved_stated { format!("{} (the trace's Total Reserved)", bytes(s.peak_reserved_bytes)) } else { "not in the trace".into() };
+            writeln!(out, "peak reserved    {reserved}")?;
+            writeln!(out, "at the end       allocated {}", bytes(s.allocated_bytes))?;
+        }
+        None => {
+            writeln!(out, "peak reserved    {}", bytes(s.peak_reserved_bytes))?;
+            writeln!(out, "at the end       reserved {}, allocated {}, cached free {}", bytes(s.reserved_bytes), bytes(s.allocated_bytes), bytes(s.inactive_bytes))?;
+            writeln!(out, "fragmentation    {:.1}% of reserved holds no allocation; largest free block {}", s.fragmentation * 100.0, bytes(s.largest_free_block))?;
+        }
+    }
     writeln!(out, "counts           {} segments, {} blocks, {} trace entries, {} allocations on {}", s.segments, s.blocks, s.trace_entries, s.allocations, s.device_name)?;
     if s.per_device.len() > 1 {
         let each: Vec<String> = s.per_device.iter().map(|c| format!("{} {}/{}/{}", c.name, c.segments, c.blocks, c.trace_entries)).collect();

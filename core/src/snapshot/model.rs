@@ -295,6 +295,27 @@ pub struct Snapshot {
     pub host_trace: Vec<TraceEntry>,
     pub details: Details,
     pub skipped: Skipped,
+    /// Set when the file was a torch.profiler trace (`crate::profiler`).
+    pub profiled: Option<ProfiledWindow>,
+}
+
+/// A torch.profiler trace read as a snapshot: it covers only the profiled window, and has
+/// no segments (its blocks are its allocations).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProfiledWindow {
+    /// The allocator's totals are stated (`Total Allocated`); without them memory is counted
+    /// from the window's start.
+    pub totals: bool,
+    /// The `ProfilerStep#N` numbers, in order.
+    pub steps: Vec<u64>,
+    /// The highest `Total Reserved` stated, by device index; devices without it are absent.
+    pub peak_reserved: Vec<(usize, u64)>,
+}
+
+impl ProfiledWindow {
+    pub fn peak_reserved(&self, device: usize) -> Option<u64> {
+        self.peak_reserved.iter().find(|(d, _)| *d == device).map(|(_, b)| *b)
+    }
 }
 
 impl Snapshot {

@@ -84,7 +84,14 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         sep(),
         Span::styled(format!("{} of {}", s.device_name(data.device), s.device_count()), val),
         sep(),
-        Span::styled(format!("{} segments, {} blocks, {} trace entries", s.segments.len(), s.block_count(), s.trace_entry_count()), dim),
+        // A torch.profiler trace has no segments: what it covers is what to know.
+        Span::styled(
+            match &s.profiled {
+                Some(p) => format!("torch.profiler trace, profiled window only ({} steps), {} memory events", p.steps.len(), s.trace_entry_count()),
+                None => format!("{} segments, {} blocks, {} trace entries", s.segments.len(), s.block_count(), s.trace_entry_count()),
+            },
+            dim,
+        ),
     ]);
     if let Some(&(_, action)) = data.ooms().first() {
         line1.spans.extend([sep(), Span::styled(format!("OUT OF MEMORY at action {action}"), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
@@ -100,7 +107,11 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         Span::styled(bytes(data.tl.peak_bytes), Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD)),
         sep(),
         Span::styled("peak reserved ", dim),
-        Span::styled(bytes(data.reserved().0), val),
+        match s.profiled.as_ref().map(|p| p.peak_reserved(data.device)) {
+            Some(None) => Span::styled("not in the trace", dim),
+            Some(Some(r)) => Span::styled(bytes(r), val),
+            None => Span::styled(bytes(data.reserved().0), val),
+        },
     ]);
     let mut lines = vec![line1, Line::from(tabs)];
     for note in data.notes() {

@@ -35,6 +35,8 @@ pub enum ReadError {
     Malformed { offset: usize, detail: String },
     #[error("not a memory snapshot: {detail}")]
     Schema { detail: String },
+    #[error("{0}")]
+    Trace(crate::profiler::TraceError),
 }
 
 pub(super) fn malformed(offset: usize, detail: impl Into<String>) -> ReadError {

@@ -60,6 +60,11 @@ pub fn read_snapshot_file_observed(
     path: &Path,
     observe: &mut dyn FnMut(&ReadProgress<'_>),
 ) -> Result<Snapshot, ReadError> {
+    // A torch.profiler trace (a file, or the directory tensorboard_trace_handler wrote) is
+    // read as the snapshot of its memory events.
+    if path.is_dir() {
+        return crate::profiler::read_trace(path).map_err(ReadError::Trace);
+    }
     let opened = crate::input::open(path, 2).map_err(|err| ReadError::Io { path: path.to_path_buf(), err })?;
     read_snapshot_opened(opened, path, observe)
 }
@@ -76,6 +81,12 @@ pub fn read_snapshot_opened(
         err,
     };
     let (head, rest) = match opened.input {
+        crate::input::Input::File(file, _) if crate::profiler::looks_like_trace(&opened_head(&file).map_err(io)?) => {
+            return crate::profiler::read_trace(path).map_err(ReadError::Trace);
+        }
+        crate::input::Input::Stream { head, rest } if crate::profiler::looks_like_trace(&head) => {
+            return crate::profiler::read_from(&head, rest).map_err(ReadError::Trace);
+        }
         crate::input::Input::File(file, _) => {
             if let Some(map) = mapped::Mapped::open(&file).map_err(io)? {
                 return decode(map.bytes(), &|range| map.release(range), observe);
@@ -90,6 +101,14 @@ pub fn read_snapshot_opened(
     check_header(&head)?;
     let bytes = crate::input::Opened::read_stream(head, rest, &opened.name).map_err(io)?;
     decode(&bytes, &|_| {}, observe)
+}
+
+/// A file's first bytes, past JSON's leading whitespace: enough to tell a trace.
+fn opened_head(file: &std::fs::File) -> std::io::Result<Vec<u8>> {
+    let mut b = vec![0u8; 64];
+    let n = std::os::unix::fs::FileExt::read_at(file, &mut b, 0)?;
+    b.truncate(n);
+    Ok(b)
 }
 
 /// Decode a snapshot pickle.

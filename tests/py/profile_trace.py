@@ -1,0 +1,35 @@
+"""Profiles a few training steps of a small MLP with torch.profiler as people do
+(`profile_memory=True`, a schedule, `tensorboard_trace_handler`, `with_stack`), into the
+directory given, then prints what the trace states, read with Python's json: the highest
+`Total Allocated` of its CPU memory events and how many there are."""
+
+import glob
+import json
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+out = sys.argv[1]
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+with profile(
+    activities=[ProfilerActivity.CPU],
+    schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+    on_trace_ready=tensorboard_trace_handler(out),
+    profile_memory=True,
+    with_stack=True,
+) as prof:
+    for _ in range(6):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+
+(path,) = glob.glob(f"{out}/*.pt.trace.json")
+events = json.load(open(path))["traceEvents"]
+memory = [e["args"] for e in events if e.get("name") == "[memory]" and e["args"]["Device Type"] == 0]
+print(json.dumps({"max_total_allocated": max(m["Total Allocated"] for m in memory), "memory_events": len(memory)}))
