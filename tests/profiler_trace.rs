@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::tmux::{wait_file, Session};
 use serde_json::Value;
 
 fn summary(args: &[&str], path: &std::path::Path) -> Value {
@@ -16,12 +17,17 @@ struct Stated {
     memory_events: u64,
 }
 
+/// tests/py/profile_trace.py into `dir`: three profiled steps of a small MLP on CPU.
+fn make_trace(dir: &std::path::Path) -> Stated {
+    let out = std::process::Command::new(common::python()).arg(common::repo_root().join("tests/py/profile_trace.py")).arg(dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(out.stdout.trim_ascii_end().rsplit(|b| *b == b'\n').next().unwrap()).unwrap()
+}
+
 #[test]
 fn a_trace_written_by_tensorboard_trace_handler_opens_as_its_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(common::python()).arg(common::repo_root().join("tests/py/profile_trace.py")).arg(dir.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stated: Stated = serde_json::from_slice(out.stdout.trim_ascii_end().rsplit(|b| *b == b'\n').next().unwrap()).unwrap();
+    let stated = make_trace(dir.path());
     let s = summary(&[], dir.path());
     assert_eq!(s["device_name"], "host", "CPU memory is the host's");
     assert_eq!(s["peak_active_bytes"], stated.max_total_allocated, "the peak is the trace's own Total Allocated");
@@ -53,11 +59,18 @@ fn what_is_not_a_usable_trace_is_said_in_one_line() {
     let odd = dir.path().join("odd.json");
     std::fs::write(&odd, r#"{"traceEvents": [1, 2]}"#).unwrap();
     let cases = [(no_memory, "the trace has no memory events: profile with `torch.profiler.profile(profile_memory=True)`"), (cut, "the trace ends early"), (odd, "not a torch.profiler trace: invalid type: integer `1`, expected a trace event (a JSON object)")];
-    for (path, want) in cases {
-        let out = common::vramscope().args(["view", "--summary"]).arg(&path).assert().failure();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let cases = cases.map(|(p, w)| (vec![p.into_os_string()], w.to_string())).into_iter().chain([
+        (vec![empty.clone().into_os_string()], "no torch.profiler traces in the directory".to_string()),
+        (vec![empty.into_os_string(), "--rank".into(), "1".into()], "no torch.profiler traces in the directory".to_string()),
+        (vec![dir.path().join("odd.json").into_os_string(), "--window".into(), "1".into()], "--rank and --window pick a trace in a directory".to_string()),
+    ]);
+    for (args, want) in cases {
+        let out = common::vramscope().args(["view", "--summary"]).args(&args).assert().failure();
         let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
         assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains(want), "{err}");
+        assert!(err.contains(&want), "{err}");
     }
 }
 
@@ -89,4 +102,44 @@ fn a_real_gpu_trace_from_2021_opens_and_each_device_peaks_at_its_running_sum() {
         assert_eq!(s["profiled"]["relative_to_window_start"], true);
         assert_eq!(s["profiled"]["steps"], serde_json::json!([5, 6, 7, 8, 9, 10]));
     }
+}
+
+/// The screen draws the trace's timeline in a real terminal, says what it covers, and quits
+/// cleanly.
+#[test]
+fn the_viewer_draws_a_traces_timeline_in_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    make_trace(&dir.path().join("log"));
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let cmd = format!("{bin} view {}/log; echo $? > {}/exit", dir.path().display(), dir.path().display());
+    let s = Session::start("vramscope-e2e-trace", &cmd);
+    let screen = s.wait_for("the timeline", 30, |sc| sc.contains("active memory timeline") && sc.contains("peak active"));
+    assert!(screen.contains("host of 1") && screen.contains("torch.profiler trace, profiled window only (3 steps)"), "{screen}");
+    assert!(screen.contains("peak reserved 0 B"), "the trace's Total Reserved on CPU: {screen}");
+    s.keys("q");
+    assert_eq!(wait_file(&dir.path().join("exit"), 20).trim(), "0", "exit code");
+    s.assert_terminal_restored();
+}
+
+/// A torchrun job's directory: one file per rank and window; `--rank` and `--window` pick,
+/// and the summary says which file it read.
+#[test]
+fn the_ranks_and_windows_of_a_torchrun_job_are_picked_by_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let torchrun = common::python().with_file_name("torchrun");
+    let out = std::process::Command::new(torchrun)
+        .args(["--nproc-per-node", "2", "--standalone"])
+        .arg(common::repo_root().join("tests/py/profile_ddp.py"))
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for (rank, window, step) in [(0, 0, 1), (0, 1, 3), (1, 0, 1), (1, 1, 3)] {
+        let s = summary(&["--rank", &rank.to_string(), "--window", &window.to_string()], dir.path());
+        let picked = s["profiled"]["picked"].as_str().unwrap();
+        assert!(picked.starts_with(&format!("worker {} of 2 (rank {rank}), window {} of 2: ", rank + 1, window + 1)), "{picked}");
+        assert_eq!(s["profiled"]["steps"], serde_json::json!([step]));
+    }
+    let out = common::vramscope().args(["view", "--summary", "--rank", "2"]).arg(dir.path()).assert().failure();
+    assert!(String::from_utf8_lossy(&out.get_output().stderr).contains("no rank 2 here: the directory has 2 workers (rank 0, rank 1)"));
 }

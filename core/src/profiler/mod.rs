@@ -59,12 +59,87 @@ pub fn traces_in(dir: &Path) -> Result<Vec<PathBuf>, TraceError> {
     Ok(files)
 }
 
+/// One trace file of a directory, chosen by worker (rank) and profiled window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Picked {
+    pub file: PathBuf,
+    /// "worker 2 of 4 (rank 1), window 1 of 3: FILE", for the summary and the header.
+    pub description: String,
+}
+
+/// The rank a trace states (`distributedInfo`, written before its events), read from the
+/// file's first 256 KiB.
+fn stated_rank(file: &Path) -> Option<usize> {
+    let f = std::fs::File::open(file).ok()?;
+    let mut head = Vec::new();
+    let reader: Box<dyn Read> = if file.extension().is_some_and(|e| e == "gz") { Box::new(flate2::read::MultiGzDecoder::new(f)) } else { Box::new(f) };
+    reader.take(256 << 10).read_to_end(&mut head).ok();
+    let text = String::from_utf8_lossy(&head);
+    let info = &text[text.find("\"distributedInfo\"")?..];
+    let rank = &info[info.find("\"rank\"")? + 6..];
+    let digits: String = rank.trim_start_matches([':', ' ']).chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// The trace of a directory `tensorboard_trace_handler` wrote: one file per worker and
+/// profiled window, named `{worker}.{timestamp}.pt.trace.json[.gz]`. Workers are ordered
+/// by the rank they state, else by name; `rank` picks one (default the first), `window`
+/// one of its files in time order (default the first).
+pub fn pick(dir: &Path, rank: Option<usize>, window: Option<usize>) -> Result<Picked, TraceError> {
+    let mut workers: std::collections::BTreeMap<String, Vec<(u64, PathBuf)>> = std::collections::BTreeMap::new();
+    for f in traces_in(dir)? {
+        let name = f.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let stem = [".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"].iter().find_map(|x| name.strip_suffix(x)).unwrap_or(&name);
+        let (worker, ts) = match stem.rsplit_once('.') {
+            Some((w, t)) if t.bytes().all(|b| b.is_ascii_digit()) && !t.is_empty() => (w.to_string(), t.parse().unwrap_or(0)),
+            _ => (stem.to_string(), 0),
+        };
+        workers.entry(worker).or_default().push((ts, f));
+    }
+    struct Worker {
+        name: String,
+        rank: Option<usize>,
+        /// (timestamp, file), in time order.
+        files: Vec<(u64, PathBuf)>,
+    }
+    let mut workers: Vec<Worker> = workers
+        .into_iter()
+        .map(|(name, mut files)| {
+            files.sort();
+            Worker { rank: stated_rank(&files[0].1), name, files }
+        })
+        .collect();
+    let ranked = workers.iter().all(|w| w.rank.is_some());
+    if ranked {
+        workers.sort_by_key(|w| w.rank);
+    }
+    let asked = rank.unwrap_or(0);
+    let found = if ranked { workers.iter().position(|w| w.rank == Some(asked)) } else { (asked < workers.len()).then_some(asked) };
+    let names = || workers.iter().map(|w| w.rank.map_or_else(|| w.name.clone(), |r| format!("rank {r}"))).collect::<Vec<_>>().join(", ");
+    let Some(i) = found else {
+        return Err(TraceError::Content(format!("no rank {asked} here: the directory has {} workers ({})", workers.len(), names())));
+    };
+    let Worker { name: worker, rank: stated, files } = &workers[i];
+    let k = window.unwrap_or(0);
+    let Some((_, file)) = files.get(k) else {
+        return Err(TraceError::Content(format!("no window {k} of {worker}: it has {} (0 to {})", files.len(), files.len() - 1)));
+    };
+    let rank = stated.map_or_else(String::new, |r| format!(" (rank {r})"));
+    let name = file.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let description = format!("worker {} of {}{rank}, window {} of {}: {name}", i + 1, workers.len(), k + 1, files.len());
+    Ok(Picked { file: file.clone(), description })
+}
+
 /// Reads the trace at `path` (a file, or a directory's first trace) as a snapshot.
 pub fn read_trace(path: &Path) -> Result<Snapshot, TraceError> {
     if path.is_dir() {
-        let file = traces_in(path)?.swap_remove(0);
-        let name = file.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        return read_file(&file).map_err(|e| TraceError::Content(format!("{name}: {e}")));
+        let picked = pick(path, None, None)?;
+        let name = picked.file.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let mut snap = read_file(&picked.file).map_err(|e| TraceError::Content(format!("{name}: {e}")))?;
+        if let Some(p) = snap.profiled.as_mut() {
+            p.picked = Some(picked.description);
+        }
+        return Ok(snap);
     }
     read_file(path)
 }
@@ -118,6 +193,25 @@ mod tests {
         let plain = dir.path().join("plain.json");
         std::fs::write(&plain, &TRACE[..TRACE.len() - 10]).unwrap();
         assert!(read_trace(&plain).unwrap_err().to_string().starts_with("the trace ends early"));
+    }
+
+    #[test]
+    fn a_directory_of_ranks_and_windows_picks_by_stated_rank_then_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let with_rank = |r: usize| TRACE.replacen("{\"traceEvents\"", &format!("{{\"distributedInfo\": {{\"backend\": \"gloo\", \"rank\": {r}, \"world_size\": 2}}, \"traceEvents\""), 1);
+        // By name the second worker comes first; its stated rank is 1.
+        std::fs::write(dir.path().join("host_100.1700000000002.pt.trace.json"), with_rank(1)).unwrap();
+        std::fs::write(dir.path().join("host_200.1700000000001.pt.trace.json"), with_rank(0)).unwrap();
+        std::fs::write(dir.path().join("host_200.1700000000009.pt.trace.json"), with_rank(0)).unwrap();
+        let p = pick(dir.path(), None, None).unwrap();
+        assert!(p.file.ends_with("host_200.1700000000001.pt.trace.json"), "{p:?}");
+        assert_eq!(p.description, "worker 1 of 2 (rank 0), window 1 of 2: host_200.1700000000001.pt.trace.json");
+        assert!(pick(dir.path(), Some(0), Some(1)).unwrap().file.ends_with("host_200.1700000000009.pt.trace.json"));
+        assert!(pick(dir.path(), Some(1), None).unwrap().file.ends_with("host_100.1700000000002.pt.trace.json"));
+        assert_eq!(pick(dir.path(), Some(2), None).unwrap_err().to_string(), "no rank 2 here: the directory has 2 workers (rank 0, rank 1)");
+        assert_eq!(pick(dir.path(), Some(1), Some(1)).unwrap_err().to_string(), "no window 1 of host_100: it has 1 (0 to 0)");
+        let s = read_trace(dir.path()).unwrap();
+        assert_eq!(s.profiled.unwrap().picked.as_deref(), Some("worker 1 of 2 (rank 0), window 1 of 2: host_200.1700000000001.pt.trace.json"));
     }
 
     #[test]

@@ -395,6 +395,9 @@ pub struct ProfiledSummary {
     pub relative_to_window_start: bool,
     /// Reserved bytes are the trace's `Total Reserved`, where it states them.
     pub reserved_stated: bool,
+    /// Read from a directory: which worker's which window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub picked: Option<String>,
 }
 
 impl ProfiledSummary {
@@ -405,7 +408,8 @@ impl ProfiledSummary {
             [first, .., last] => format!("{} steps, {first} to {last}", self.steps.len()),
         };
         let from = if self.relative_to_window_start { "; memory counted from the window's start (the trace states no totals)" } else { "" };
-        format!("torch.profiler trace: the profiled window only ({steps}){from}")
+        let picked = self.picked.as_ref().map_or_else(String::new, |p| format!("\n                 {p}"));
+        format!("torch.profiler trace: the profiled window only ({steps}){from}{picked}")
     }
 }
 
@@ -448,6 +452,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
             steps: p.steps.clone(),
             relative_to_window_start: !p.totals,
             reserved_stated: p.peak_reserved(device).is_some(),
+            picked: p.picked.clone(),
         }),
     }
 }

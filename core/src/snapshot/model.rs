@@ -310,6 +310,8 @@ pub struct ProfiledWindow {
     pub steps: Vec<u64>,
     /// The highest `Total Reserved` stated, by device index; devices without it are absent.
     pub peak_reserved: Vec<(usize, u64)>,
+    /// Read from a directory: which worker's which window it is.
+    pub picked: Option<String>,
 }
 
 impl ProfiledWindow {

@@ -19,7 +19,9 @@ use crate::terminal::TerminalSession;
 use crate::theme::Theme;
 #[derive(clap::Args, Clone, Debug)]
 pub struct ViewArgs {
-    /// A snapshot pickle (vramscope's or torch.cuda.memory._dump_snapshot's).
+    /// A snapshot pickle (vramscope's or torch.cuda.memory._dump_snapshot's), or a
+    /// torch.profiler trace (a .json or .json.gz file, or tensorboard_trace_handler's
+    /// directory).
     pub file: PathBuf,
     /// Print a report instead of opening the viewer.
     #[arg(long)]
@@ -39,6 +41,13 @@ pub struct ViewArgs {
     /// A TOML file whose [keys] table overrides the viewer's key bindings.
     #[arg(long)]
     pub keys: Option<PathBuf>,
+    /// In a directory of torch.profiler traces: the worker (its stated rank, else its
+    /// place by name), from 0.
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// In a directory of torch.profiler traces: the worker's profiled window, from 0.
+    #[arg(long)]
+    pub window: Option<usize>,
     /// Milliseconds a file may take to load before the loading screen is drawn (tests
     /// set 0 to see it on small files).
     #[arg(long, default_value_t = 150, hide = true)]
@@ -46,10 +55,25 @@ pub struct ViewArgs {
 }
 
 
+/// The file to open: `args.file`, or the trace `--rank` and `--window` pick in a directory
+/// of torch.profiler traces (with what was picked).
+fn chosen_file(args: &ViewArgs) -> anyhow::Result<(PathBuf, Option<String>)> {
+    if args.rank.is_none() && args.window.is_none() {
+        return Ok((args.file.clone(), None));
+    }
+    anyhow::ensure!(args.file.is_dir(), "--rank and --window pick a trace in a directory tensorboard_trace_handler wrote; {} is not one", args.file.display());
+    let picked = vramscope_core::profiler::pick(&args.file, args.rank, args.window).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+    Ok((picked.file, Some(picked.description)))
+}
+
 /// `view --summary`: the report of `args.file`'s device on stdout.
 fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
-    let path = &args.file;
-    let (snap, device) = vramscope_core::snapshot::read_device(path, args.device)?;
+    let (path, picked) = chosen_file(args)?;
+    let path = &path;
+    let (mut snap, device) = vramscope_core::snapshot::read_device(path, args.device)?;
+    if let (Some(p), Some(d)) = (snap.profiled.as_mut(), picked) {
+        p.picked = Some(d);
+    }
     let tl = Timeline::from_snapshot(&snap, device);
     let summary = vramscope_core::report::snapshot_summary::summarize(&snap, &tl, device, args.top);
     let mut out = std::io::stdout().lock();
@@ -70,8 +94,9 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     }
     let keys = KeyMap::<ViewerKey>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;
-    let rx = spawn_loader(args.file.clone(), args.device);
-    let mut loading = Loading::new(vramscope_core::input::title(&args.file));
+    let (file, _) = chosen_file(&args)?;
+    let rx = spawn_loader(file.clone(), args.device);
+    let mut loading = Loading::new(vramscope_core::input::title(&file));
     // A file read within a moment opens straight into the viewer (or fails before the
     // screen is entered); a larger one gets the loading screen meanwhile.
     let early = loading.receive(&rx, Duration::from_millis(args.loading_screen_after));
