@@ -43,10 +43,19 @@ fn a_trace_written_by_tensorboard_trace_handler_opens_as_its_memory() {
     // The allocations name the operators and the Python that made them.
     let largest = s["largest"].as_array().unwrap();
     assert!(largest.iter().any(|a| a["top_frame"].as_str().is_some_and(|f| f.contains(".py:"))), "{largest:?}");
+    // The per-operator table: the two Linear layers' forward matmuls, three steps of them:
+    // outputs [64, 512] and [64, 10] in fp32.
+    let ops = s["operators"].as_array().unwrap();
+    let addmm = ops.iter().find(|r| r["name"] == "aten::addmm").expect("aten::addmm has a row");
+    assert_eq!(addmm["self_allocations"], 6);
+    assert_eq!(addmm["self_allocated_bytes"], 3 * (64 * 512 + 64 * 10) * 4);
+    let held: u64 = ops.iter().map(|r| r["at_peak_bytes"].as_u64().unwrap()).sum();
+    assert!(held <= stated.max_total_allocated, "what operators hold at the peak is part of it: {held}");
     let text = common::vramscope().args(["view", "--summary"]).arg(dir.path()).assert().success();
     let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
     assert!(text.contains("torch.profiler trace: the profiled window only (3 steps, 2 to 4)"), "{text}");
     assert!(!text.contains("warning"), "{text}");
+    assert!(text.contains("operators, by what they keep"), "{text}");
 }
 
 #[test]

@@ -180,8 +180,18 @@ pub fn to_snapshot(trace: &Trace) -> Result<Snapshot, String> {
     let names = enclosing_spans(trace, &order);
     let kinds: HashMap<u32, SpanKind> = trace.spans.iter().map(|s| (s.name, s.kind)).collect();
     let mut stacks = vec![0; trace.memory.len()];
+    let mut operator_frames = std::collections::BTreeSet::new();
     for (i, spans) in names.iter().enumerate() {
-        let frames = spans.iter().map(|n| interner.frame(&mut snap, frame_of(&trace.names[*n as usize], kinds[n]))).collect();
+        let frames = spans
+            .iter()
+            .map(|n| {
+                let id = interner.frame(&mut snap, frame_of(&trace.names[*n as usize], kinds[n]));
+                if kinds[n] == SpanKind::Op {
+                    operator_frames.insert(id);
+                }
+                id
+            })
+            .collect();
         stacks[i] = interner.stack(&mut snap, frames);
     }
     let before_frame = interner.frame(&mut snap, Frame { name: "allocated before the profiled window".into(), filename: String::new(), line: 0 });
@@ -194,7 +204,11 @@ pub fn to_snapshot(trace: &Trace) -> Result<Snapshot, String> {
     let cuda_count = by_device.keys().filter_map(|d| if let Device::Cuda(n) = d { Some(*n as usize + 1) } else { None }).max().unwrap_or(0);
     snap.device_traces = vec![Vec::new(); cuda_count];
     let mut synthetic = SYNTHETIC_BASE;
-    let mut window = ProfiledWindow { totals: trace.memory.iter().any(|e| e.total_allocated.is_some()), ..ProfiledWindow::default() };
+    let mut window = ProfiledWindow {
+        totals: trace.memory.iter().any(|e| e.total_allocated.is_some()),
+        operator_frames: operator_frames.into_iter().collect(),
+        ..ProfiledWindow::default()
+    };
     for (device, events) in &by_device {
         let index = match device {
             Device::Cuda(n) => *n as usize,

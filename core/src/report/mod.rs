@@ -10,6 +10,7 @@ pub mod frames;
 pub mod growth;
 pub mod headless;
 pub mod oom;
+pub mod operators;
 pub mod snapshot_summary;
 pub mod sweep;
 pub mod sweep_row;

@@ -384,6 +384,9 @@ pub struct SnapshotSummary {
     /// A torch.profiler trace: what it covers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profiled: Option<ProfiledSummary>,
+    /// A torch.profiler trace: memory by operator (`operators::operator_table`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub operators: Vec<super::operators::OperatorRow>,
 }
 
 /// What a torch.profiler trace covers, said before its figures.
@@ -454,6 +457,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
             reserved_stated: p.peak_reserved(device).is_some(),
             picked: p.picked.clone(),
         }),
+        operators: super::operators::operator_table(snap, tl, device),
     }
 }
 
@@ -508,6 +512,24 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
     writeln!(out, "at the peak, by {}:", s.breakdown.by.replace('_', " "))?;
     for g in s.breakdown.groups.iter().take(10) {
         writeln!(out, "  {:>10}  {:>6} allocs  {}", bytes(g.bytes), g.allocations, g.name)?;
+    }
+    if !s.operators.is_empty() {
+        writeln!(out, "operators, by what they keep (self; with what they call in brackets):")?;
+        writeln!(out, "  {:>10}  {:>10}  {:>8}  {:>10}  operator", "increase", "allocated", "allocs", "at peak")?;
+        for r in s.operators.iter().take(10) {
+            let signed = |b: i64| if b < 0 { format!("-{}", bytes(b.unsigned_abs())) } else { bytes(b as u64) };
+            writeln!(
+                out,
+                "  {:>10}  {:>10}  {:>8}  {:>10}  {} ({} / {})",
+                signed(r.self_increase_bytes),
+                bytes(r.self_allocated_bytes),
+                r.self_allocations,
+                bytes(r.at_peak_bytes),
+                r.name,
+                signed(r.increase_bytes),
+                bytes(r.allocated_bytes)
+            )?;
+        }
     }
     if !s.annotations.is_empty() {
         writeln!(out, "annotations:")?;

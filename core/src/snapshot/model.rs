@@ -312,6 +312,8 @@ pub struct ProfiledWindow {
     pub peak_reserved: Vec<(usize, u64)>,
     /// Read from a directory: which worker's which window it is.
     pub picked: Option<String>,
+    /// The frames that are operators (`cpu_op`), ascending: the per-operator table's rows.
+    pub operator_frames: Vec<FrameId>,
 }
 
 impl ProfiledWindow {
