@@ -17,11 +17,16 @@ struct Stated {
     memory_events: u64,
 }
 
-/// tests/py/profile_trace.py into `dir`: three profiled steps of a small MLP on CPU.
-fn make_trace(dir: &std::path::Path) -> Stated {
-    let out = std::process::Command::new(common::python()).arg(common::repo_root().join("tests/py/profile_trace.py")).arg(dir).output().unwrap();
+/// tests/py/profile_trace.py into `dir`: three profiled steps of a small MLP on CPU (`args`
+/// change that).
+fn make_trace_with(dir: &std::path::Path, args: &[&str]) -> Stated {
+    let out = std::process::Command::new(common::python()).arg(common::repo_root().join("tests/py/profile_trace.py")).arg(dir).args(args).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(out.stdout.trim_ascii_end().rsplit(|b| *b == b'\n').next().unwrap()).unwrap()
+}
+
+fn make_trace(dir: &std::path::Path) -> Stated {
+    make_trace_with(dir, &[])
 }
 
 #[test]
@@ -151,4 +156,19 @@ fn the_ranks_and_windows_of_a_torchrun_job_are_picked_by_flag() {
     }
     let out = common::vramscope().args(["view", "--summary", "--rank", "2"]).arg(dir.path()).assert().failure();
     assert!(String::from_utf8_lossy(&out.get_output().stderr).contains("no rank 2 here: the directory has 2 workers (rank 0, rank 1)"));
+}
+
+/// The growth check across profiled steps: a loop that keeps every step's output grows,
+/// the same loop without it is steady.
+#[test]
+fn the_growth_check_runs_across_profiled_steps() {
+    for (leak, grows) in [(false, false), (true, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        make_trace_with(dir.path(), if leak { &["--active", "6", "--leak"] } else { &["--active", "6"] });
+        let g = &summary(&[], dir.path())["growth"];
+        assert_eq!(g["steps_checked"], 5, "{g}");
+        assert_eq!(g["healthy"], !grows, "{g}");
+        let lines = g["lines"].to_string();
+        assert_eq!(lines.contains("memory keeps growing: phase forward"), grows, "{lines}");
+    }
 }

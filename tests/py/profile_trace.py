@@ -1,7 +1,8 @@
 """Profiles a few training steps of a small MLP with torch.profiler as people do
 (`profile_memory=True`, a schedule, `tensorboard_trace_handler`, `with_stack`), into the
 directory given, then prints what the trace states, read with Python's json: the highest
-`Total Allocated` of its CPU memory events and how many there are."""
+`Total Allocated` of its CPU memory events and how many there are. `--active N` profiles N
+steps (3); `--leak` keeps every step's output, the classic leak."""
 
 import glob
 import json
@@ -11,19 +12,25 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 out = sys.argv[1]
+active = int(sys.argv[sys.argv.index("--active") + 1]) if "--active" in sys.argv else 3
+leak = "--leak" in sys.argv
+kept = []
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 with profile(
     activities=[ProfilerActivity.CPU],
-    schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+    schedule=schedule(wait=1, warmup=1, active=active, repeat=1),
     on_trace_ready=tensorboard_trace_handler(out),
     profile_memory=True,
     with_stack=True,
 ) as prof:
-    for _ in range(6):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+    for _ in range(active + 3):
+        out_ = model(x)
+        if leak:
+            kept.append(out_)
+        loss = torch.nn.functional.cross_entropy(out_, y)
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -10,7 +10,7 @@ use std::fmt;
 
 use crate::event::{Batch, Phase};
 use crate::format::bytes;
-use crate::snapshot::model::Action;
+use crate::snapshot::model::{Action, Annotation, AnnotationStage, Snapshot};
 use crate::stream::StepReport;
 
 /// Where an allocation was made.
@@ -158,6 +158,83 @@ pub fn check(samples: &[StepLive], steps: &[StepReport]) -> GrowthReport {
         }
     }
     report
+}
+
+/// The growth check across a torch.profiler trace's profiled steps (`ProfilerStep#N` on
+/// `device`): live bytes at each step's end by phase and top frame, and each step's peak,
+/// counted from the window's start. The window's first step stands for the job's first.
+/// None for a file that is not a trace, or has no steps.
+pub fn check_profiled_steps(snap: &Snapshot, device: usize) -> Option<GrowthReport> {
+    snap.profiled.as_ref()?;
+    let marks: Vec<&Annotation> = snap.external_annotations.iter().filter(|a| a.device == device as i64).collect();
+    // (name, start, end) of each annotation closed on this device, in start order.
+    let mut spans: Vec<(&str, i64, i64)> = Vec::new();
+    let mut open: Vec<(&str, i64)> = Vec::new();
+    for a in marks {
+        match a.stage {
+            AnnotationStage::Start => open.push((&a.name, a.time_us)),
+            AnnotationStage::End => {
+                if let Some(i) = open.iter().position(|(n, _)| *n == a.name) {
+                    let (n, t) = open.remove(i);
+                    spans.push((n, t, a.time_us));
+                }
+            }
+        }
+    }
+    spans.sort_by_key(|s| s.1);
+    let steps: Vec<(i64, i64)> = spans.iter().filter(|s| s.0.starts_with("ProfilerStep#")).map(|s| (s.1, s.2)).collect();
+    if steps.is_empty() {
+        return None;
+    }
+    let phases: Vec<(Phase, i64, i64)> = spans
+        .iter()
+        .filter_map(|(n, a, b)| Phase::ALL.into_iter().find(|p| n.split(" (").next() == Some(p.as_str())).map(|p| (p, *a, *b)))
+        .collect();
+    let phase_at = |t: i64| phases.iter().find(|(_, a, b)| *a <= t && t <= *b).map_or(Phase::Other, |p| p.0);
+    let mut live: HashMap<u64, (u64, Origin)> = HashMap::new();
+    let (mut samples, mut reports) = (Vec::new(), Vec::new());
+    let (mut k, mut now, mut peak) = (0usize, 0u64, 0u64);
+    let mut phase_peaks: BTreeMap<String, u64> = BTreeMap::new();
+    let mut close = |k: usize, live: &HashMap<u64, (u64, Origin)>, peak: u64, phase_peaks: &mut BTreeMap<String, u64>| {
+        let mut by_origin = BTreeMap::new();
+        for (size, origin) in live.values() {
+            *by_origin.entry(origin.clone()).or_insert(0) += size;
+        }
+        samples.push(StepLive { step: k as u32, by_origin });
+        reports.push(StepReport { phase_peak_bytes: std::mem::take(phase_peaks), ..StepReport::of_peak(k as u64, peak) });
+    };
+    for e in snap.trace(device) {
+        while k < steps.len() && e.time_us > steps[k].1 {
+            close(k, &live, peak, &mut phase_peaks);
+            k += 1;
+            peak = now;
+        }
+        if k == steps.len() {
+            break;
+        }
+        match e.action {
+            Action::Alloc => {
+                let origin = Origin { phase: phase_at(e.time_us), scope: crate::report::frames::top_frame_label(snap, e.frames).unwrap_or_default() };
+                live.insert(e.addr, (e.size, origin));
+                now += e.size;
+            }
+            Action::FreeCompleted => {
+                if let Some((size, _)) = live.remove(&e.addr) {
+                    now -= size;
+                }
+            }
+            _ => continue,
+        }
+        if e.time_us >= steps[k].0 {
+            peak = peak.max(now);
+            let p = phase_peaks.entry(phase_at(e.time_us).as_str().to_string()).or_insert(0);
+            *p = (*p).max(now);
+        }
+    }
+    if k < steps.len() {
+        close(k, &live, peak, &mut phase_peaks);
+    }
+    Some(check(&samples, &reports))
 }
 
 impl fmt::Display for GrowthReport {

@@ -387,6 +387,19 @@ pub struct SnapshotSummary {
     /// A torch.profiler trace: memory by operator (`operators::operator_table`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub operators: Vec<super::operators::OperatorRow>,
+    /// A torch.profiler trace with steps: the growth check across them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub growth: Option<GrowthSummary>,
+}
+
+/// `--check-growth`'s verdict on a trace's profiled steps.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GrowthSummary {
+    pub healthy: bool,
+    /// Steps compared, after the window's first.
+    pub steps_checked: usize,
+    /// What it found, one line each.
+    pub lines: Vec<String>,
 }
 
 /// What a torch.profiler trace covers, said before its figures.
@@ -458,6 +471,11 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
             picked: p.picked.clone(),
         }),
         operators: super::operators::operator_table(snap, tl, device),
+        growth: super::growth::check_profiled_steps(snap, device).map(|g| GrowthSummary {
+            healthy: g.healthy() && g.steps_checked >= super::growth::MIN_STEPS,
+            steps_checked: g.steps_checked,
+            lines: g.to_string().lines().map(str::to_string).collect(),
+        }),
     }
 }
 
@@ -512,6 +530,12 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
     writeln!(out, "at the peak, by {}:", s.breakdown.by.replace('_', " "))?;
     for g in s.breakdown.groups.iter().take(10) {
         writeln!(out, "  {:>10}  {:>6} allocs  {}", bytes(g.bytes), g.allocations, g.name)?;
+    }
+    if let Some(g) = &s.growth {
+        writeln!(out, "growth across the profiled steps:")?;
+        for line in &g.lines {
+            writeln!(out, "  {line}")?;
+        }
     }
     if !s.operators.is_empty() {
         writeln!(out, "operators, by what they keep (self; with what they call in brackets):")?;

@@ -152,9 +152,8 @@ pub struct StepReport {
 }
 
 impl StepReport {
-    /// A training step's report with `peak` allocated bytes and nothing else of note, for
-    /// tests that need one.
-    #[cfg(test)]
+    /// A training step's report with `peak` allocated bytes and nothing else of note (tests,
+    /// and the steps of a profiler trace).
     pub(crate) fn of_peak(step: u64, peak: u64) -> StepReport {
         StepReport {
             step,
