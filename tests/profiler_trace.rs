@@ -61,6 +61,14 @@ fn a_trace_written_by_tensorboard_trace_handler_opens_as_its_memory() {
     assert!(text.contains("torch.profiler trace: the profiled window only (3 steps, 2 to 4)"), "{text}");
     assert!(!text.contains("warning"), "{text}");
     assert!(text.contains("operators, by what they keep"), "{text}");
+    // diff and export take a trace as they take a snapshot.
+    let diff = common::vramscope().arg("diff").arg(dir.path()).arg(dir.path()).arg("--json").assert().success();
+    let diff: Value = serde_json::from_slice(&diff.get_output().stdout).unwrap();
+    assert_eq!(diff["peak_active_bytes"]["a"], stated.max_total_allocated);
+    assert_eq!(diff["peak_reserved_bytes"]["a"], 0, "the trace's Total Reserved, 0 on CPU");
+    let png = dir.path().join("timeline.png");
+    common::vramscope().arg("export").arg(dir.path()).arg("-o").arg(&png).assert().success();
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000);
 }
 
 #[test]

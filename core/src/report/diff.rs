@@ -9,7 +9,7 @@ use crate::snapshot::timeline::Timeline;
 
 use super::breakdown::{breakdown_at_peak, has_categories};
 use super::frames::{shown_frames, top_frame_label};
-use super::snapshot_summary::reserved_figures;
+use super::snapshot_summary::peak_reserved;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Change {
@@ -114,7 +114,7 @@ pub fn diff(a: (&Snapshot, &Timeline, usize), b: (&Snapshot, &Timeline, usize), 
     shrank.truncate(top);
     SnapshotDiff {
         peak_active_bytes: Change::new(ta.peak_bytes, tb.peak_bytes),
-        peak_reserved_bytes: Change::new(reserved_figures(sa, ta, da).peak, reserved_figures(sb, tb, db).peak),
+        peak_reserved_bytes: Change::new(peak_reserved(sa, ta, da), peak_reserved(sb, tb, db)),
         allocations: Change::new(ta.allocations.len() as u64, tb.allocations.len() as u64),
         trace_entries: Change::new(sa.trace_entry_count() as u64, sb.trace_entry_count() as u64),
         breakdown_by: ba.by,

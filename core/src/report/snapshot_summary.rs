@@ -242,6 +242,15 @@ pub struct ReservedFigures {
 /// final segments rewound through all segment events, plus those before `p`: the
 /// rewind is only known at the end, so each action keeps active bytes less the events
 /// before it, and the worst is compared once the rewind is known.
+/// The highest reserved bytes on `device`: from the segments, or for a torch.profiler trace
+/// (which has none) the `Total Reserved` it states (0 where it states none).
+pub fn peak_reserved(snap: &Snapshot, tl: &Timeline, device: usize) -> u64 {
+    match &snap.profiled {
+        Some(p) => p.peak_reserved(device).unwrap_or(0),
+        None => reserved_figures(snap, tl, device).peak,
+    }
+}
+
 pub fn reserved_figures(snap: &Snapshot, tl: &Timeline, device: usize) -> ReservedFigures {
     let last: u64 = snap.device_segments(device).map(|s| s.total_size).sum();
     let trace = snap.trace(device);
@@ -448,7 +457,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
         peak_active_event: tl.peak_index,
         peak_active_time_us: event_time(snap, tl, device, tl.peak_index),
         trace_start_time_us: snap.trace(device).first().map(|e| e.time_us),
-        peak_reserved_bytes: profiled.map_or(reserved.peak, |p| p.peak_reserved(device).unwrap_or(0)),
+        peak_reserved_bytes: peak_reserved(snap, tl, device),
         reserved_bytes: totals.reserved,
         allocated_bytes: totals.allocated,
         segments: here.as_ref().map_or(0, |c| c.segments),
