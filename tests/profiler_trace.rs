@@ -126,8 +126,8 @@ fn a_real_gpu_trace_from_2021_opens_and_each_device_peaks_at_its_running_sum() {
     }
 }
 
-/// The screen draws the trace's timeline in a real terminal, says what it covers, and quits
-/// cleanly.
+/// The screen draws the trace's timeline in a real terminal, says what it covers, lists its
+/// operators, and quits cleanly.
 #[test]
 fn the_viewer_draws_a_traces_timeline_in_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
@@ -138,6 +138,12 @@ fn the_viewer_draws_a_traces_timeline_in_a_terminal() {
     let screen = s.wait_for("the timeline", 30, |sc| sc.contains("active memory timeline") && sc.contains("peak active"));
     assert!(screen.contains("host of 1") && screen.contains("torch.profiler trace, profiled window only (3 steps)"), "{screen}");
     assert!(screen.contains("peak reserved 0 B"), "the trace's Total Reserved on CPU: {screen}");
+    assert!(!screen.contains("warning"), "a trace has no segments to contradict: {screen}");
+    // The third view of a trace is its operators.
+    s.keys("Tab");
+    s.keys("Tab");
+    let ops = s.wait_for("the operators", 10, |sc| sc.contains("operators · ") && sc.contains("aten::addmm"));
+    assert!(ops.contains("self alloc") && ops.contains("at peak"), "{ops}");
     s.keys("q");
     assert_eq!(wait_file(&dir.path().join("exit"), 20).trim(), "0", "exit code");
     s.assert_terminal_restored();

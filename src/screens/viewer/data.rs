@@ -42,6 +42,8 @@ pub struct ViewerData {
     /// Warnings and notes about the file the header shows: figures that contradict each
     /// other, what the reader left out.
     notes: Vec<String>,
+    /// A torch.profiler trace's memory by operator (empty for a snapshot).
+    pub operators: Vec<vramscope_core::report::operators::OperatorRow>,
 }
 
 /// The analyses computed on a worker: each a replay or a pass over every allocation.
@@ -133,13 +135,16 @@ impl ViewerData {
         let detail_step = default_detail_step(n);
         let detail = tl.detail(drawn_count(detail_step, n));
         let reserved = reserved_figures(&snap, &tl, device);
-        let conflict = reserved.conflict.map(|c| format!("warning: {}", c.describe()));
+        // A torch.profiler trace has no segments to conflict with.
+        let conflict = reserved.conflict.filter(|_| snap.profiled.is_none()).map(|c| format!("warning: {}", c.describe()));
         let notes = conflict.into_iter().chain(snap.skipped.describe().map(|s| format!("not read: {s}"))).collect();
         // These few passes over segments, annotations and oom entries take well under a
         // frame; the timeline draws the marks from its first frame.
         let segments = segment_stats(snap.device_segments(device));
         let marks = annotation_marks(&snap, &tl, device);
         let ooms = oom_marks(&snap, &tl, device);
+        // One pass over the device's trace: a trace's operators take the segments' tab.
+        let operators = vramscope_core::report::operators::operator_table(&snap, &tl, device);
         ViewerData {
             name,
             snap,
@@ -156,6 +161,7 @@ impl ViewerData {
             ooms,
             reserved: (reserved.peak, reserved.last),
             notes,
+            operators,
         }
     }
 

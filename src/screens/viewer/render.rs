@@ -56,6 +56,7 @@ pub fn render_viewer(f: &mut Frame, data: &ViewerData, ui: &ViewerUi, keys: &Key
     match ui.tab {
         Tab::Timeline => render_timeline(f, main, data, ui, keys, theme),
         Tab::Largest => render_largest(f, main, data, ui, theme),
+        Tab::Segments if data.snap.profiled.is_some() => render_operators(f, main, data, theme),
         Tab::Segments => render_segments(f, main, data, theme),
         Tab::Categories => render_categories(f, main, data, theme),
     }
@@ -99,7 +100,9 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
     let mut tabs: Vec<Span> = Vec::new();
     for t in Tab::ALL {
         let style = if t == ui.tab { Style::default().fg(theme.ui.background).bg(theme.ui.accent).add_modifier(Modifier::BOLD) } else { dim };
-        tabs.push(Span::styled(format!(" {} ", t.title()), style));
+        // A trace has no segments: its third view is its operators.
+        let title = if t == Tab::Segments && data.snap.profiled.is_some() { "operators" } else { t.title() };
+        tabs.push(Span::styled(format!(" {title} "), style));
         tabs.push(Span::raw(" "));
     }
     tabs.extend([
@@ -388,6 +391,34 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
         .header(Row::new(header).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
         .block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title))));
     f.render_widget(table, area);
+}
+
+/// A torch.profiler trace's memory by operator, as the TensorBoard plugin's memory view
+/// lists it: what each operator allocated and freed by itself and with what it calls, and
+/// what it holds at the peak; largest own increase first.
+pub fn render_operators(f: &mut Frame, area: Rect, data: &ViewerData, theme: &Theme) {
+    let title = format!(" operators · {} on {} ", data.operators.len(), data.snap.device_name(data.device));
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title)));
+    let signed = |b: i64| if b < 0 { format!("-{}", bytes(b.unsigned_abs())) } else { bytes(b as u64) };
+    let rows: Vec<Row> = data
+        .operators
+        .iter()
+        .take(area.height.saturating_sub(3) as usize)
+        .map(|r| {
+            Row::new(vec![
+                Cell::from(signed(r.self_increase_bytes)),
+                Cell::from(bytes(r.self_allocated_bytes)),
+                Cell::from(r.self_allocations.to_string()),
+                Cell::from(signed(r.increase_bytes)),
+                Cell::from(bytes(r.allocated_bytes)),
+                Cell::from(bytes(r.at_peak_bytes)),
+                Cell::from(r.name.clone()),
+            ])
+        })
+        .collect();
+    let header = Row::new(["self +", "self alloc", "allocs", "with calls +", "with calls", "at peak", "operator"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD));
+    let widths = [Constraint::Length(10), Constraint::Length(11), Constraint::Length(7), Constraint::Length(13), Constraint::Length(11), Constraint::Length(10), Constraint::Min(10)];
+    f.render_widget(Table::new(rows, widths).header(header).block(block).style(Style::default().fg(theme.ui.text)), area);
 }
 
 pub fn render_segments(f: &mut Frame, area: Rect, data: &ViewerData, theme: &Theme) {
