@@ -16,7 +16,7 @@ use thiserror::Error;
 use vramscope_core::event::{Category, Phase};
 use vramscope_core::format::bytes;
 use crate::theme::Theme;
-use vramscope_core::snapshot::model::{AnnotationStage, Snapshot};
+use vramscope_core::snapshot::model::Snapshot;
 use vramscope_core::snapshot::timeline::Timeline;
 use vramscope_core::snapshot::writer::{save_atomic, WriteError};
 
@@ -119,22 +119,10 @@ fn shades(snap: &Snapshot, tl: &Timeline, device: usize) -> Vec<Shade> {
         let entry = trace.partition_point(|e| e.time_us < time_us);
         tl.event_positions.partition_point(|p| *p < entry) as f64
     };
-    let mut open: Vec<(&str, f64)> = Vec::new();
-    let mut out = Vec::new();
-    for a in snap.external_annotations.iter().filter(|a| a.device == device as i64) {
-        match a.stage {
-            AnnotationStage::Start => open.push((&a.name, action_at(a.time_us))),
-            AnnotationStage::End => {
-                let Some(i) = open.iter().position(|(n, _)| *n == a.name) else { continue };
-                let (name, start) = open.remove(i);
-                let phase_name = name.split(" (").next().unwrap_or(name);
-                if let Some(phase) = Phase::ALL.into_iter().find(|p| p.as_str() == phase_name) {
-                    out.push(Shade { phase, span: start..action_at(a.time_us) });
-                }
-            }
-        }
-    }
-    out
+    snap.annotation_spans(device)
+        .into_iter()
+        .filter_map(|(name, a, b)| Phase::of_annotation(name).map(|(phase, _)| Shade { phase, span: action_at(a)..action_at(b) }))
+        .collect()
 }
 
 /// Pixels for the legend strip.

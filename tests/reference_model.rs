@@ -230,11 +230,8 @@ fn the_estimate_is_within_one_percent_of_the_engines_peak() {
     heads.batch = 4;
     for cfg in configurations().into_iter().chain([heads]) {
         for policy in AutocastPolicy::ALL {
-            let mut opts = common::options(cfg.clone(), STEPS);
-            opts.autocast_policy = *policy;
-            let run = common::run(opts);
-            let steps = run.steps();
-            let step = *steps.last().expect("a step ran");
+            let run = engine_run(&cfg, *policy);
+            let step = run.steps.last().expect("a step ran");
             let e = estimate_on(&cfg, Target { cpu: true, autocast_policy: *policy });
             let what = format!("{} {} (h {}, b {}) under {}", label(&cfg), policy.label(), cfg.dims.heads, cfg.batch, policy);
             let near = |what: &str, e: u64, measured: u64| {

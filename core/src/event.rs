@@ -40,6 +40,18 @@ impl Phase {
     pub fn from_u8(v: u8) -> Phase {
         Phase::ALL.get(v as usize).copied().unwrap_or(Phase::Other)
     }
+
+    /// The annotation a snapshot marks this phase of `step` with: "forward (step 3)".
+    pub fn annotation(self, step: impl std::fmt::Display) -> String {
+        format!("{} (step {step})", self.as_str())
+    }
+
+    /// "forward (step 3)" → (Forward, 3).
+    pub fn of_annotation(name: &str) -> Option<(Phase, u32)> {
+        let (phase, rest) = name.split_once(" (step ")?;
+        let step = rest.strip_suffix(')')?.parse().ok()?;
+        Phase::ALL.into_iter().find(|p| p.as_str() == phase).map(|p| (p, step))
+    }
 }
 
 /// What an allocation holds, after torch.profiler's memory-timeline categories.

@@ -181,7 +181,7 @@ impl SnapshotCut {
             if m.phase == Phase::Other {
                 continue;
             }
-            let name = format!("{} (step {})", m.phase.as_str(), m.step);
+            let name = m.phase.annotation(m.step);
             snap.external_annotations.push(Annotation {
                 name: name.clone(),
                 stage: AnnotationStage::Start,

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::parse::{Device, MemoryEvent, Span, SpanKind, Trace};
+use crate::event::Phase;
 use crate::snapshot::model::{
     Action, Annotation, AnnotationStage, Block, BlockState, Frame, ProfiledWindow, Segment, SegmentType, Snapshot, StackId,
     StackInterner, TraceEntry,
@@ -21,6 +22,13 @@ use crate::snapshot::model::{
 
 /// Where addresses are made up for a trace without them: above any real one.
 const SYNTHETIC_BASE: u64 = 0x7e00_0000_0000_0000;
+
+/// The next made-up address for a block of `size`.
+fn made_up(next: &mut u64, size: u64) -> u64 {
+    let a = *next;
+    *next += size.next_multiple_of(512);
+    a
+}
 
 /// The frames of each memory event (by index into `trace.memory`), innermost first.
 fn enclosing_spans(trace: &Trace, order: &[usize]) -> Vec<Vec<u32>> {
@@ -90,8 +98,7 @@ fn device_log(trace: &Trace, events: &[usize], stacks: &[StackId], synthetic: &m
         let entry = |action, addr| TraceEntry { time_us: e.ts as i64, frames: stacks[i], ..TraceEntry::new(action, addr, size) };
         if e.bytes > 0 {
             let addr = e.addr.unwrap_or_else(|| {
-                let a = *synthetic;
-                *synthetic += size.next_multiple_of(512);
+                let a = made_up(synthetic, size);
                 by_size.entry(size).or_default().push(a);
                 a
             });
@@ -110,11 +117,7 @@ fn device_log(trace: &Trace, events: &[usize], stacks: &[StackId], synthetic: &m
             let addr = match addr.filter(|a| live.remove(a).is_some()) {
                 Some(a) => a,
                 None => {
-                    let a = e.addr.unwrap_or_else(|| {
-                        let a = *synthetic;
-                        *synthetic += size.next_multiple_of(512);
-                        a
-                    });
+                    let a = e.addr.unwrap_or_else(|| made_up(synthetic, size));
                     log.before.push((a, size));
                     a
                 }
@@ -146,7 +149,7 @@ fn one_block_segment(device: i64, address: u64, size: u64, frames: StackId) -> S
 /// The phases of one profiled step, from what ran inside it: autograd's operators are
 /// backward, the optimizer's annotations its step and zero_grad, and what comes before
 /// backward is forward.
-fn step_phases(trace: &Trace, step: &Span) -> Vec<(&'static str, f64, f64)> {
+fn step_phases(trace: &Trace, step: &Span) -> Vec<(Phase, f64, f64)> {
     let within = |s: &&Span| s.ts >= step.ts && s.end <= step.end;
     let name = |s: &Span| trace.names[s.name as usize].as_str();
     let range = |f: &dyn Fn(&Span) -> bool| {
@@ -159,8 +162,8 @@ fn step_phases(trace: &Trace, step: &Span) -> Vec<(&'static str, f64, f64)> {
     let optimizer = range(&|s| name(s).starts_with("Optimizer.step#"));
     let zero_grad = range(&|s| name(s).starts_with("Optimizer.zero_grad#"));
     let forward_end = [backward, optimizer, zero_grad].iter().flatten().map(|r| r.0).fold(step.end, f64::min);
-    let mut out = vec![("forward", step.ts, forward_end)];
-    out.extend([("backward", backward), ("optimizer", optimizer), ("zero_grad", zero_grad)].into_iter().filter_map(|(p, r)| r.map(|(a, b)| (p, a, b))));
+    let mut out = vec![(Phase::Forward, step.ts, forward_end)];
+    out.extend([(Phase::Backward, backward), (Phase::Optimizer, optimizer), (Phase::ZeroGrad, zero_grad)].into_iter().filter_map(|(p, r)| r.map(|(a, b)| (p, a, b))));
     out
 }
 
@@ -228,9 +231,7 @@ pub fn to_snapshot(trace: &Trace) -> Result<Snapshot, String> {
         let freed_before: u64 = log.before.iter().map(|b| b.1).sum();
         let kept = log.total_before.map_or(0, |t| (t.max(0) as u64).saturating_sub(freed_before));
         if kept > 0 {
-            let a = synthetic;
-            synthetic += kept.next_multiple_of(512);
-            segments.push(one_block_segment(ordinal, a, kept, before_stack));
+            segments.push(one_block_segment(ordinal, made_up(&mut synthetic, kept), kept, before_stack));
         }
         match device {
             Device::Cuda(n) => {
@@ -251,7 +252,7 @@ pub fn to_snapshot(trace: &Trace) -> Result<Snapshot, String> {
             let label = &trace.names[step.name as usize];
             let n = label.trim_start_matches("ProfilerStep#");
             let mut marks = vec![(label.clone(), step.ts, step.end)];
-            marks.extend(step_phases(trace, step).into_iter().map(|(p, a, b)| (format!("{p} (step {n})"), a, b)));
+            marks.extend(step_phases(trace, step).into_iter().map(|(p, a, b)| (p.annotation(n), a, b)));
             for (name, a, b) in marks {
                 snap.external_annotations.push(Annotation { name: name.clone(), stage: AnnotationStage::Start, device, time_us: a as i64 });
                 snap.external_annotations.push(Annotation { name, stage: AnnotationStage::End, device, time_us: b as i64 });

@@ -11,13 +11,6 @@ use crate::stream::Report;
 /// Events per batch: small enough that the screen moves smoothly while it plays.
 const BATCH_EVENTS: usize = 256;
 
-/// "forward (step 3)" → (Forward, 3).
-fn parse_annotation(name: &str) -> Option<(Phase, u32)> {
-    let (phase, rest) = name.split_once(" (step ")?;
-    let step = rest.strip_suffix(')')?.parse().ok()?;
-    Phase::ALL.into_iter().find(|p| p.as_str() == phase).map(|p| (p, step))
-}
-
 /// The trace's items with their stamps (ns from the first entry of any device), ending
 /// with `Finished`. Each device plays as a stream of its own (its batches never mix
 /// devices, each numbered from 0), `first`'s before the others at equal times, so a
@@ -119,7 +112,7 @@ fn device_items(snap: &Snapshot, d: usize, clock: Clock, scopes: &mut Scopes) ->
         .iter()
         .filter(|a| a.device == d as i64)
         .filter_map(|a| {
-            let (phase, step) = parse_annotation(&a.name)?;
+            let (phase, step) = Phase::of_annotation(&a.name)?;
             Some(match a.stage {
                 AnnotationStage::Start => (a.time_us, phase, step),
                 AnnotationStage::End => (a.time_us, Phase::Other, step),
@@ -219,8 +212,8 @@ mod tests {
         assert_eq!(b.events[1].category, Category::Unknown);
         assert_eq!(b.marks, vec![PhaseMark { seq: 1, t_ns: 20_000, step: 2, phase: Phase::Backward }]);
         assert_eq!(items.last().unwrap().1, Incoming::Report(Report::Finished));
-        assert_eq!(parse_annotation("optimizer (step 12)"), Some((Phase::Optimizer, 12)));
-        assert_eq!(parse_annotation("my_region"), None);
+        assert_eq!(Phase::of_annotation("optimizer (step 12)"), Some((Phase::Optimizer, 12)));
+        assert_eq!(Phase::of_annotation("my_region"), None);
     }
 
     #[test]

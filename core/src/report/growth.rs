@@ -10,7 +10,7 @@ use std::fmt;
 
 use crate::event::{Batch, Phase};
 use crate::format::bytes;
-use crate::snapshot::model::{Action, Annotation, AnnotationStage, Snapshot};
+use crate::snapshot::model::{Action, Snapshot};
 use crate::stream::StepReport;
 
 /// Where an allocation was made.
@@ -166,30 +166,13 @@ pub fn check(samples: &[StepLive], steps: &[StepReport]) -> GrowthReport {
 /// None for a file that is not a trace, or has no steps.
 pub fn check_profiled_steps(snap: &Snapshot, device: usize) -> Option<GrowthReport> {
     snap.profiled.as_ref()?;
-    let marks: Vec<&Annotation> = snap.external_annotations.iter().filter(|a| a.device == device as i64).collect();
-    // (name, start, end) of each annotation closed on this device, in start order.
-    let mut spans: Vec<(&str, i64, i64)> = Vec::new();
-    let mut open: Vec<(&str, i64)> = Vec::new();
-    for a in marks {
-        match a.stage {
-            AnnotationStage::Start => open.push((&a.name, a.time_us)),
-            AnnotationStage::End => {
-                if let Some(i) = open.iter().position(|(n, _)| *n == a.name) {
-                    let (n, t) = open.remove(i);
-                    spans.push((n, t, a.time_us));
-                }
-            }
-        }
-    }
+    let mut spans = snap.annotation_spans(device);
     spans.sort_by_key(|s| s.1);
     let steps: Vec<(i64, i64)> = spans.iter().filter(|s| s.0.starts_with("ProfilerStep#")).map(|s| (s.1, s.2)).collect();
     if steps.is_empty() {
         return None;
     }
-    let phases: Vec<(Phase, i64, i64)> = spans
-        .iter()
-        .filter_map(|(n, a, b)| Phase::ALL.into_iter().find(|p| n.split(" (").next() == Some(p.as_str())).map(|p| (p, *a, *b)))
-        .collect();
+    let phases: Vec<(Phase, i64, i64)> = spans.iter().filter_map(|(n, a, b)| Phase::of_annotation(n).map(|(p, _)| (p, *a, *b))).collect();
     let phase_at = |t: i64| phases.iter().find(|(_, a, b)| *a <= t && t <= *b).map_or(Phase::Other, |p| p.0);
     let mut live: HashMap<u64, (u64, Origin)> = HashMap::new();
     let (mut samples, mut reports) = (Vec::new(), Vec::new());

@@ -394,6 +394,25 @@ impl Snapshot {
         list.iter().filter(move |s| ordinal.is_none_or(|d| s.device == d))
     }
 
+    /// The device's annotations with START paired to END by name, in the order they close:
+    /// (name, start, end) in `time_us`. One never closed has no span.
+    pub fn annotation_spans(&self, device: usize) -> Vec<(&str, i64, i64)> {
+        let mut open: Vec<(&str, i64)> = Vec::new();
+        let mut out = Vec::new();
+        for a in self.external_annotations.iter().filter(|a| a.device == device as i64) {
+            match a.stage {
+                AnnotationStage::Start => open.push((&a.name, a.time_us)),
+                AnnotationStage::End => {
+                    if let Some(i) = open.iter().position(|(n, _)| *n == a.name) {
+                        let (name, start) = open.remove(i);
+                        out.push((name, start, a.time_us));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The pool (`pool_id`) of entry `index` of a device's trace; (0, 0) when unrecorded.
     pub fn entry_pool(&self, device: usize, index: usize) -> (i64, i64) {
         let key = self.trace_key(device);
