@@ -150,7 +150,7 @@ fn the_viewer_draws_a_traces_timeline_in_a_terminal() {
 }
 
 /// A torchrun job's directory: one file per rank and window; `--rank` and `--window` pick,
-/// and the summary says which file it read.
+/// the summary says which file it read, and on the screen `R` and `W` step through them.
 #[test]
 fn the_ranks_and_windows_of_a_torchrun_job_are_picked_by_flag() {
     let dir = tempfile::tempdir().unwrap();
@@ -170,6 +170,18 @@ fn the_ranks_and_windows_of_a_torchrun_job_are_picked_by_flag() {
     }
     let out = common::vramscope().args(["view", "--summary", "--rank", "2"]).arg(dir.path()).assert().failure();
     assert!(String::from_utf8_lossy(&out.get_output().stderr).contains("no rank 2 here: the directory has 2 workers (rank 0, rank 1)"));
+    // On the screen, W steps through the worker's windows and R through the workers.
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let exit = tempfile::tempdir().unwrap();
+    let s = Session::start("vramscope-e2e-ranks", &format!("{bin} view {}; echo $? > {}/exit", dir.path().display(), exit.path().display()));
+    s.wait_for("rank 0's first window", 30, |sc| sc.contains("worker 1 of 2 (rank 0), window 1 of 2") && sc.contains("active memory timeline"));
+    s.keys("W");
+    s.wait_for("its second window", 30, |sc| sc.contains("worker 1 of 2 (rank 0), window 2 of 2") && sc.contains("active memory timeline"));
+    s.keys("R");
+    s.wait_for("rank 1", 30, |sc| sc.contains("worker 2 of 2 (rank 1), window 1 of 2") && sc.contains("active memory timeline"));
+    s.keys("q");
+    assert_eq!(wait_file(&exit.path().join("exit"), 20).trim(), "0", "exit code");
+    s.assert_terminal_restored();
 }
 
 /// The growth check across profiled steps: a loop that keeps every step's output grows,

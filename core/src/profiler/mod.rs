@@ -63,7 +63,15 @@ pub fn traces_in(dir: &Path) -> Result<Vec<PathBuf>, TraceError> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Picked {
     pub file: PathBuf,
-    /// "worker 2 of 4 (rank 1), window 1 of 3: FILE", for the summary and the header.
+    /// The worker's place (in rank order where the traces state ranks) and how many.
+    pub worker: usize,
+    pub workers: usize,
+    /// The window's place in the worker's time order, and how many it has.
+    pub window: usize,
+    pub windows: usize,
+    /// "worker 2 of 4 (rank 1), window 1 of 3".
+    pub place: String,
+    /// `place`, then the file's name.
     pub description: String,
 }
 
@@ -81,12 +89,18 @@ fn stated_rank(file: &Path) -> Option<usize> {
     digits.parse().ok()
 }
 
-/// The trace of a directory `tensorboard_trace_handler` wrote: one file per worker and
-/// profiled window, named `{worker}.{timestamp}.pt.trace.json[.gz]`. Workers are ordered
-/// by the rank they state, else by name; `rank` picks one (default the first), `window`
-/// one of its files in time order (default the first).
-pub fn pick(dir: &Path, rank: Option<usize>, window: Option<usize>) -> Result<Picked, TraceError> {
-    let mut workers: std::collections::BTreeMap<String, Vec<(u64, PathBuf)>> = std::collections::BTreeMap::new();
+struct Worker {
+    name: String,
+    rank: Option<usize>,
+    /// (timestamp, file), in time order.
+    files: Vec<(u64, PathBuf)>,
+}
+
+/// The workers of a directory `tensorboard_trace_handler` wrote: one file per worker and
+/// profiled window, named `{worker}.{timestamp}.pt.trace.json[.gz]`. In the order of the
+/// ranks they state, else by name.
+fn workers(dir: &Path) -> Result<Vec<Worker>, TraceError> {
+    let mut by_name: std::collections::BTreeMap<String, Vec<(u64, PathBuf)>> = std::collections::BTreeMap::new();
     for f in traces_in(dir)? {
         let name = f.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let stem = [".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"].iter().find_map(|x| name.strip_suffix(x)).unwrap_or(&name);
@@ -94,40 +108,52 @@ pub fn pick(dir: &Path, rank: Option<usize>, window: Option<usize>) -> Result<Pi
             Some((w, t)) if t.bytes().all(|b| b.is_ascii_digit()) && !t.is_empty() => (w.to_string(), t.parse().unwrap_or(0)),
             _ => (stem.to_string(), 0),
         };
-        workers.entry(worker).or_default().push((ts, f));
+        by_name.entry(worker).or_default().push((ts, f));
     }
-    struct Worker {
-        name: String,
-        rank: Option<usize>,
-        /// (timestamp, file), in time order.
-        files: Vec<(u64, PathBuf)>,
-    }
-    let mut workers: Vec<Worker> = workers
+    let mut workers: Vec<Worker> = by_name
         .into_iter()
         .map(|(name, mut files)| {
             files.sort();
             Worker { rank: stated_rank(&files[0].1), name, files }
         })
         .collect();
-    let ranked = workers.iter().all(|w| w.rank.is_some());
-    if ranked {
+    if workers.iter().all(|w| w.rank.is_some()) {
         workers.sort_by_key(|w| w.rank);
     }
-    let asked = rank.unwrap_or(0);
-    let found = if ranked { workers.iter().position(|w| w.rank == Some(asked)) } else { (asked < workers.len()).then_some(asked) };
-    let names = || workers.iter().map(|w| w.rank.map_or_else(|| w.name.clone(), |r| format!("rank {r}"))).collect::<Vec<_>>().join(", ");
-    let Some(i) = found else {
-        return Err(TraceError::Content(format!("no rank {asked} here: the directory has {} workers ({})", workers.len(), names())));
+    Ok(workers)
+}
+
+fn picked(workers: &[Worker], i: usize, k: usize) -> Result<Picked, TraceError> {
+    let w = &workers[i];
+    let Some((_, file)) = w.files.get(k) else {
+        return Err(TraceError::Content(format!("no window {k} of {}: it has {} (0 to {})", w.name, w.files.len(), w.files.len() - 1)));
     };
-    let Worker { name: worker, rank: stated, files } = &workers[i];
-    let k = window.unwrap_or(0);
-    let Some((_, file)) = files.get(k) else {
-        return Err(TraceError::Content(format!("no window {k} of {worker}: it has {} (0 to {})", files.len(), files.len() - 1)));
-    };
-    let rank = stated.map_or_else(String::new, |r| format!(" (rank {r})"));
+    let rank = w.rank.map_or_else(String::new, |r| format!(" (rank {r})"));
+    let place = format!("worker {} of {}{rank}, window {} of {}", i + 1, workers.len(), k + 1, w.files.len());
     let name = file.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    let description = format!("worker {} of {}{rank}, window {} of {}: {name}", i + 1, workers.len(), k + 1, files.len());
-    Ok(Picked { file: file.clone(), description })
+    Ok(Picked { file: file.clone(), worker: i, workers: workers.len(), window: k, windows: w.files.len(), description: format!("{place}: {name}"), place })
+}
+
+/// The trace of a directory that `rank` (the rank the traces state, else the worker's
+/// place by name; default the first) and `window` (in time order; default the first) pick.
+pub fn pick(dir: &Path, rank: Option<usize>, window: Option<usize>) -> Result<Picked, TraceError> {
+    let workers = workers(dir)?;
+    let asked = rank.unwrap_or(0);
+    let ranked = workers.iter().all(|w| w.rank.is_some());
+    let found = if ranked { workers.iter().position(|w| w.rank == Some(asked)) } else { (asked < workers.len()).then_some(asked) };
+    let Some(i) = found else {
+        let names = workers.iter().map(|w| w.rank.map_or_else(|| w.name.clone(), |r| format!("rank {r}"))).collect::<Vec<_>>().join(", ");
+        return Err(TraceError::Content(format!("no rank {asked} here: the directory has {} workers ({names})", workers.len())));
+    };
+    picked(&workers, i, window.unwrap_or(0))
+}
+
+/// The trace at a worker's place and a window's, both counted round (the screen's keys step
+/// through them).
+pub fn pick_at(dir: &Path, worker: usize, window: usize) -> Result<Picked, TraceError> {
+    let workers = workers(dir)?;
+    let i = worker % workers.len();
+    picked(&workers, i, window % workers[i].files.len())
 }
 
 /// Reads the trace at `path` (a file, or a directory's first trace) as a snapshot.

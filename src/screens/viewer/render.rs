@@ -88,7 +88,12 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         // A torch.profiler trace has no segments: what it covers is what to know.
         Span::styled(
             match &s.profiled {
-                Some(p) => format!("torch.profiler trace, profiled window only ({} steps), {} memory events", p.steps.len(), s.trace_entry_count()),
+                Some(p) => format!(
+                    "torch.profiler trace, profiled window only ({} step{}), {} memory events",
+                    p.steps.len(),
+                    if p.steps.len() == 1 { "" } else { "s" },
+                    s.trace_entry_count()
+                ),
                 None => format!("{} segments, {} blocks, {} trace entries", s.segments.len(), s.block_count(), s.trace_entry_count()),
             },
             dim,

@@ -14,6 +14,7 @@ use super::keys::ViewerKey;
 use super::loading::{spawn_loader, LoadUpdate, Loading};
 use super::render::{inspector_overflow, plot_columns, render_loading, render_viewer};
 use super::ui::{handle, landed, type_search, ViewerUi};
+use vramscope_core::profiler::Picked;
 use crate::keys::KeyMap;
 use crate::terminal::TerminalSession;
 use crate::theme::Theme;
@@ -57,13 +58,22 @@ pub struct ViewArgs {
 
 /// The file to open: `args.file`, or the trace `--rank` and `--window` pick in a directory
 /// of torch.profiler traces (with what was picked).
-fn chosen_file(args: &ViewArgs) -> anyhow::Result<(PathBuf, Option<String>)> {
+fn chosen_file(args: &ViewArgs) -> anyhow::Result<(PathBuf, Option<Picked>)> {
     if args.rank.is_none() && args.window.is_none() {
         return Ok((args.file.clone(), None));
     }
     anyhow::ensure!(args.file.is_dir(), "--rank and --window pick a trace in a directory tensorboard_trace_handler wrote; {} is not one", args.file.display());
     let picked = vramscope_core::profiler::pick(&args.file, args.rank, args.window).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
-    Ok((picked.file, Some(picked.description)))
+    Ok((picked.file.clone(), Some(picked)))
+}
+
+/// How the screen names what it shows: the file, or for a directory's trace the directory
+/// and which worker's which window.
+fn screen_name(args: &ViewArgs, picked: Option<&Picked>) -> String {
+    match picked {
+        Some(p) => format!("{} · {}", vramscope_core::input::title(&args.file), p.place),
+        None => vramscope_core::input::title(&args.file),
+    }
 }
 
 /// `view --summary`: the report of `args.file`'s device on stdout.
@@ -72,7 +82,7 @@ fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
     let path = &path;
     let (mut snap, device) = vramscope_core::snapshot::read_device(path, args.device)?;
     if let (Some(p), Some(d)) = (snap.profiled.as_mut(), picked) {
-        p.picked = Some(d);
+        p.picked = Some(d.description);
     }
     let tl = Timeline::from_snapshot(&snap, device);
     let summary = vramscope_core::report::snapshot_summary::summarize(&snap, &tl, device, args.top);
@@ -94,9 +104,13 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     }
     let keys = KeyMap::<ViewerKey>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;
-    let (file, _) = chosen_file(&args)?;
+    let (file, mut picked) = chosen_file(&args)?;
+    // In a directory of traces, where the screen is (the keys step through it).
+    if picked.is_none() && args.file.is_dir() {
+        picked = vramscope_core::profiler::pick(&args.file, None, None).ok();
+    }
     let rx = spawn_loader(file.clone(), args.device);
-    let mut loading = Loading::new(vramscope_core::input::title(&file));
+    let mut loading = Loading::new(screen_name(&args, picked.as_ref()));
     // A file read within a moment opens straight into the viewer (or fails before the
     // screen is entered); a larger one gets the loading screen meanwhile.
     let early = loading.receive(&rx, Duration::from_millis(args.loading_screen_after));
@@ -112,8 +126,31 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
             None => return Ok(()),
         },
     };
-    let mut ui = ViewerUi { theme, ..ViewerUi::new(&data) };
-    screen_loop(&mut session, &mut data, &mut ui, &keys, &themes)
+    loop {
+        let mut ui = ViewerUi { theme, ..ViewerUi::new(&data) };
+        let step = screen_loop(&mut session, &mut data, &mut ui, &keys, &themes, picked.is_some())?;
+        theme = ui.theme;
+        let (Some(at), Some(step)) = (&picked, step) else { return Ok(()) };
+        let (worker, window) = match step {
+            Step::NextWorker => (at.worker + 1, 0),
+            Step::NextWindow => (at.worker, at.window + 1),
+        };
+        let next = vramscope_core::profiler::pick_at(&args.file, worker, window).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+        let rx = spawn_loader(next.file.clone(), args.device);
+        let mut loading = Loading::new(screen_name(&args, Some(&next)));
+        picked = Some(next);
+        data = match loading_loop(&mut session, &mut loading, &rx, &keys, &themes, &mut theme)? {
+            Some(data) => data,
+            None => return Ok(()),
+        };
+    }
+}
+
+/// Where the viewer goes from a directory's trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    NextWorker,
+    NextWindow,
 }
 
 /// How often the loading screen redraws.
@@ -157,7 +194,16 @@ fn loading_loop(
     Ok(None)
 }
 
-fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut ViewerUi, keys: &KeyMap<ViewerKey>, themes: &[Theme]) -> anyhow::Result<()> {
+/// The viewer until the user quits (None), or, in a directory of traces (`in_directory`),
+/// asks for another worker or window.
+fn screen_loop(
+    session: &mut TerminalSession,
+    data: &mut ViewerData,
+    ui: &mut ViewerUi,
+    keys: &KeyMap<ViewerKey>,
+    themes: &[Theme],
+    in_directory: bool,
+) -> anyhow::Result<Option<Step>> {
     let mut dirty = true;
     while !session.stop_requested() {
         // An analysis a worker finished shows within one poll interval.
@@ -177,10 +223,12 @@ fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut Vi
                 if ui.typing.is_some() {
                     type_search(k.code, data, ui);
                 } else if let Some(a) = keys.action(&k) {
-                    if a == ViewerKey::Quit {
-                        return Ok(());
+                    match a {
+                        ViewerKey::Quit => return Ok(None),
+                        ViewerKey::NextRank if in_directory => return Ok(Some(Step::NextWorker)),
+                        ViewerKey::NextWindow if in_directory => return Ok(Some(Step::NextWindow)),
+                        _ => handle(a, data, ui, themes.len()),
                     }
-                    handle(a, data, ui, themes.len());
                 } else if ui.help {
                     ui.help = false;
                 } else if ui.panel.is_some() && k.code == KeyCode::Esc {
@@ -194,5 +242,5 @@ fn screen_loop(session: &mut TerminalSession, data: &mut ViewerData, ui: &mut Vi
         }
         dirty = true;
     }
-    Ok(())
+    Ok(None)
 }

@@ -280,7 +280,8 @@ pub fn handle(a: ViewerKey, data: &mut ViewerData, ui: &mut ViewerUi, theme_coun
         }
         ViewerKey::NextTheme => ui.theme = (ui.theme + 1) % theme_count.max(1),
         ViewerKey::Help => ui.help = !ui.help,
-        ViewerKey::Quit => {}
+        // The viewer's loop acts on these: they leave this file for another.
+        ViewerKey::Quit | ViewerKey::NextRank | ViewerKey::NextWindow => {}
     }
     if ui.tab != Tab::Largest {
         let bands = data.stack_at_cursor(ui.cursor).bands.len();
