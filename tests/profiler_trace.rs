@@ -69,6 +69,10 @@ fn a_trace_written_by_tensorboard_trace_handler_opens_as_its_memory() {
     let png = dir.path().join("timeline.png");
     common::vramscope().arg("export").arg(dir.path()).arg("-o").arg(&png).assert().success();
     assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    // replay plays it (its CPU memory as the host device).
+    let replay = common::vramscope().args(["replay", "--headless"]).arg(dir.path()).assert().success();
+    let said = String::from_utf8_lossy(&replay.get_output().stderr).into_owned();
+    assert!(said.contains("snapshot trace") && said.contains("events over"), "{said}");
 }
 
 #[test]

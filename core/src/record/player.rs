@@ -123,10 +123,17 @@ impl Script {
     /// As `open`, a snapshot's `device` first (its default device when None: the one with
     /// allocations); its other devices play beside it, each on its own.
     pub fn open_at(path: &Path, device: Option<usize>) -> Result<Script, RecordError> {
+        // The directory tensorboard_trace_handler wrote: its first trace.
+        if path.is_dir() {
+            let name = path.display().to_string();
+            let snap = crate::profiler::read_trace(path).map_err(|e| RecordError::from(ReadError::Trace(e)))?;
+            let first = crate::snapshot::pick_device(&name, &snap, device)?;
+            return Ok(Script { kind: Kind::Trace(Trace::new(trace_items(&snap, first))), name, next: 0, stream_end: None });
+        }
         let opened = input::open(path, 8).map_err(RecordError::io(path))?;
         let head = opened.head(8).map_err(RecordError::io(path))?;
         let name = opened.name.clone();
-        if !has_magic(&head) && head.first() != Some(&0x80) {
+        if !has_magic(&head) && head.first() != Some(&0x80) && !crate::profiler::looks_like_trace(&head) {
             return Err(RecordError::NotARecording(name));
         }
         if device.is_some() && has_magic(&head) {

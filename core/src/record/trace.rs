@@ -24,10 +24,11 @@ const BATCH_EVENTS: usize = 256;
 /// So a device's items begin with those blocks allocated, and each free is sent where the
 /// device's Active Memory Timeline puts it: the store's peak is memory_viz's.
 pub fn trace_items(snap: &Snapshot, first: usize) -> Vec<(u64, Incoming)> {
+    // The host's memory (a torch.profiler trace's CPU) plays as a device of its own.
     let devices: Vec<usize> = std::iter::once(first)
-        .chain((0..snap.device_traces.len()).filter(|d| *d != first && !snap.device_traces[*d].is_empty()))
+        .chain((0..snap.device_count()).filter(|d| *d != first && !snap.trace(*d).is_empty()))
         .collect();
-    let times = || snap.device_traces.iter().flatten().map(|e| e.time_us);
+    let times = || (0..snap.device_count()).flat_map(|d| snap.trace(d)).map(|e| e.time_us);
     let (lo, hi) = (times().min().unwrap_or(0), times().max().unwrap_or(0));
     let clock = Clock { t0: lo, timed: lo != hi };
     let mut scopes = Scopes::default();
@@ -94,7 +95,7 @@ impl Scopes {
 }
 
 fn device_items(snap: &Snapshot, d: usize, clock: Clock, scopes: &mut Scopes) -> Vec<(u64, Incoming)> {
-    let trace = &snap.device_traces[d];
+    let trace = snap.trace(d);
     let tl = Timeline::from_snapshot(snap, d);
     let mut frees = vec![false; trace.len()];
     let mut initial = Vec::new();
