@@ -109,8 +109,6 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     if picked.is_none() && args.file.is_dir() {
         picked = vramscope_core::profiler::pick(&args.file, None, None).ok();
     }
-    // The picked file itself: the directory is listed once.
-    let file = picked.as_ref().map_or(file, |p| p.file.clone());
     let rx = spawn_loader(file.clone(), args.device);
     let mut loading = Loading::new(screen_name(&args, picked.as_ref()));
     // A file read within a moment opens straight into the viewer (or fails before the
