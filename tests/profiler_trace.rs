@@ -1,5 +1,6 @@
 //! torch.profiler traces open where snapshots do (issue 36): a trace this machine's torch
-//! writes with `tensorboard_trace_handler`, and (second tier) a real GPU trace from 2021.
+//! writes with `tensorboard_trace_handler`, its `export_memory_timeline` files, and (second
+//! tier) a real GPU trace from 2021.
 
 mod common;
 
@@ -15,6 +16,15 @@ fn summary(args: &[&str], path: &std::path::Path) -> Value {
 struct Stated {
     max_total_allocated: u64,
     memory_events: u64,
+    /// With `--timeline`: each form's peak and bytes by category there, summed by Python.
+    timeline: Option<AtPeak>,
+    timeline_raw: Option<AtPeak>,
+}
+
+#[derive(serde::Deserialize)]
+struct AtPeak {
+    peak: u64,
+    by_category: std::collections::BTreeMap<String, u64>,
 }
 
 /// tests/py/profile_trace.py into `dir`: three profiled steps of a small MLP on CPU (`args`
@@ -84,7 +94,14 @@ fn what_is_not_a_usable_trace_is_said_in_one_line() {
     std::fs::write(&cut, r#"{"traceEvents": [{"ph": "X", "na"#).unwrap();
     let odd = dir.path().join("odd.json");
     std::fs::write(&odd, r#"{"traceEvents": [1, 2]}"#).unwrap();
-    let cases = [(no_memory, "the trace has no memory events: profile with `torch.profiler.profile(profile_memory=True)`"), (cut, "the trace ends early"), (odd, "not a torch.profiler trace: invalid type: integer `1`, expected a trace event (a JSON object)")];
+    let short_row = dir.path().join("timeline.json");
+    std::fs::write(&short_row, "[[1, 2], [[0, 64], [0, 0]]]").unwrap();
+    let cases = [
+        (no_memory, "the trace has no memory events: profile with `torch.profiler.profile(profile_memory=True)`"),
+        (cut, "the trace ends early"),
+        (odd, "not a torch.profiler trace: invalid type: integer `1`, expected a trace event (a JSON object)"),
+        (short_row, "a memory timeline row has 2 numbers, not 9 (a zero, then torch.profiler's 8 categories)"),
+    ];
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let cases = cases.map(|(p, w)| (vec![p.into_os_string()], w.to_string())).into_iter().chain([
@@ -98,6 +115,37 @@ fn what_is_not_a_usable_trace_is_said_in_one_line() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains(&want), "{err}");
     }
+}
+
+/// `export_memory_timeline`'s two forms open with torch.profiler's categories: the peak and
+/// the bytes of each category there are what Python sums from the same file, and the screen
+/// says what the file is.
+#[test]
+fn a_memory_timeline_opens_with_its_categories() {
+    let dir = tempfile::tempdir().unwrap();
+    let stated = make_trace_with(&dir.path().join("log"), &["--timeline", dir.path().to_str().unwrap()]);
+    for (file, truth, form) in [("timeline.json", &stated.timeline, "memory_timeline"), ("timeline.raw.json.gz", &stated.timeline_raw, "memory_timeline_raw")] {
+        let truth = truth.as_ref().unwrap();
+        let s = summary(&[], &dir.path().join(file));
+        assert_eq!(s["profiled"]["form"], form, "{file}");
+        assert_eq!(s["device_name"], "exported device", "the file names none");
+        assert_eq!(s["peak_active_bytes"], truth.peak, "{file}");
+        assert_eq!(s["breakdown"]["by"], "category", "{file}");
+        let at_peak: std::collections::BTreeMap<String, u64> =
+            s["breakdown"]["groups"].as_array().unwrap().iter().map(|g| (g["name"].as_str().unwrap().to_string(), g["bytes"].as_u64().unwrap())).collect();
+        assert_eq!(at_peak, truth.by_category, "{file}");
+    }
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let cmd = format!("{bin} view {}/timeline.raw.json.gz; echo $? > {}/exit", dir.path().display(), dir.path().display());
+    let s = Session::start("vramscope-e2e-timeline", &cmd);
+    let screen = s.wait_for("the timeline", 30, |sc| sc.contains("active memory timeline") && sc.contains("peak active"));
+    assert!(screen.contains("memory timeline, ") && screen.contains(" tensor events"), "{screen}");
+    s.keys("Tab");
+    s.keys("Tab");
+    s.wait_for("no operators said", 10, |sc| sc.contains("keeps no operators"));
+    s.keys("q");
+    assert_eq!(wait_file(&dir.path().join("exit"), 20).trim(), "0", "exit code");
+    s.assert_terminal_restored();
 }
 
 /// Each device's memory over the window, computed independently on the JSON: the running sum

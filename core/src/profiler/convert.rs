@@ -21,10 +21,10 @@ use crate::snapshot::model::{
 };
 
 /// Where addresses are made up for a trace without them: above any real one.
-const SYNTHETIC_BASE: u64 = 0x7e00_0000_0000_0000;
+pub(super) const SYNTHETIC_BASE: u64 = 0x7e00_0000_0000_0000;
 
 /// The next made-up address for a block of `size`.
-fn made_up(next: &mut u64, size: u64) -> u64 {
+pub(super) fn made_up(next: &mut u64, size: u64) -> u64 {
     let a = *next;
     *next += size.next_multiple_of(512);
     a
@@ -129,7 +129,7 @@ fn device_log(trace: &Trace, events: &[usize], stacks: &[StackId], synthetic: &m
     log
 }
 
-fn one_block_segment(device: i64, address: u64, size: u64, frames: StackId) -> Segment {
+pub(super) fn one_block_segment(device: i64, address: u64, size: u64, frames: StackId) -> Segment {
     Segment {
         device,
         address,
@@ -282,7 +282,14 @@ mod tests {
 
     fn snapshot(events: &[String]) -> Snapshot {
         let json = format!(r#"{{"traceEvents": [{}]}}"#, events.join(","));
-        to_snapshot(&read(json.as_bytes()).unwrap()).unwrap()
+        to_snapshot(&trace(json.as_bytes())).unwrap()
+    }
+
+    fn trace(json: &[u8]) -> Trace {
+        match read(json).unwrap() {
+            crate::profiler::parse::Parsed::Trace(t) => t,
+            other => panic!("not a trace: {other:?}"),
+        }
     }
 
     #[test]
@@ -320,11 +327,11 @@ mod tests {
     #[test]
     fn cuda_devices_keep_their_ids_and_a_trace_without_memory_says_how_to_get_it() {
         let json = r#"{"traceEvents": [{"ph": "i", "name": "[memory]", "tid": 1, "ts": 1, "args": {"Device Type": 1, "Device Id": 1, "Bytes": 512, "Addr": 8}}]}"#;
-        let s = to_snapshot(&read(json.as_bytes()).unwrap()).unwrap();
+        let s = to_snapshot(&trace(json.as_bytes())).unwrap();
         assert_eq!(s.device_traces.len(), 2);
         assert_eq!(s.device_traces[1].len(), 1);
         assert_eq!(s.default_device(), 1);
-        let none = to_snapshot(&read(&br#"{"traceEvents": []}"#[..]).unwrap()).unwrap_err();
+        let none = to_snapshot(&trace(br#"{"traceEvents": []}"#)).unwrap_err();
         assert!(none.contains("profile_memory=True"), "{none}");
     }
 }

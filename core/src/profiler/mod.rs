@@ -1,10 +1,12 @@
 //! torch.profiler traces, opened where a memory snapshot is: a chrome trace
-//! (`export_chrome_trace`, `tensorboard_trace_handler`'s `*.pt.trace.json`, gzipped or not)
-//! or the directory `tensorboard_trace_handler` writes. `parse` keeps what the memory view
-//! needs while it streams the JSON; `convert` makes the snapshot of it.
+//! (`export_chrome_trace`, `tensorboard_trace_handler`'s `*.pt.trace.json`, gzipped or not),
+//! the directory `tensorboard_trace_handler` writes, or `export_memory_timeline`'s JSON.
+//! `parse` keeps what the memory view needs while it streams the JSON; `convert` makes the
+//! snapshot of a trace, `timeline` of a memory timeline.
 
 pub mod convert;
 pub mod parse;
+pub mod timeline;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -38,9 +40,10 @@ impl TraceError {
     }
 }
 
-/// Does a file that starts with `head` look like a trace: gzip, or a JSON object?
+/// Does a file that starts with `head` look like a trace or memory timeline: gzip, or a JSON
+/// object or list? (A pickle starts with its PROTO opcode, 0x80.)
 pub fn looks_like_trace(head: &[u8]) -> bool {
-    head.starts_with(&[0x1f, 0x8b]) || head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+    head.starts_with(&[0x1f, 0x8b]) || matches!(head.iter().find(|b| !b.is_ascii_whitespace()), Some(b'{' | b'['))
 }
 
 /// The trace files of a directory `tensorboard_trace_handler` wrote, by name: one per
@@ -181,9 +184,13 @@ fn read_file(file: &Path) -> Result<Snapshot, TraceError> {
 /// Reads a trace whose first bytes, `head`, were already taken from `rest`.
 pub fn read_from(head: &[u8], rest: impl Read) -> Result<Snapshot, TraceError> {
     let input = std::io::Cursor::new(head.to_vec()).chain(rest);
-    let trace = if head.starts_with(&[0x1f, 0x8b]) { parse::read(flate2::read::MultiGzDecoder::new(input)) } else { parse::read(input) }
+    let parsed = if head.starts_with(&[0x1f, 0x8b]) { parse::read(flate2::read::MultiGzDecoder::new(input)) } else { parse::read(input) }
         .map_err(TraceError::of_json)?;
-    convert::to_snapshot(&trace).map_err(TraceError::Content)
+    match parsed {
+        parse::Parsed::Trace(trace) => convert::to_snapshot(&trace),
+        parse::Parsed::Timeline(timeline) => timeline::to_snapshot(&timeline),
+    }
+    .map_err(TraceError::Content)
 }
 
 #[cfg(test)]
@@ -245,6 +252,7 @@ mod tests {
         assert!(looks_like_trace(b"  \n{\"traceEvents\""));
         assert!(looks_like_trace(&[0x1f, 0x8b, 8]));
         assert!(!looks_like_trace(&[0x80, 4]));
-        assert!(!looks_like_trace(b"[1]"));
+        assert!(looks_like_trace(b"[[1]"), "export_memory_timeline's lists");
+        assert!(!looks_like_trace(b"(dp0"), "a protocol-0 pickle");
     }
 }

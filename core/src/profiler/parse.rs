@@ -11,6 +11,8 @@ use std::io::Read;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::timeline::{Item, ItemVisitor, MemoryTimeline};
+
 /// Where a `[memory]` event's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Device {
@@ -66,6 +68,8 @@ pub struct Trace {
     pub names: Vec<String>,
     /// Events read in all.
     pub events: u64,
+    /// `names` by name.
+    index: HashMap<String, u32>,
 }
 
 #[derive(Deserialize)]
@@ -123,17 +127,17 @@ struct RawArgs {
 }
 
 impl Trace {
-    fn intern(&mut self, index: &mut HashMap<String, u32>, name: String) -> u32 {
-        if let Some(id) = index.get(&name) {
+    fn intern(&mut self, name: String) -> u32 {
+        if let Some(id) = self.index.get(&name) {
             return *id;
         }
         let id = self.names.len() as u32;
         self.names.push(name.clone());
-        index.insert(name, id);
+        self.index.insert(name, id);
         id
     }
 
-    fn keep(&mut self, index: &mut HashMap<String, u32>, e: RawEvent) {
+    fn keep(&mut self, e: RawEvent) {
         self.events += 1;
         let (Some(name), Some(ts)) = (e.name, e.ts) else { return };
         let tid = e.tid.as_ref().map_or(0, Tid::key);
@@ -173,34 +177,42 @@ impl Trace {
             }
         };
         let end = ts + e.dur.unwrap_or(0.0).max(0.0);
-        let name = self.intern(index, name);
+        let name = self.intern(name);
         self.spans.push(Span { tid, ts, end, name, kind });
     }
 }
 
-/// Reads a chrome trace (the JSON object torch.profiler writes) from `input`.
-pub fn read(input: impl Read) -> Result<Trace, serde_json::Error> {
+/// What a JSON file from torch.profiler held.
+#[derive(Debug)]
+pub enum Parsed {
+    Trace(Trace),
+    Timeline(MemoryTimeline),
+}
+
+/// Reads a chrome trace (the JSON object torch.profiler writes, or a bare list of events)
+/// or an `export_memory_timeline` list from `input`.
+pub fn read(input: impl Read) -> Result<Parsed, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(1 << 20, input));
-    let trace = TopLevel.deserialize(&mut de)?;
+    let parsed = TopLevel.deserialize(&mut de)?;
     de.end()?;
-    Ok(trace)
+    Ok(parsed)
 }
 
 struct TopLevel;
 
 impl<'de> DeserializeSeed<'de> for TopLevel {
-    type Value = Trace;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Trace, D::Error> {
-        d.deserialize_map(self)
+    type Value = Parsed;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Parsed, D::Error> {
+        d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for TopLevel {
-    type Value = Trace;
+    type Value = Parsed;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a chrome trace: a JSON object with traceEvents")
+        f.write_str("a chrome trace (a JSON object with traceEvents) or an export_memory_timeline list")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Trace, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parsed, A::Error> {
         let mut trace = Trace::default();
         let mut seen = false;
         while let Some(key) = map.next_key::<String>()? {
@@ -214,7 +226,53 @@ impl<'de> Visitor<'de> for TopLevel {
         if !seen {
             return Err(serde::de::Error::custom("no traceEvents list: not a chrome trace"));
         }
-        Ok(trace)
+        Ok(Parsed::Trace(trace))
+    }
+    /// A list: of trace events (chrome's array format), or a memory timeline's lists.
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Parsed, A::Error> {
+        match seq.next_element::<First>()? {
+            None => Ok(Parsed::Trace(Trace::default())),
+            Some(First::Event(e)) => {
+                let mut trace = Trace::default();
+                trace.keep(*e);
+                Events(&mut trace).visit_seq(seq)?;
+                Ok(Parsed::Trace(trace))
+            }
+            Some(First::Item(item)) => {
+                let mut items = vec![item];
+                while let Some(item) = seq.next_element::<Item>()? {
+                    items.push(item);
+                }
+                MemoryTimeline::from_items(items).map(Parsed::Timeline).map_err(serde::de::Error::custom)
+            }
+        }
+    }
+}
+
+/// The first element of a top-level list, which tells what the rest are.
+enum First {
+    Event(Box<RawEvent>),
+    Item(Item),
+}
+
+impl<'de> Deserialize<'de> for First {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<First, D::Error> {
+        d.deserialize_any(FirstVisitor)
+    }
+}
+
+struct FirstVisitor;
+
+impl<'de> Visitor<'de> for FirstVisitor {
+    type Value = First;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a trace event (a JSON object) or a memory timeline's list")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<First, A::Error> {
+        RawEvent::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|e| First::Event(Box::new(e)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<First, A::Error> {
+        ItemVisitor.visit_seq(seq).map(First::Item)
     }
 }
 
@@ -233,9 +291,8 @@ impl<'de> Visitor<'de> for Events<'_> {
         f.write_str("a list of trace events")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let mut index = HashMap::new();
         while let Some(e) = seq.next_element::<RawEvent>()? {
-            self.0.keep(&mut index, e);
+            self.0.keep(e);
         }
         Ok(())
     }
@@ -255,7 +312,7 @@ mod tests {
             {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": "7", "ts": 12, "args": {"Device Type": 1, "Device Id": 2, "Bytes": -512}},
             {"ph": "X", "cat": "Operator", "name": "ProfilerStep#4", "pid": 1, "tid": "7", "ts": 1, "dur": 20}
         ], "traceName": "x"}"#;
-        let t = read(json.as_bytes()).unwrap();
+        let Parsed::Trace(t) = read(json.as_bytes()).unwrap() else { panic!("a trace") };
         assert_eq!(t.events, 5);
         assert_eq!(t.memory.len(), 2);
         assert_eq!(t.memory[0], MemoryEvent { ts: 11.0, order: 3, device: Device::Cpu, bytes: 64, addr: Some(4096), total_allocated: Some(96), total_reserved: Some(0), tid: 7 });
@@ -266,7 +323,8 @@ mod tests {
 
     #[test]
     fn what_is_not_a_trace_says_so() {
-        assert!(read(&b"[1, 2]"[..]).unwrap_err().to_string().contains("a chrome trace"));
+        assert!(read(&b"[1, 2]"[..]).unwrap_err().to_string().contains("a trace event (a JSON object) or a memory timeline's list"));
+        assert!(read(&b"7"[..]).unwrap_err().to_string().contains("a chrome trace (a JSON object with traceEvents) or an export_memory_timeline list"));
         assert!(read(&br#"{"a": 1}"#[..]).unwrap_err().to_string().contains("no traceEvents"));
         let cut = read(&br#"{"traceEvents": [{"ph": "X", "na"#[..]).unwrap_err();
         assert!(cut.is_eof(), "{cut}");

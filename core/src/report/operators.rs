@@ -100,7 +100,7 @@ mod tests {
             {"ph": "i", "name": "[memory]", "tid": 1, "ts": 21, "args": {"Device Type": 0, "Bytes": 1000, "Addr": 48}},
             {"ph": "i", "name": "[memory]", "tid": 1, "ts": 22, "args": {"Device Type": 0, "Bytes": -1000, "Addr": 16}}
         ]}"#;
-        let snap = crate::profiler::convert::to_snapshot(&crate::profiler::parse::read(json.as_bytes()).unwrap()).unwrap();
+        let snap = crate::profiler::read_from(b"", json.as_bytes()).unwrap();
         let device = snap.host_device().unwrap();
         let tl = Timeline::from_snapshot(&snap, device);
         let t = operator_table(&snap, &tl, device);

@@ -8,7 +8,7 @@ use super::frames::shown_frames;
 use super::oom::{oom_reports, OomReport};
 use crate::allocator::config::{round_size, AllocatorConfig};
 use crate::allocator::replay::{reserved_before_trace, reserved_change};
-use crate::snapshot::model::{Action, AnnotationStage, BlockState, Segment, Skipped, Snapshot, TraceEntry};
+use crate::snapshot::model::{Action, AnnotationStage, BlockState, Segment, Skipped, Snapshot, TraceEntry, TraceForm};
 use crate::snapshot::timeline::Timeline;
 
 // Part of what the summary shows, so the viewer finds them here.
@@ -414,6 +414,8 @@ pub struct GrowthSummary {
 /// What a torch.profiler trace covers, said before its figures.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ProfiledSummary {
+    /// Which of torch.profiler's files it was.
+    pub form: TraceForm,
     /// The profiled steps (`ProfilerStep#N`).
     pub steps: Vec<u64>,
     /// Memory is counted from the window's start (the trace states no totals).
@@ -427,6 +429,19 @@ pub struct ProfiledSummary {
 
 impl ProfiledSummary {
     fn describe(&self) -> String {
+        match self.form {
+            TraceForm::MemoryTimeline => {
+                return "torch.profiler memory timeline (export_memory_timeline) of one device, which the file does not name: category totals only, \
+                        so each allocation below is a rise in one (the .raw.json.gz form keeps one per tensor); no steps, operators or frames"
+                    .into()
+            }
+            TraceForm::MemoryTimelineRaw => {
+                return "torch.profiler memory timeline (export_memory_timeline, raw) of one device, which the file does not name: \
+                        one allocation per tensor, paired by size and category; no steps, operators or frames"
+                    .into()
+            }
+            TraceForm::Trace => {}
+        }
         let steps = match self.steps.as_slice() {
             [] => "no ProfilerStep marks".to_string(),
             [one] => format!("step {one}"),
@@ -474,6 +489,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
         breakdown: breakdown_at_peak(snap, tl, has_categories(tl)),
         annotations: annotation_marks(snap, tl, device),
         profiled: profiled.map(|p| ProfiledSummary {
+            form: p.form,
             steps: p.steps.clone(),
             relative_to_window_start: !p.totals,
             reserved_stated: p.peak_reserved(device).is_some(),
@@ -508,7 +524,7 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
     writeln!(out, "peak active      {} at action {} of {}{at}", bytes(s.peak_active_bytes), s.peak_active_event, s.events)?;
     match &s.profiled {
         Some(p) => {
-            let reserved = if p.reserved_stated { format!("{} (the trace's Total Reserved)", bytes(s.peak_reserved_bytes)) } else { "not in the trace".into() };
+            let reserved = if p.reserved_stated { format!("{} (the trace's Total Reserved)", bytes(s.peak_reserved_bytes)) } else { "not in the file".into() };
             writeln!(out, "peak reserved    {reserved}")?;
             writeln!(out, "at the end       allocated {}", bytes(s.allocated_bytes))?;
         }

@@ -314,6 +314,26 @@ pub struct ProfiledWindow {
     pub picked: Option<String>,
     /// The frames that are operators (`cpu_op`), ascending: the per-operator table's rows.
     pub operator_frames: Vec<FrameId>,
+    pub form: TraceForm,
+}
+
+/// Which of torch.profiler's files it was.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceForm {
+    /// A chrome trace (`export_chrome_trace`, `tensorboard_trace_handler`).
+    #[default]
+    Trace,
+    /// `export_memory_timeline`'s `[times, sizes]` (`.json`, `.json.gz`): category totals.
+    MemoryTimeline,
+    /// `export_memory_timeline`'s `.raw.json.gz`: one event per tensor.
+    MemoryTimelineRaw,
+}
+
+impl TraceForm {
+    pub fn is_timeline(self) -> bool {
+        self != TraceForm::Trace
+    }
 }
 
 impl ProfiledWindow {
@@ -359,9 +379,11 @@ impl Snapshot {
         (self.cuda_devices() + usize::from(self.host_device().is_some())).max(1)
     }
 
-    /// "host", or "device N".
+    /// "host", or "device N" ("exported device" of a memory timeline, which names none).
     pub fn device_name(&self, device: usize) -> String {
-        if self.host_device() == Some(device) {
+        if self.profiled.as_ref().is_some_and(|p| p.form.is_timeline()) {
+            "exported device".into()
+        } else if self.host_device() == Some(device) {
             "host".into()
         } else {
             format!("device {device}")

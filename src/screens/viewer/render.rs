@@ -22,6 +22,7 @@ use vramscope_core::report::frames::{frame_label, top_frame_label, ShownFrame};
 use vramscope_core::report::snapshot_summary::{allocation_info, event_time};
 use vramscope_core::report::whatif::{oom_outcome, self_check_sentence, setting_label};
 use vramscope_core::snapshot::timeline::{DetailView, Timeline};
+use vramscope_core::snapshot::model::TraceForm;
 use vramscope_core::snapshot::ReadPass;
 
 use crate::chrome;
@@ -88,6 +89,8 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         // A torch.profiler trace has no segments: what it covers is what to know.
         Span::styled(
             match &s.profiled {
+                Some(p) if p.form == TraceForm::MemoryTimeline => format!("memory timeline, category totals, {} changes", s.trace_entry_count()),
+                Some(p) if p.form == TraceForm::MemoryTimelineRaw => format!("memory timeline, {} tensor events", s.trace_entry_count()),
                 Some(p) => format!(
                     "torch.profiler trace, profiled window only ({} step{}), {} memory events",
                     p.steps.len(),
@@ -116,7 +119,7 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         sep(),
         Span::styled("peak reserved ", dim),
         match s.profiled.as_ref().map(|p| p.peak_reserved(data.device)) {
-            Some(None) => Span::styled("not in the trace", dim),
+            Some(None) => Span::styled("not in the file", dim),
             Some(Some(r)) => Span::styled(bytes(r), val),
             None => Span::styled(bytes(data.reserved().0), val),
         },
@@ -421,6 +424,11 @@ pub fn render_operators(f: &mut Frame, area: Rect, data: &ViewerData, theme: &Th
             ])
         })
         .collect();
+    if data.snap.profiled.as_ref().is_some_and(|p| p.form.is_timeline()) {
+        let say = "a memory timeline keeps no operators: the trace of the same run (export_chrome_trace, tensorboard_trace_handler) has them";
+        f.render_widget(Paragraph::new(say).wrap(Wrap { trim: true }).block(block).style(Style::default().fg(theme.ui.dim)), area);
+        return;
+    }
     let header = Row::new(["self +", "self alloc", "allocs", "with calls +", "with calls", "at peak", "operator"]).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD));
     let widths = [Constraint::Length(10), Constraint::Length(11), Constraint::Length(7), Constraint::Length(13), Constraint::Length(11), Constraint::Length(10), Constraint::Min(10)];
     f.render_widget(Table::new(rows, widths).header(header).block(block).style(Style::default().fg(theme.ui.text)), area);

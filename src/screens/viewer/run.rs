@@ -20,9 +20,9 @@ use crate::terminal::TerminalSession;
 use crate::theme::Theme;
 #[derive(clap::Args, Clone, Debug)]
 pub struct ViewArgs {
-    /// A snapshot pickle (vramscope's or torch.cuda.memory._dump_snapshot's), or a
+    /// A snapshot pickle (vramscope's or torch.cuda.memory._dump_snapshot's), a
     /// torch.profiler trace (a .json or .json.gz file, or tensorboard_trace_handler's
-    /// directory).
+    /// directory), or export_memory_timeline's JSON.
     pub file: PathBuf,
     /// Print a report instead of opening the viewer.
     #[arg(long)]
@@ -109,6 +109,8 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     if picked.is_none() && args.file.is_dir() {
         picked = vramscope_core::profiler::pick(&args.file, None, None).ok();
     }
+    // The picked file itself: the directory is listed once.
+    let file = picked.as_ref().map_or(file, |p| p.file.clone());
     let rx = spawn_loader(file.clone(), args.device);
     let mut loading = Loading::new(screen_name(&args, picked.as_ref()));
     // A file read within a moment opens straight into the viewer (or fails before the

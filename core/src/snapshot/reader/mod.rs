@@ -80,10 +80,11 @@ pub fn read_snapshot_opened(
         path: path.to_path_buf(),
         err,
     };
+    // A regular file's first bytes, past JSON's leading whitespace: enough to tell a trace.
+    if matches!(opened.input, crate::input::Input::File(..)) && crate::profiler::looks_like_trace(&opened.head(64).map_err(io)?) {
+        return crate::profiler::read_trace(path).map_err(ReadError::Trace);
+    }
     let (head, rest) = match opened.input {
-        crate::input::Input::File(file, _) if crate::profiler::looks_like_trace(&opened_head(&file).map_err(io)?) => {
-            return crate::profiler::read_trace(path).map_err(ReadError::Trace);
-        }
         crate::input::Input::Stream { head, rest } if crate::profiler::looks_like_trace(&head) => {
             return crate::profiler::read_from(&head, rest).map_err(ReadError::Trace);
         }
@@ -101,14 +102,6 @@ pub fn read_snapshot_opened(
     check_header(&head)?;
     let bytes = crate::input::Opened::read_stream(head, rest, &opened.name).map_err(io)?;
     decode(&bytes, &|_| {}, observe)
-}
-
-/// A file's first bytes, past JSON's leading whitespace: enough to tell a trace.
-fn opened_head(file: &std::fs::File) -> std::io::Result<Vec<u8>> {
-    let mut b = vec![0u8; 64];
-    let n = std::os::unix::fs::FileExt::read_at(file, &mut b, 0)?;
-    b.truncate(n);
-    Ok(b)
 }
 
 /// Decode a snapshot pickle.
