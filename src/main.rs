@@ -131,7 +131,7 @@ struct ShapeArgs {
     /// Sequences per batch.
     #[arg(long, default_value_t = 4, value_parser = parse_batch)]
     batch: i64,
-    /// fp32 or bf16 (autocast).
+    /// fp32, or autocast to bf16 or fp16 (fp16 with a GradScaler, as on GPUs without bf16).
     #[arg(long, default_value = "fp32", value_parser = parse_precision)]
     precision: Precision,
     /// forward (no grad) or train (forward, backward, optimizer step, zero_grad).
@@ -239,7 +239,7 @@ struct SweepArgs {
     /// Batch sizes (comma-separated).
     #[arg(long, default_value = "4", value_delimiter = ',', value_parser = parse_batch)]
     batch: Vec<i64>,
-    /// Precisions (comma-separated): fp32, bf16.
+    /// Precisions (comma-separated): fp32, bf16, fp16.
     #[arg(long, default_value = "fp32", value_delimiter = ',', value_parser = parse_precision)]
     precision: Vec<Precision>,
     /// Modes (comma-separated): forward, train.

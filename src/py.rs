@@ -46,10 +46,10 @@ pub struct PyArgs {
     /// CPU tensors whatever the job does), or cuda:N (only that CUDA device).
     #[arg(long, value_parser = parse_device)]
     pub device: Option<String>,
-    /// Start the job's model forward (and its loss) under bf16 autocast, or not; `p`
+    /// Start the job's model forward (and its loss) under bf16 or fp16 autocast, or not; `p`
     /// switches between steps. A script that runs its own autocast, or declares a
     /// `precision` knob, chooses for itself.
-    #[arg(long, value_parser = ["fp32", "bf16"])]
+    #[arg(long, value_parser = ["fp32", "bf16", "fp16"])]
     pub precision: Option<String>,
     /// PYTORCH_CUDA_ALLOC_CONF for the job (on CPU, the modelled GPU's settings).
     #[arg(long, value_name = "CONF")]

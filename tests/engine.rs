@@ -296,3 +296,25 @@ fn a_cpu_run_models_the_allocator_settings_it_is_given() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.lines().count() == 1 && err.contains("--alloc-conf") && err.contains("expandable_segments"), "{err}");
 }
+
+/// fp16 is bf16's autocast in float16 plus a GradScaler: every phase of a training step peaks
+/// at bf16's peak plus the scaler's one-element tensors (scale and growth tracker, 8 bytes;
+/// the scaled loss or found_inf, 4 more), and those two are named on the screen.
+#[test]
+fn fp16_trains_as_bf16_does_plus_the_grad_scalers_tensors() {
+    let peaks = |p| {
+        let run = run(options(tiny(64, 2, Mode::Train, p, Attention::Naive), 2));
+        let names: HashMap<u32, String> = run.batches.iter().flat_map(|b| b.scopes.iter().cloned()).collect();
+        let tagged: Vec<String> = run.batches.iter().flat_map(|b| &b.retags).filter(|r| r.category == Category::OptimizerState).filter_map(|r| names.get(&r.scope).cloned()).collect();
+        (run.steps().last().unwrap().phase_active_peak_bytes.clone(), tagged)
+    };
+    let (bf16, _) = peaks(Precision::Bf16);
+    let (fp16, tagged) = peaks(Precision::Fp16);
+    for (phase, b) in &bf16 {
+        let extra = fp16[phase] as i64 - *b as i64;
+        assert!((8..=12).contains(&extra), "{phase}: fp16 {} against bf16 {b}", fp16[phase]);
+    }
+    for name in ["GradScaler._scale", "GradScaler._growth_tracker"] {
+        assert!(tagged.iter().any(|t| t == name), "{name} named: {tagged:?}");
+    }
+}

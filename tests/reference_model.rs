@@ -172,7 +172,7 @@ fn assert_same_peaks(what: &str, py: &Captured, engine: &Captured) {
 fn configurations() -> Vec<StepConfig> {
     let mut out = Vec::new();
     for ctx in [128, 512] {
-        for precision in [Precision::Fp32, Precision::Bf16] {
+        for precision in Precision::ALL.iter().copied() {
             for mode in [Mode::Forward, Mode::Train] {
                 out.push(config(ctx, precision, mode));
             }
@@ -185,12 +185,13 @@ fn label(c: &StepConfig) -> String {
     format!("ctx {} {} {}", c.ctx, c.precision, c.mode)
 }
 
-/// Under both autocast policies for bf16: the hook's modelled GPU follows the one its
-/// `vramscope py --autocast-policy` names, as the engine does.
+/// Under both autocast policies for bf16 and fp16: the hook's modelled GPU follows the one its
+/// `vramscope py --autocast-policy` names, as the engine does. fp16 trains with a GradScaler
+/// on both sides.
 #[test]
 fn the_engine_allocates_as_the_cs336_reference_does() {
     for cfg in configurations() {
-        let policies: &[AutocastPolicy] = if cfg.precision == Precision::Bf16 { AutocastPolicy::ALL } else { &[AutocastPolicy::Cuda] };
+        let policies: &[AutocastPolicy] = if cfg.precision.is_autocast() { AutocastPolicy::ALL } else { &[AutocastPolicy::Cuda] };
         for policy in policies {
             let py = python_run(&cfg, None, false, *policy);
             let engine = engine_run(&cfg, *policy);
@@ -229,7 +230,11 @@ fn the_estimate_is_within_one_percent_of_the_engines_peak() {
     heads.dims.heads = 16;
     heads.batch = 4;
     for cfg in configurations().into_iter().chain([heads]) {
-        for policy in AutocastPolicy::ALL {
+        // Under CPU autocast's own fp16 lists (exp and softmax in fp16) the gradients
+        // overflow the GradScaler's first scale and it skips the first steps, as it would
+        // on a GPU: a two-step run has no steady state with AdamW's moments to compare.
+        let policies: &[AutocastPolicy] = if cfg.precision == Precision::Fp16 { &[AutocastPolicy::Cuda] } else { AutocastPolicy::ALL };
+        for policy in policies {
             let run = engine_run(&cfg, *policy);
             let step = run.steps.last().expect("a step ran");
             let e = estimate_on(&cfg, Target { cpu: true, autocast_policy: *policy });

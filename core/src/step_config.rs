@@ -109,7 +109,8 @@ macro_rules! choice_enum {
     };
 }
 
-choice_enum!(Precision, "precision", { Fp32 => "fp32", Bf16 => "bf16" });
+// fp16 is autocast to float16 with a GradScaler, as on GPUs without bf16 (V100, T4).
+choice_enum!(Precision, "precision", { Fp32 => "fp32", Bf16 => "bf16", Fp16 => "fp16" });
 choice_enum!(Mode, "mode", { Forward => "forward", Train => "train" });
 choice_enum!(Attention, "attention", { Naive => "naive", Fused => "fused" });
 // `reference`: the CS336 reference's AdamW (new moment tensors every step); `torch`:
@@ -206,20 +207,27 @@ impl fmt::Display for DeviceChoice {
 }
 
 impl Precision {
-    /// As the header and reports name it: bf16 says whose autocast policy it follows, where
-    /// known ("bf16 (CUDA autocast)").
+    /// As the header and reports name it: bf16 and fp16 say whose autocast policy they
+    /// follow, where known ("bf16 (CUDA autocast)").
     pub fn label(self, policy: Option<AutocastPolicy>) -> String {
         match (self, policy) {
-            (Precision::Bf16, Some(p)) => format!("bf16 ({})", p.label()),
+            (Precision::Bf16 | Precision::Fp16, Some(p)) => format!("{self} ({})", p.label()),
             _ => self.to_string(),
         }
     }
 
-    pub fn toggled(self) -> Self {
+    /// The next one, round (the `p` key): fp32, bf16, fp16.
+    pub fn next(self) -> Self {
         match self {
             Precision::Fp32 => Precision::Bf16,
-            Precision::Bf16 => Precision::Fp32,
+            Precision::Bf16 => Precision::Fp16,
+            Precision::Fp16 => Precision::Fp32,
         }
+    }
+
+    /// Runs under autocast (bf16 or fp16).
+    pub fn is_autocast(self) -> bool {
+        self != Precision::Fp32
     }
 }
 impl Mode {
@@ -328,7 +336,8 @@ mod tests {
 
     #[test]
     fn knob_values_reject_with_allowed_list() {
-        assert!("fp16".parse::<Precision>().unwrap_err().contains("fp32, bf16"));
+        assert!("fp8".parse::<Precision>().unwrap_err().contains("fp32, bf16, fp16"));
+        assert_eq!(Precision::Fp32.next().next().next(), Precision::Fp32, "p goes round all three");
         assert!("tpu".parse::<DeviceChoice>().unwrap_err().contains("auto, cpu, cuda, cuda:N"));
         assert!("cuda:x".parse::<DeviceChoice>().unwrap_err().contains("'cuda:x'"));
         assert!("cuda:256".parse::<DeviceChoice>().is_err());

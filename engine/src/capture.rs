@@ -25,7 +25,8 @@ extern "C" {
     fn vs_pending() -> usize;
     fn vs_dropped() -> u64;
     fn vs_set_oom_callback(cb: Option<OomCallback>);
-    fn vs_autocast(device_type: c_int, enabled: bool) -> c_int;
+    fn vs_autocast(device_type: c_int, enabled: bool, fp16: bool) -> c_int;
+    fn vs_amp_unscale(grads: *const *const torch_sys::C_tensor, n: c_int, found_inf: *const torch_sys::C_tensor, inv_scale: *const torch_sys::C_tensor) -> c_int;
     fn vs_set_cuda_autocast_policy(on: bool);
     fn vs_last_error() -> *const c_char;
     fn vs_clear_grad(t: *const torch_sys::C_tensor);
@@ -99,9 +100,18 @@ pub fn set_oom_handler(handler: OomHandler) {
     }
 }
 
-/// bf16 autocast on for `cuda` or CPU; `false` leaves the region and clears the cast cache.
-pub fn autocast(cuda: bool, enabled: bool) -> Result<(), ShimError> {
-    check(unsafe { vs_autocast(cuda as c_int, enabled) })
+/// Autocast to bf16 (or `fp16`) on for `cuda` or CPU; `enabled: false` leaves the region and
+/// clears the cast cache.
+pub fn autocast(cuda: bool, enabled: bool, fp16: bool) -> Result<(), ShimError> {
+    check(unsafe { vs_autocast(cuda as c_int, enabled, fp16) })
+}
+
+/// `torch._amp_foreach_non_finite_check_and_unscale_`: each gradient times `inv_scale` in
+/// place, `found_inf` set to 1 if any holds an inf or NaN.
+pub fn amp_unscale(grads: &[tch::Tensor], found_inf: &tch::Tensor, inv_scale: &tch::Tensor) -> Result<(), ShimError> {
+    let ptrs: Vec<*const torch_sys::C_tensor> = grads.iter().map(|g| g.as_ptr()).collect();
+    // SAFETY: tch's tensor pointers are `torch::Tensor*`, valid while the tensors live.
+    check(unsafe { vs_amp_unscale(ptrs.as_ptr(), ptrs.len() as c_int, found_inf.as_ptr(), inv_scale.as_ptr()) })
 }
 
 /// CPU autocast follows CUDA's op lists (on) or CPU's own (off): the shim's AutocastCPU

@@ -5,5 +5,6 @@
 pub mod capture;
 pub mod model;
 pub mod optim;
+pub mod scaler;
 pub mod selftest;
 pub mod worker;

@@ -26,6 +26,7 @@ use crate::capture::{self, Shim};
 use crate::selftest::{self, Recorder};
 use crate::model::TransformerLm;
 use crate::optim::AdamW;
+use crate::scaler::GradScaler;
 
 /// Unwinds out of a step when a stop was asked for, so quitting never waits for the step.
 struct StopRequested;
@@ -80,6 +81,8 @@ pub struct Worker {
     device: Device,
     model: TransformerLm,
     optim: AdamW,
+    /// fp16's loss scaling, from the first fp16 training step on.
+    scaler: GradScaler,
     scopes: Arc<Scopes>,
     session: Shared,
     /// A viewer asked to stop (or SIGTERM came): checked at every phase boundary.
@@ -208,7 +211,7 @@ impl Worker {
         tch::manual_seed(opts.seed);
         lock(&session).capture_tags(0, Phase::Other);
         let model = TransformerLm::new(cfg.dims, cfg.ctx, device, &scopes);
-        let w = Worker { optim: AdamW::new(1e-3, 0.9, 0.999, 1e-8, 0.01), cfg, device, model, scopes, session, stop, leaked: Vec::new(), selftest, forced_oom: None, opts };
+        let w = Worker { optim: AdamW::new(1e-3, 0.9, 0.999, 1e-8, 0.01), scaler: GradScaler::default(), cfg, device, model, scopes, session, stop, leaked: Vec::new(), selftest, forced_oom: None, opts };
         {
             let mut s = lock(&w.session);
             s.drain();
@@ -350,7 +353,7 @@ impl Worker {
             s.tag(targets.data_ptr() as u64, Category::Input, Some("targets"));
         }
         let cuda = self.device.is_cuda();
-        let bf16 = cfg.precision == Precision::Bf16;
+        let (half, fp16) = (cfg.precision.is_autocast(), cfg.precision == Precision::Fp16);
 
         self.enter_phase(Phase::Forward);
         let step = lock(&self.session).step;
@@ -366,14 +369,14 @@ impl Worker {
         // As `loss = cross_entropy(model(tokens), targets)` under autocast: the logits die
         // with the expression, before the region's weight copies are released.
         let forward = |model: &TransformerLm, scopes: &Scopes| {
-            if bf16 {
-                capture::autocast(cuda, true).expect("enable autocast");
+            if half {
+                capture::autocast(cuda, true, fp16).expect("enable autocast");
             }
             let logits = model.forward(&tokens, cfg.attention, scopes);
             let loss = crate::model::cross_entropy(&logits, &targets);
             drop(logits);
-            if bf16 {
-                capture::autocast(cuda, false).expect("disable autocast");
+            if half {
+                capture::autocast(cuda, false, fp16).expect("disable autocast");
             }
             loss
         };
@@ -383,8 +386,18 @@ impl Worker {
         };
         let loss_value = loss.double_value(&[]);
         if cfg.mode == Mode::Train {
+            // `scaler.scale(loss).backward()` under fp16: the scaled loss, made before
+            // backward begins, dies after it.
+            let scaled = fp16.then(|| self.scaler.scale(&loss, self.device));
+            if let Some((scale, growth)) = self.scaler.tensors().filter(|_| fp16) {
+                let mut s = lock(&self.session);
+                s.drain();
+                s.tag(scale.data_ptr() as u64, Category::OptimizerState, Some("GradScaler._scale"));
+                s.tag(growth.data_ptr() as u64, Category::OptimizerState, Some("GradScaler._growth_tracker"));
+            }
             self.enter_phase(Phase::Backward);
-            loss.backward();
+            scaled.as_ref().unwrap_or(&loss).backward();
+            drop(scaled);
             {
                 let mut s = lock(&self.session);
                 s.drain();
@@ -397,7 +410,20 @@ impl Worker {
             }
 
             self.enter_phase(Phase::Optimizer);
-            tch::no_grad(|| self.optim.step(&self.model.parameters(), cfg.optimizer));
+            if fp16 {
+                // `scaler.step(optimizer)`, `scaler.update()`: the step is skipped where a
+                // gradient overflowed, as PyTorch's is.
+                let (optim, model) = (&mut self.optim, &self.model);
+                let grads: Vec<Tensor> = model.parameters().iter().map(|p| p.grad()).filter(Tensor::defined).collect();
+                let stepped = tch::no_grad(|| self.scaler.step_and_update(&grads, || optim.step(&model.parameters(), cfg.optimizer)));
+                if !stepped {
+                    let scale = self.scaler.tensors().map_or(0.0, |(s, _)| s.double_value(&[]));
+                    let note = format!("step {step}: GradScaler skipped the optimizer step (a gradient overflowed in fp16); its scale backs off to {scale}");
+                    lock(&self.session).report(vramscope_core::stream::Report::Note(note));
+                }
+            } else {
+                tch::no_grad(|| self.optim.step(&self.model.parameters(), cfg.optimizer));
+            }
             {
                 let mut s = lock(&self.session);
                 s.drain();

@@ -730,7 +730,7 @@ fn check_knob(kind: KnobKind, value: &str) -> Result<String, String> {
 
 /// Ends a step (one `optimizer.step()`): reports it, writes a snapshot a viewer asked for,
 /// then applies viewers' controls, waiting here while the job is paused. `mode`: 0 forward
-/// only, 1 train; `precision`: 0 fp32, 1 bf16. Returns 1 if a viewer asked the job to stop,
+/// only, 1 train; `precision`: 0 fp32, 1 bf16, 2 fp16. Returns 1 if a viewer asked the job to stop,
 /// 2 if the hook should come out of the job (attached by PID, and its viewers are gone).
 #[no_mangle]
 pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, mode: u8, precision: u8) -> c_int {
@@ -746,7 +746,11 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
             loss,
             elapsed_s,
             mode: if mode == 1 { Mode::Train } else { Mode::Forward },
-            precision: if precision == 1 { Precision::Bf16 } else { Precision::Fp32 },
+            precision: match precision {
+                1 => Precision::Bf16,
+                2 => Precision::Fp16,
+                _ => Precision::Fp32,
+            },
             attention: None,
             ctx,
             batch,

@@ -46,7 +46,9 @@ class Hooks:
         self.phase = OTHER
         self.step_started = time.perf_counter()
         self.backward_ran = False
-        self.autocast = False
+        self.autocast = None  # the dtype of the autocast region the forward ran in
+        # GradScaler.scale's outputs this step (by id) and the losses they scaled.
+        self._scaled = {}
         # This step's samples (every micro-batch the model ran) and sequence length (0: its
         # inputs have none).
         self.samples = 0
@@ -184,7 +186,18 @@ class Hooks:
             self._uncounted = id(module)
         if id(module) == self.model:
             self._cast_for(module)
-        self.autocast = self._autocast_on()
+        self.autocast = self._autocast_dtype()
+
+    def _autocast_dtype(self):
+        """The dtype of the autocast region the model's forward runs in, or None."""
+        torch = self.torch
+        for device_type in ("cuda", "cpu"):
+            if self._autocast_on(device_type):
+                try:
+                    return torch.get_autocast_dtype(device_type)
+                except AttributeError:  # before 2.4: one function per device
+                    return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
+        return None
 
     def _autocast_on(self, device_type=None):
         torch = self.torch
@@ -209,8 +222,10 @@ class Hooks:
                 self.note("the script runs under its own autocast: it owns its precision, and p does not change it")
             self.script_autocast = True
             return
-        if want == "bf16":
-            self._cast = self.torch.autocast(device_type, dtype=self.torch.bfloat16)
+        # fp16 by key is autocast alone: a GradScaler is the script's to make.
+        dtype = {"bf16": self.torch.bfloat16, "fp16": self.torch.float16}.get(want)
+        if dtype is not None:
+            self._cast = self.torch.autocast(device_type, dtype=dtype)
             self._cast.__enter__()
 
     def _close_cast(self):
@@ -235,7 +250,9 @@ class Hooks:
             self.set_phase(BACKWARD)
             self.backward_ran = True
             if isinstance(tensors, self.torch.Tensor) and tensors.numel() == 1:
-                self.losses.append(tensors.detach())
+                # A GradScaler's scaled loss stands for the loss it scaled: its value is the
+                # step's loss, and the hook keeps no hold on the scaled tensor.
+                self.losses.append(self._scaled.pop(id(tensors), None) or tensors.detach())
             try:
                 return original(tensors, *args, **kwargs)
             finally:
@@ -265,6 +282,31 @@ class Hooks:
 
         return zero_grad
 
+    def _scaler_scale(self, original):
+        def scale(scaler, outputs, *args, **kwargs):
+            scaled = original(scaler, outputs, *args, **kwargs)
+            if isinstance(outputs, self.torch.Tensor) and outputs.numel() == 1:
+                self._scaled[id(scaled)] = outputs.detach()
+            return scaled
+
+        return scale
+
+    def _scaler_update(self, original):
+        def update(scaler, *args, **kwargs):
+            try:
+                return original(scaler, *args, **kwargs)
+            finally:
+                for attr in ("_scale", "_growth_tracker"):
+                    t = getattr(scaler, attr, None)
+                    if isinstance(t, self.torch.Tensor):
+                        self.core.vsh_tag(_storage_ptr(t), OPTIMIZER_STATE, f"GradScaler.{attr}".encode())
+                # GradScaler skipped optimizer.step (a gradient held an inf or NaN): the
+                # step ends here instead.
+                if self.backward_ran:
+                    self.end_step()
+
+        return update
+
     def end_step(self, loss=None):
         """Closes a step: the core reports it and applies viewers' controls (waiting here
         while paused)."""
@@ -276,6 +318,7 @@ class Hooks:
             self.began = True
             self.phase, self.backward_ran, self.samples, self.ctx = OTHER, False, 0, 0
             self.losses = []
+            self._scaled.clear()
             self.core.vsh_phase(OTHER)
             return
         self._close_cast()
@@ -291,15 +334,17 @@ class Hooks:
         if self.knob_values is not None:
             ctx = int(self.knob_values("ctx", ctx))
             batch = int(self.knob_values("batch", batch))
-        bf16 = self.autocast or any(
-            r() is not None and r().dtype == torch.bfloat16 for r, _ in list(self.params.values())[:1]
-        )
+        # The precision: the forward's autocast dtype, else the parameters' own.
+        first = next((r() for r, _ in self.params.values() if r() is not None), None)
+        dtype = self.autocast or (first.dtype if first is not None else None)
+        precision = {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
         self.read_history()
-        stop = self.core.vsh_step_end(value, now - self.step_started, ctx, batch, 1 if self.backward_ran else 0, 1 if bf16 else 0)
+        stop = self.core.vsh_step_end(value, now - self.step_started, ctx, batch, 1 if self.backward_ran else 0, precision)
         self.stop_requested |= stop == 1
         self.phase = OTHER
         self.backward_ran = False
         self.losses = []
+        self._scaled.clear()
         self.samples = 0
         self.ctx = 0
         self.step_started = time.perf_counter()
@@ -326,6 +371,9 @@ class Hooks:
         self._patch(torch.autograd, "backward", self._backward)
         self._patch(torch.optim.Optimizer, "zero_grad", self._zero_grad)
         self._patch(torch.nn.Module, "zero_grad", self._zero_grad)
+        scaler = getattr(getattr(torch, "amp", None), "GradScaler", None) or torch.cuda.amp.GradScaler
+        self._patch(scaler, "scale", self._scaler_scale)
+        self._patch(scaler, "update", self._scaler_update)
 
     def uninstall(self):
         """Takes every hook and patch out again: the job runs as it did before."""

@@ -354,7 +354,7 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ctx", type=int, default=128)
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="fp16: autocast with a GradScaler")
     p.add_argument("--mode", choices=["forward", "train"], default="train")
     p.add_argument("--attention", choices=["naive", "fused"], default="naive")
     p.add_argument("--optimizer", choices=["reference", "torch"], default="reference", help="the reference's AdamW or torch.optim.AdamW")
@@ -391,6 +391,8 @@ def _train(a, Model, loss_fn, Reference, device):
             made.update(kind=kind, opt=cls(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01))
         return made["opt"]
 
+    # fp16 scales the loss, as on GPUs without bf16; made at the first fp16 step.
+    scaler = []
     value = math.nan
     step = 0
     while a.steps == 0 or step < a.steps:
@@ -405,28 +407,37 @@ def _train(a, Model, loss_fn, Reference, device):
             model.positional_encoder.prepare(ctx)
             for layer in model.layers:
                 layer.attn.fused = fused
-        value = _step(model, opt, loss_fn, a.vocab, ctx, batch, precision, train, device)
+        if precision == "fp16" and not scaler:
+            scaler.append(torch.amp.GradScaler(device.type))
+        value = _step(model, opt, loss_fn, a.vocab, ctx, batch, precision, train, device, scaler[0] if precision == "fp16" else None)
         step += 1
         if vramscope_hook.stop_requested():
             break
     return value
 
 
-def _step(model, opt, loss_fn, vocab, ctx, batch, precision, train, device):
+def _step(model, opt, loss_fn, vocab, ctx, batch, precision, train, device, scaler):
     """The engine's step, op for op: fresh tokens and targets, the loss computed from the
     logits in one expression (the logits die with it), backward, the optimizer step,
-    zero_grad(set_to_none=True), then the loss and the batch are dropped. An out-of-memory
-    error ends the step, not the run: the screen says so and the keys can shrink it."""
+    zero_grad(set_to_none=True), then the loss and the batch are dropped. Under fp16 the
+    `scaler` scales the loss and steps (or skips) the optimizer. An out-of-memory error ends
+    the step, not the run: the screen says so and the keys can shrink it."""
     tokens = torch.randint(vocab, (batch, ctx))
     targets = torch.randint(vocab, (batch, ctx))
     grad = contextlib.nullcontext() if train else torch.no_grad()
-    cast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    cast = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
     value = math.nan
     try:
         with grad, cast:
             loss = loss_fn(model(tokens), targets)
         value = loss.item()
-        if train:
+        if train and scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+        elif train:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

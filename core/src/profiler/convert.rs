@@ -13,22 +13,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::blocks::{made_up, one_block_segment, SYNTHETIC_BASE};
 use super::parse::{Device, MemoryEvent, Span, SpanKind, Trace};
 use crate::event::Phase;
 use crate::snapshot::model::{
-    Action, Annotation, AnnotationStage, Block, BlockState, Frame, ProfiledWindow, Segment, SegmentType, Snapshot, StackId,
+    Action, Annotation, AnnotationStage, Frame, ProfiledWindow, Segment, Snapshot, StackId,
     StackInterner, TraceEntry,
 };
-
-/// Where addresses are made up for a trace without them: above any real one.
-pub(super) const SYNTHETIC_BASE: u64 = 0x7e00_0000_0000_0000;
-
-/// The next made-up address for a block of `size`.
-pub(super) fn made_up(next: &mut u64, size: u64) -> u64 {
-    let a = *next;
-    *next += size.next_multiple_of(512);
-    a
-}
 
 /// The frames of each memory event (by index into `trace.memory`), innermost first.
 fn enclosing_spans(trace: &Trace, order: &[usize]) -> Vec<Vec<u32>> {
@@ -127,23 +118,6 @@ fn device_log(trace: &Trace, events: &[usize], stacks: &[StackId], synthetic: &m
     }
     log.after = live.into_iter().map(|(a, (s, st))| (a, s, st)).collect();
     log
-}
-
-pub(super) fn one_block_segment(device: i64, address: u64, size: u64, frames: StackId) -> Segment {
-    Segment {
-        device,
-        address,
-        total_size: size,
-        allocated_size: size,
-        active_size: size,
-        requested_size: size,
-        stream: 0,
-        segment_type: SegmentType::Large,
-        segment_pool_id: (0, 0),
-        is_expandable: false,
-        frames,
-        blocks: vec![Block { address, size, requested_size: size, state: BlockState::ActiveAllocated, frames }],
-    }
 }
 
 /// The phases of one profiled step, from what ran inside it: autograd's operators are

@@ -4,6 +4,7 @@
 //! `parse` keeps what the memory view needs while it streams the JSON; `convert` makes the
 //! snapshot of a trace, `timeline` of a memory timeline.
 
+mod blocks;
 pub mod convert;
 pub mod parse;
 pub mod timeline;

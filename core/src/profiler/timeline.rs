@@ -17,7 +17,7 @@ use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, SeqAccess, Visitor};
 
-use super::convert::{made_up, one_block_segment, SYNTHETIC_BASE};
+use super::blocks::{made_up, one_block_segment, SYNTHETIC_BASE};
 use crate::event::Category;
 use crate::snapshot::model::{Action, Frame, ProfiledWindow, Snapshot, StackId, StackInterner, TraceEntry, TraceForm};
 

@@ -13,6 +13,7 @@ use crate::step_config::{Attention, AutocastPolicy, Mode, Optimizer, Precision, 
 enum Dtype {
     F32,
     Bf16,
+    F16,
     I64,
     Bool,
 }
@@ -21,7 +22,7 @@ impl Dtype {
     fn size(self) -> u64 {
         match self {
             Dtype::F32 => 4,
-            Dtype::Bf16 => 2,
+            Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::I64 => 8,
             Dtype::Bool => 1,
         }
@@ -30,6 +31,7 @@ impl Dtype {
         match self {
             Dtype::F32 => "fp32",
             Dtype::Bf16 => "bf16",
+            Dtype::F16 => "fp16",
             Dtype::I64 => "int64",
             Dtype::Bool => "bool",
         }
@@ -72,7 +74,7 @@ struct Made {
 struct Tape {
     grad: bool,
     /// On a CPU (vramscope's modelled GPU), bf16 matmuls make a transient copy of their
-    /// weight (oneDNN's reorder), which a GPU's do not.
+    /// weight (oneDNN's reorder), which a GPU's (and a CPU's fp16 ones) do not.
     cpu: bool,
     made: Vec<Made>,
     layer: Option<i64>,
@@ -139,8 +141,10 @@ struct Shape {
     h: i64,
     v: i64,
     layers: i64,
+    /// The compute dtype: fp32, or autocast's bf16 or fp16.
     c: Dtype,
-    bf16: bool,
+    /// Under autocast (bf16 or fp16).
+    half: bool,
     /// What the ops on CUDA's fp32 lists (exp, sum, log) make under bf16 autocast: fp32 on
     /// CUDA's policy, the compute dtype on CPU's.
     listed: Dtype,
@@ -150,8 +154,11 @@ struct Shape {
 impl Shape {
     fn of(cfg: &StepConfig, policy: AutocastPolicy) -> Shape {
         let d = cfg.dims;
-        let bf16 = cfg.precision == Precision::Bf16;
-        let c = if bf16 { Dtype::Bf16 } else { Dtype::F32 };
+        let c = match cfg.precision {
+            Precision::Fp32 => Dtype::F32,
+            Precision::Bf16 => Dtype::Bf16,
+            Precision::Fp16 => Dtype::F16,
+        };
         Shape {
             b: cfg.batch,
             t: cfg.ctx,
@@ -161,7 +168,7 @@ impl Shape {
             v: d.vocab,
             layers: d.layers,
             c,
-            bf16,
+            half: c != Dtype::F32,
             listed: if policy == AutocastPolicy::Cuda { Dtype::F32 } else { c },
             attention: cfg.attention,
         }
@@ -174,14 +181,15 @@ impl Shape {
 fn linear(tp: &mut Tape, s: &Shape, x: Id, x_dims: &[i64], d_out: i64, d_in: i64, what: &str) -> Id {
     let mut out_dims = x_dims.to_vec();
     *out_dims.last_mut().expect("a last dimension") = d_out;
-    if s.bf16 {
-        let w = tp.make(&format!("{what}: autocast's bf16 copy of the weight"), &[d_out, d_in], Dtype::Bf16);
+    if s.half {
+        let w = tp.make(&format!("{what}: autocast's {} copy of the weight", s.c.name()), &[d_out, d_in], s.c);
         tp.save(w);
-        let xc = tp.is_fp32(x).then(|| tp.make(&format!("{what}: autocast's bf16 copy of the input"), x_dims, Dtype::Bf16));
+        let xc = tp.is_fp32(x).then(|| tp.make(&format!("{what}: autocast's {} copy of the input", s.c.name()), x_dims, s.c));
         tp.save(xc.unwrap_or(x));
-        let out = tp.make(&format!("{what}: einsum(x, self.weight, ...)"), &out_dims, Dtype::Bf16);
-        if tp.cpu {
-            let reorder = tp.make(&format!("{what}: the CPU matmul's copy of the bf16 weight"), &[d_out, d_in], Dtype::Bf16);
+        let out = tp.make(&format!("{what}: einsum(x, self.weight, ...)"), &out_dims, s.c);
+        // oneDNN's bf16 matmul reorders the weight; the CPU's fp16 matmul does not.
+        if tp.cpu && s.c == Dtype::Bf16 {
+            let reorder = tp.make(&format!("{what}: the CPU matmul's copy of the {} weight", s.c.name()), &[d_out, d_in], s.c);
             tp.free(reorder);
         }
         if let Some(xc) = xc {
@@ -263,8 +271,8 @@ fn shift_by_max(tp: &mut Tape, dims: &[i64], c: Dtype, lines: [&str; 2]) -> (Id,
 fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id {
     let (bhtt, bht1, bhtd) = ([s.b, s.h, s.t, s.t], [s.b, s.h, s.t, 1], [s.b, s.h, s.t, s.d / s.h]);
     let c = s.c;
-    let casts: Vec<Id> = if s.bf16 {
-        ["Q", "K"].iter().map(|n| tp.make(&format!("einsum(Q, K, ...): autocast's bf16 copy of {n}"), &bhtd, Dtype::Bf16)).collect()
+    let casts: Vec<Id> = if s.half {
+        ["Q", "K"].iter().map(|n| tp.make(&format!("einsum(Q, K, ...): autocast's {} copy of {n}", c.name()), &bhtd, c)).collect()
     } else {
         vec![q, k]
     };
@@ -272,7 +280,7 @@ fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id
         tp.save(x);
     }
     let raw = tp.make("einsum(Q, K, \"... query d_k, ... key d_k -> ... query key\")", &bhtt, c);
-    if s.bf16 {
+    if s.half {
         for &x in &casts {
             tp.free(x);
         }
@@ -294,7 +302,7 @@ fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id
     tp.free(exps);
     let first = tp.made.len();
     // fp32 weights (CUDA's policy) go into the matmul as a bf16 copy, which it keeps.
-    let weights = if s.listed != c { tp.make("einsum(attention_weights, V, ...): autocast's bf16 copy of attention_weights", &bhtt, c) } else { probs };
+    let weights = if s.listed != c { tp.make(&format!("einsum(attention_weights, V, ...): autocast's {} copy of attention_weights", c.name()), &bhtt, c) } else { probs };
     tp.save(weights);
     if tp.layer == Some(s.layers - 1) {
         tp.last_weights_einsum = Some((first, weights));
@@ -316,8 +324,8 @@ fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id
 /// log-sum-exp [b, h, t] for backward.
 fn attention_fused(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id) -> Id {
     let bhtd = [s.b, s.h, s.t, s.d / s.h];
-    let casts: Vec<Id> = if s.bf16 {
-        ["Q", "K"].iter().map(|n| tp.make(&format!("scaled_dot_product_attention: autocast's bf16 copy of {n}"), &bhtd, Dtype::Bf16)).collect()
+    let casts: Vec<Id> = if s.half {
+        ["Q", "K"].iter().map(|n| tp.make(&format!("scaled_dot_product_attention: autocast's {} copy of {n}", s.c.name()), &bhtd, s.c)).collect()
     } else {
         vec![q, k]
     };
@@ -329,7 +337,7 @@ fn attention_fused(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id) -> Id {
     tp.save(out);
     tp.save(lse);
     tp.free(lse);
-    if s.bf16 {
+    if s.half {
         for x in casts {
             tp.free(x);
         }
@@ -481,9 +489,11 @@ pub struct Estimate {
     pub gradient_bytes: u64,
     /// AdamW's two moments, fp32.
     pub adamw_bytes: u64,
-    /// bf16 copies of the matmul weights autocast caches and saves in a training step (0
-    /// in fp32).
+    /// bf16 or fp16 copies of the matmul weights autocast caches and saves in a training
+    /// step (0 in fp32).
     pub weight_copy_bytes: u64,
+    /// fp16's GradScaler: its scale and growth tracker (0 otherwise).
+    pub scaler_bytes: u64,
     /// Token ids and targets, the RoPE table.
     pub input_bytes: u64,
     /// What one transformer block saves for backward, tensor by tensor.
@@ -567,12 +577,16 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
     let input_bytes = 2 * (b * t) as u64 * 8 + 2 * (t * dm / s.h / 2) as u64 * 4;
     let persistent = parameter_bytes + input_bytes;
     let moments = 2 * parameter_bytes;
+    // fp16 trains with a GradScaler: its scale (fp32) and growth tracker (int32) live from
+    // the first step on; the scaled loss through backward; found_inf and the inverse scale
+    // (fp32) through the optimizer step.
+    let scaler_bytes = if cfg.precision == Precision::Fp16 && cfg.mode == Mode::Train { 8 } else { 0 };
 
     // Without grad: nothing is saved, and autocast's copies die with their ops.
     let mut no_grad = Tape::new(false, cpu, persistent);
     let logits_peak_bytes = forward_and_loss(&mut no_grad, &s);
     // A training step in the steady state: AdamW's moments exist.
-    let mut tape = Tape::new(true, cpu, persistent + moments);
+    let mut tape = Tape::new(true, cpu, persistent + moments + scaler_bytes);
     forward_and_loss(&mut tape, &s);
     let end_of_forward = tape.live;
 
@@ -586,12 +600,12 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
     // logits' gradient, the head weight's gradient, the gradient of its input), or in the
     // last layer's attention (three [b, h, t, t] gradients at once with naive attention).
     let loss_saved = 2 * btv_l + (b * t) as u64 * 8 + bt1_l;
-    let cpu_scatter = if cpu && s.bf16 && l == 2 { (b * t * v) as u64 * 4 } else { 0 };
+    let cpu_scatter = if cpu && s.half && l == 2 { (b * t * v) as u64 * 4 } else { 0 };
     // On CUDA's policy the fp32 gradient of `x - log(…)` is cast back to bf16 for x, next to
     // the gradient of the negation, once the negation's saved input is let go.
     let widened_grad = if l != c { btv } else { 0 };
     let start = end_of_forward + 4 + bt1_l + btv_l + cpu_scatter + widened_grad;
-    let head_grads = head_weight * 4 + if s.bf16 { head_weight * 2 } else { 0 };
+    let head_grads = head_weight * 4 + if s.half { head_weight * 2 } else { 0 };
     let at_head = end_of_forward - loss_saved + btv + head_grads + btd;
     let attention_scores_bytes = match s.attention {
         Attention::Naive => (b * s.h * t * t) as u64 * c,
@@ -611,7 +625,8 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
         }
         None => 0,
     };
-    let backward_peak_bytes = start.max(at_head).max(in_attention);
+    let scaled_loss = scaler_bytes / 2;
+    let backward_peak_bytes = start.max(at_head).max(in_attention) + scaled_loss;
     // The update's temporaries for the largest parameter: the reference's AdamW holds five
     // of its size at once (new m and v, the step's numerator, sqrt(v) + eps and the
     // update); torch's in-place update four (sqrt(v), + eps, the quotient, the update).
@@ -619,7 +634,8 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
         Optimizer::Reference => 5,
         Optimizer::Torch => 4,
     };
-    let optimizer_peak_bytes = persistent + moments + parameter_bytes + 4 + update_temporaries * largest_param;
+    // found_inf (4 B) lives through the optimizer step; the inverse scale is gone by then.
+    let optimizer_peak_bytes = persistent + moments + scaler_bytes + scaled_loss + parameter_bytes + 4 + update_temporaries * largest_param;
     let step_peak_bytes = tape.peak.max(backward_peak_bytes).max(optimizer_peak_bytes);
 
     let saved = |layer: Option<i64>| tape.alive().filter(move |m| m.layer == layer && m.saved).collect::<Vec<_>>();
@@ -640,7 +656,8 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
         parameter_bytes,
         gradient_bytes: parameter_bytes,
         adamw_bytes: 2 * parameter_bytes,
-        weight_copy_bytes: if s.bf16 { matmul_weights * 2 } else { 0 },
+        weight_copy_bytes: if s.half { matmul_weights * 2 } else { 0 },
+        scaler_bytes,
         input_bytes,
         per_layer_bytes: sum(&per_layer),
         per_layer,
@@ -741,7 +758,10 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
         );
     }
     if e.weight_copy_bytes > 0 && train {
-        let _ = writeln!(s, "| bf16 weight copies (autocast) | {} |", bytes(e.weight_copy_bytes));
+        let _ = writeln!(s, "| {} weight copies (autocast) | {} |", c.precision, bytes(e.weight_copy_bytes));
+    }
+    if e.scaler_bytes > 0 {
+        let _ = writeln!(s, "| GradScaler (scale, growth tracker) | {} |", bytes(e.scaler_bytes));
     }
     let _ = writeln!(s, "| inputs and RoPE tables | {} |", bytes(e.input_bytes));
     if train {
@@ -848,6 +868,20 @@ mod tests {
         assert!(e.residual_derivation.contains("4 × 512 × 2560 × 4 B") && e.residual_derivation.ends_with("20.0 MiB"));
         // Naive attention: one layer's scores are batch × heads × ctx² fp32.
         assert_eq!(e.attention_scores_bytes, 4 * 32 * 512 * 512 * 4);
+    }
+
+    #[test]
+    fn fp16_is_bf16_plus_the_grad_scaler() {
+        let (bf16, fp16) = (estimate(&cfg(Preset::Small, 512, 4, Precision::Bf16, Attention::Naive)), estimate(&cfg(Preset::Small, 512, 4, Precision::Fp16, Attention::Naive)));
+        assert_eq!(fp16.activation_bytes, bf16.activation_bytes);
+        assert_eq!(fp16.scaler_bytes, 8);
+        assert_eq!(fp16.train_forward_peak_bytes, bf16.train_forward_peak_bytes + 8);
+        assert_eq!(fp16.backward_peak_bytes, bf16.backward_peak_bytes + 12);
+        assert_eq!(fp16.optimizer_peak_bytes, bf16.optimizer_peak_bytes + 12);
+        let text = render(&fp16, None);
+        assert!(text.contains("autocast's fp16 copy of the weight") && text.contains("| GradScaler (scale, growth tracker) | 8 B |"), "{text}");
+        assert!(!text.lines().any(|l| l.contains("autocast's bf16")), "fp16's tensors say fp16: {text}");
+        assert!(text.contains("| fp16 (CUDA autocast) |"), "the precisions compared include fp16: {text}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
-// CUDA's bf16 autocast policy for CPU tensors, on request (docs/autocast.md). CPU autocast
-// lets exp, log, pow, rsqrt, sum, softmax and log_softmax run in bf16; CUDA autocast runs
-// them in fp32 (`AT_FORALL_FP32`, `AT_FORALL_FP32_SET_OPT_DTYPE`). With the policy on, these
+// CUDA's autocast policy (bf16 or fp16) for CPU tensors, on request (docs/autocast.md). CPU
+// autocast lets exp, log, pow, rsqrt, sum, softmax and log_softmax run in the lower
+// precision; CUDA autocast runs them in fp32 (`AT_FORALL_FP32`, `AT_FORALL_FP32_SET_OPT_DTYPE`). With the policy on, these
 // ops under CPU autocast do what CUDA's would, so a CPU run allocates as the GPU it models;
 // off (the default), each runs exactly as CPU autocast has it.
 #include "capture.h"
@@ -26,7 +26,7 @@ template <class T>
 using Opt = c10::optional<T>;
 #endif
 
-// Inputs CUDA's fp32 list would cast (a bf16 tensor), cast; others as they are.
+// Inputs CUDA's fp32 list would cast (a bf16 or fp16 tensor), cast; others as they are.
 Tensor fp32(const Tensor& t) {
   return g_cuda_policy.load(std::memory_order_relaxed) ? at::autocast::cached_cast(at::kFloat, t, c10::DeviceType::CPU) : t;
 }
@@ -34,7 +34,7 @@ Tensor fp32(const Tensor& t) {
 // CUDA's `dtype=float` for a lower-precision input that gave no dtype of its own.
 Opt<at::ScalarType> fp32_dtype(const Tensor& t, Opt<at::ScalarType> dtype) {
   if (g_cuda_policy.load(std::memory_order_relaxed) && !dtype && at::autocast::is_eligible(t, c10::DeviceType::CPU) &&
-      t.scalar_type() == at::kBFloat16) {
+      (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf)) {
     return at::kFloat;
   }
   return dtype;

@@ -5,6 +5,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
@@ -236,18 +237,19 @@ size_t vs_pending() {
 }
 
 // device_type: 0 = CPU, 1 = CUDA. Mirrors Python's `torch.autocast.__enter__/__exit__`.
-int vs_autocast(int device_type, bool enabled) {
+int vs_autocast(int device_type, bool enabled, bool fp16) {
   return vs::guard([&] {
+    const auto half = fp16 ? at::kHalf : at::kBFloat16;
 #if VS_TORCH_AT_LEAST(2, 4)
     const auto dev = device_type == 1 ? at::kCUDA : at::kCPU;
     const auto set = [dev](bool on) { at::autocast::set_autocast_enabled(dev, on); };
-    if (enabled) at::autocast::set_autocast_dtype(dev, at::kBFloat16);
+    if (enabled) at::autocast::set_autocast_dtype(dev, half);
 #else  // per-device functions before the device-generic ones
     const auto set = [device_type](bool on) {
       device_type == 1 ? at::autocast::set_enabled(on) : at::autocast::set_cpu_enabled(on);
     };
     if (enabled) {
-      device_type == 1 ? at::autocast::set_autocast_gpu_dtype(at::kBFloat16) : at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      device_type == 1 ? at::autocast::set_autocast_gpu_dtype(half) : at::autocast::set_autocast_cpu_dtype(half);
     }
 #endif
     if (enabled) {
@@ -259,6 +261,17 @@ int vs_autocast(int device_type, bool enabled) {
       // step reads stale weights.
       if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     }
+  });
+}
+
+// GradScaler.unscale_'s kernel, which tch does not wrap: each gradient times `inv_scale` in
+// place, `found_inf` set to 1 where one holds an inf or NaN. It allocates nothing.
+int vs_amp_unscale(at::Tensor* const* grads, int n, at::Tensor* found_inf, const at::Tensor* inv_scale) {
+  return vs::guard([&] {
+    std::vector<at::Tensor> g;
+    g.reserve(n);
+    for (int i = 0; i < n; ++i) g.push_back(*grads[i]);  // handles on the same storage
+    at::_amp_foreach_non_finite_check_and_unscale_(g, *found_inf, *inv_scale);
   });
 }
 

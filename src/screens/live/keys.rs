@@ -3,7 +3,7 @@
 crate::actions! {
     /// The live screen's actions.
     LiveKey, quit = Quit;
-    TogglePrecision, "toggle_precision", "p", "precision fp32 / bf16 autocast";
+    TogglePrecision, "toggle_precision", "p", "precision: fp32, bf16, fp16 autocast";
     CtxHalve, "ctx_halve", "[", "halve context length";
     CtxDouble, "ctx_double", "]", "double context length";
     BatchDown, "batch_down", "{", "batch size - 1";

@@ -309,7 +309,7 @@ impl JobControls<'_> {
     fn knob_value(a: LiveKey, now: &str) -> Option<String> {
         let int = || now.parse::<i64>().ok();
         Some(match a {
-            LiveKey::TogglePrecision => now.parse::<vramscope_core::step_config::Precision>().ok()?.toggled().to_string(),
+            LiveKey::TogglePrecision => now.parse::<vramscope_core::step_config::Precision>().ok()?.next().to_string(),
             LiveKey::ToggleMode => now.parse::<vramscope_core::step_config::Mode>().ok()?.toggled().to_string(),
             LiveKey::ToggleAttention => now.parse::<vramscope_core::step_config::Attention>().ok()?.toggled().to_string(),
             LiveKey::CtxHalve => (int()? / 2).max(1).to_string(),
