@@ -66,6 +66,20 @@ fn a_cpu_sweep_shows_the_relations_users_rely_on() {
             .unwrap()
     };
     assert!(per_token("bf16") < per_token("fp32"), "bf16 {} vs fp32 {}", per_token("bf16"), per_token("fp32"));
+    // Beside the peak: the time-weighted mean, and samples per second (tokens per sequence).
+    for r in rows {
+        let (mean, peak) = (r["mean_active_bytes"].as_u64().unwrap(), r["peak_allocated_bytes"].as_u64().unwrap());
+        assert!(mean > 0 && mean < peak, "a step holds less on average than at its peak: {r}");
+        let ctx = r["config"]["ctx"].as_f64().unwrap();
+        let (samples, tokens) = (r["samples_per_s"].as_f64().unwrap(), r["tokens_per_s"].as_f64().unwrap());
+        assert!((samples * ctx - tokens).abs() <= 1e-6 * tokens, "{r}");
+    }
+    // Against ctx, the activations grow most and the parameters not at all.
+    let fit = v["fits"].as_array().unwrap().iter().find(|f| f["knob"] == "ctx" && f["group"] == "tiny fp32 train naive batch 2").unwrap();
+    let categories = fit["categories"].as_array().unwrap();
+    assert_eq!(categories[0]["category"], "activation", "{fit}");
+    let parameter = categories.iter().find(|c| c["category"] == "parameter").unwrap();
+    assert_eq!((parameter["growth_bytes"].as_i64(), parameter["verdict"].as_str()), (Some(0), Some("flat")), "{fit}");
     let first = &rows[0];
     assert!(first["step_time_s"].as_f64().unwrap() > 0.0);
     assert!(first["peak_phase"] == "forward", "a forward-only run peaks in forward: {first}");
@@ -180,11 +194,17 @@ fn estimate_2_7b_prints_the_hand_arithmetic_and_the_fit() {
         "| bf16 (CUDA autocast) |",
         "In 80.0 GiB (train mode, fp32): fits",
         "Largest ctx at batch 4:",
+        "| fp16 (CUDA autocast) |",
+        "| training step (backward is twice the forward) | 42.58 TFLOP |",
+        "| arithmetic intensity |",
     ] {
         assert!(out.contains(want), "'{want}' missing:\n{out}");
     }
     let v: Value = serde_json::from_str(&stdout(vramscope().args(["estimate", "--model", "2.7B", "--ctx", "128", "--json", "--gpu-mem", "16GiB"]))).unwrap();
     assert_eq!(v["estimate"]["residual_bytes"], 4 * 128 * 2560 * 4);
+    let compute = &v["estimate"]["compute"];
+    assert_eq!(compute["step_flops"].as_f64().unwrap(), 3.0 * compute["forward_flops"].as_f64().unwrap());
+    assert!(compute["flops_per_byte"].as_f64().unwrap() > 1.0, "{compute}");
     assert_eq!(v["fit"]["fits"], false, "16 bytes per parameter alone is 50.8 GiB");
     assert_eq!(v["fit"]["max_batch"], Value::Null);
 }

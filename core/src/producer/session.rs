@@ -432,11 +432,8 @@ impl Session {
         let by_phase = |peaks: &[u64; 5]| self.phases_seen.iter().map(|p| (p.as_str().to_string(), peaks[*p as usize])).collect();
         let phase_peak_bytes = by_phase(&stats.phase_peak_allocated);
         let phase_active_peak_bytes = by_phase(&stats.phase_peak_active);
-        let category_bytes = Category::ALL
-            .iter()
-            .map(|c| (c.as_str().to_string(), t.category_bytes[*c as usize]))
-            .filter(|(_, b)| *b > 0)
-            .collect();
+        let by_category = |bytes: &[u64; 8]| Category::ALL.iter().map(|c| (c.as_str().to_string(), bytes[*c as usize])).filter(|(_, b)| *b > 0).collect();
+        let category_bytes = by_category(&t.category_bytes);
         StepReport {
             step: self.step,
             mode: end.mode,
@@ -450,6 +447,8 @@ impl Session {
             peak_active_bytes: stats.peak_active,
             phase_peak_bytes,
             phase_active_peak_bytes,
+            mean_active_bytes: stats.mean_active(),
+            category_peak_bytes: by_category(&stats.category_peaks),
             category_bytes,
             live_bytes: t.active_bytes,
             step_time_s: end.elapsed_s,

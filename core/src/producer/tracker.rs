@@ -51,6 +51,34 @@ pub struct StepStats {
     pub peak_allocated: u64,
     pub peak_reserved: u64,
     pub peak_active: u64,
+    /// The most active bytes each category held.
+    pub category_peaks: [u64; 8],
+    /// Active bytes × ns, from the step's first event to its last (`span`).
+    active_byte_ns: u128,
+    span: Option<(u64, u64)>,
+}
+
+impl StepStats {
+    /// `active` bytes were held from the last event until `t_ns`.
+    fn hold(&mut self, active: u64, t_ns: u64) {
+        match &mut self.span {
+            None => self.span = Some((t_ns, t_ns)),
+            Some((_, last)) => {
+                let t = t_ns.max(*last);
+                self.active_byte_ns += u128::from(active) * u128::from(t - *last);
+                *last = t;
+            }
+        }
+    }
+
+    /// Active bytes averaged over the step's time (its peak where no time passed): what a
+    /// job holds on average, beside what it peaks at.
+    pub fn mean_active(&self) -> u64 {
+        match self.span {
+            Some((first, last)) if last > first => (self.active_byte_ns / u128::from(last - first)) as u64,
+            _ => self.peak_active,
+        }
+    }
 }
 
 /// Trace entries kept for snapshots, as PyTorch's `_record_memory_history` default.
@@ -123,6 +151,7 @@ impl Tracker {
     /// Processes raw events in order.
     pub fn ingest(&mut self, raw: &[RawEvent]) {
         for e in raw {
+            self.step_stats.hold(self.active_bytes, e.t_ns);
             let phase = Phase::from_u8(e.phase);
             if e.action == RAW_OOM && matches!(self.backend, Backend::Modelled(_)) {
                 // A failed CPU allocation: what a CUDA OOM entry says, with the modelled
@@ -203,6 +232,9 @@ impl Tracker {
         s.peak_allocated = s.peak_allocated.max(self.allocated_bytes);
         s.peak_reserved = s.peak_reserved.max(self.reserved_bytes);
         s.peak_active = s.peak_active.max(self.active_bytes);
+        for (peak, now) in s.category_peaks.iter_mut().zip(self.category_bytes) {
+            *peak = (*peak).max(now);
+        }
     }
 
     fn on_alloc(&mut self, e: &RawEvent, key: u64, addr: u64, size: u64) {
@@ -428,6 +460,7 @@ impl Tracker {
             peak_allocated: self.allocated_bytes,
             peak_reserved: self.reserved_bytes,
             peak_active: self.active_bytes,
+            category_peaks: self.category_bytes,
             ..StepStats::default()
         };
         std::mem::replace(&mut self.step_stats, fresh)
@@ -574,6 +607,27 @@ mod tests {
         assert_eq!(s.peak_reserved, 20 * MIB);
         assert_eq!(s.peak_active, 5 * MIB);
         assert_eq!(s.phase_peak_allocated[Phase::Forward as usize], 5 * MIB, "the peak is the events' own");
+    }
+
+    #[test]
+    fn a_step_averages_its_active_bytes_over_time_and_keeps_each_categorys_peak() {
+        let mut t = Tracker::modelled(AllocatorConfig::default());
+        let cpu = crate::producer::raw::CPU_DEVICE;
+        let at = |t_ns, action, addr, size, phase| RawEvent { t_ns, ..raw(action, addr, size, 0, phase, cpu) };
+        // 1 MiB for 100 ns, 2 MiB for 100 ns, 1 MiB for 200 ns: 1.25 MiB on average.
+        t.ingest(&[
+            at(1000, RAW_ALLOC, 0x10, MIB, Phase::Other),
+            at(1100, RAW_ALLOC, 0x20, MIB, Phase::Forward),
+            at(1200, RAW_FREE, 0x10, 0, Phase::Forward),
+            at(1400, RAW_FREE, 0x20, 0, Phase::Forward),
+        ]);
+        let s = t.take_step_stats();
+        assert_eq!(s.peak_active, 2 * MIB);
+        assert_eq!(s.mean_active(), MIB + MIB / 4);
+        assert_eq!(s.category_peaks[Category::Activation as usize], MIB, "the forward's allocation, presumed an activation while it lived");
+        assert_eq!(s.category_peaks.iter().sum::<u64>(), 2 * MIB);
+        // A step with no time between its events averages to its peak.
+        assert_eq!(t.take_step_stats().mean_active(), 0);
     }
 
     #[test]

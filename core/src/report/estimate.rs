@@ -521,6 +521,8 @@ pub struct Estimate {
     pub backward_peak_bytes: u64,
     pub optimizer_peak_bytes: u64,
     pub step_peak_bytes: u64,
+    /// FLOPs and the least traffic of a step, by arithmetic.
+    pub compute: super::compute::Compute,
 }
 
 impl Estimate {
@@ -676,6 +678,7 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
         backward_peak_bytes,
         optimizer_peak_bytes,
         step_peak_bytes,
+        compute: super::compute::compute(cfg, parameters, activation_bytes),
     }
 }
 
@@ -798,6 +801,7 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
             bytes(x.step_peak_bytes)
         );
     }
+    let _ = writeln!(s, "\n{}", super::compute::render(&e.compute, c.mode));
     if let Some(f) = fit {
         let opt = |x: Option<i64>| x.map_or("none".to_string(), |v| v.to_string());
         let _ = writeln!(

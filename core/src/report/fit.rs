@@ -91,31 +91,78 @@ pub struct Scaling {
     /// addition over the step's starting memory), per token. Constant terms such as bf16
     /// weight copies drop out of a slope. None when a row lacks the measure.
     pub bytes_per_token: Option<f64>,
+    /// Each category's most bytes in a step against the knob, steepest growth first.
+    pub categories: Vec<CategoryGrowth>,
+}
+
+/// How the most bytes one category holds in a step grow with a knob.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CategoryGrowth {
+    pub category: String,
+    pub points: Vec<(i64, u64)>,
+    /// From the smallest knob value to the largest.
+    pub growth_bytes: i64,
+    /// "quadratic", "linear", or "flat" (it does not grow).
+    pub verdict: &'static str,
 }
 
 /// Share of the peak at the largest x that makes the x² term count as real growth.
 const QUADRATIC_SHARE: f64 = 0.05;
 
-/// A measured point: (knob value, peak bytes, activation bytes).
-type Point = (i64, u64, Option<u64>);
+/// A measured configuration as a point of a fit.
+struct Point {
+    x: i64,
+    peak: u64,
+    activations: Option<u64>,
+    /// The most bytes each category held in a step.
+    categories: BTreeMap<String, u64>,
+}
+
+/// "quadratic" when the x² term of a parabola through the points carries more than
+/// `QUADRATIC_SHARE` of the value at the largest x, else "linear".
+fn verdict(xs: &[f64], quadratic: Option<&Poly>) -> &'static str {
+    let (Some(&xmax), Some(q)) = (xs.last(), quadratic) else { return "linear" };
+    let share = q.coeffs[2] * xmax * xmax / q.at(xmax).max(1.0);
+    if share > QUADRATIC_SHARE {
+        "quadratic"
+    } else {
+        "linear"
+    }
+}
+
+fn category_growth(pts: &[Point]) -> Vec<CategoryGrowth> {
+    let names: std::collections::BTreeSet<&String> = pts.iter().flat_map(|p| p.categories.keys()).collect();
+    let xs: Vec<f64> = pts.iter().map(|p| p.x as f64).collect();
+    let mut out: Vec<CategoryGrowth> = names
+        .into_iter()
+        .map(|name| {
+            let points: Vec<(i64, u64)> = pts.iter().map(|p| (p.x, p.categories.get(name).copied().unwrap_or(0))).collect();
+            let ys: Vec<f64> = points.iter().map(|p| p.1 as f64).collect();
+            let growth_bytes = points.last().map_or(0, |l| l.1 as i64) - points.first().map_or(0, |f| f.1 as i64);
+            let verdict = if growth_bytes <= 0 { "flat" } else { verdict(&xs, fit_poly(&xs, &ys, 2).as_ref()) };
+            CategoryGrowth { category: name.clone(), points, growth_bytes, verdict }
+        })
+        .collect();
+    out.sort_by_key(|c| std::cmp::Reverse(c.growth_bytes));
+    out
+}
 
 fn scaling(group: String, knob: Knob, mut pts: Vec<Point>, other: i64) -> Option<Scaling> {
-    pts.sort();
-    let xs: Vec<f64> = pts.iter().map(|p| p.0 as f64).collect();
-    let ys: Vec<f64> = pts.iter().map(|p| p.1 as f64).collect();
-    let acts: Option<Vec<f64>> = pts.iter().map(|p| p.2.map(|a| a as f64)).collect();
-    let points: Vec<(i64, u64)> = pts.iter().map(|p| (p.0, p.1)).collect();
+    pts.sort_by_key(|p| p.x);
+    let xs: Vec<f64> = pts.iter().map(|p| p.x as f64).collect();
+    let ys: Vec<f64> = pts.iter().map(|p| p.peak as f64).collect();
+    let acts: Option<Vec<f64>> = pts.iter().map(|p| p.activations.map(|a| a as f64)).collect();
+    let points: Vec<(i64, u64)> = pts.iter().map(|p| (p.x, p.peak)).collect();
     let linear = fit_poly(&xs, &ys, 1)?;
     let quadratic = fit_poly(&xs, &ys, 2);
-    let xmax = *xs.last()?;
-    let share = quadratic.as_ref().map_or(0.0, |q| q.coeffs[2] * xmax * xmax / q.at(xmax).max(1.0));
     Some(Scaling {
         group,
         knob,
-        verdict: if share > QUADRATIC_SHARE { "quadratic" } else { "linear" },
+        verdict: verdict(&xs, quadratic.as_ref()),
         // Tokens per unit of x: a sequence of `other` tokens per batch row, or `other`
         // sequences per extra position.
         bytes_per_token: acts.and_then(|a| fit_poly(&xs, &a, 1)).map(|l| l.coeffs[1] / other as f64),
+        categories: category_growth(&pts),
         points,
         linear,
         quadratic,
@@ -130,8 +177,9 @@ pub fn fits(rows: &[SweepRow]) -> Vec<Scaling> {
         let Some(peak) = r.peak_bytes() else { continue };
         let c = &r.config;
         let base = format!("{} {} {} {}", c.model_name, c.precision, c.mode, c.attention);
-        by_batch.entry((format!("{base} ctx {}", c.ctx), c.ctx)).or_default().push((c.batch, peak, r.activation_bytes()));
-        by_ctx.entry((format!("{base} batch {}", c.batch), c.batch)).or_default().push((c.ctx, peak, r.activation_bytes()));
+        let point = |x| Point { x, peak, activations: r.activation_bytes(), categories: r.category_peak_bytes().cloned().unwrap_or_default() };
+        by_batch.entry((format!("{base} ctx {}", c.ctx), c.ctx)).or_default().push(point(c.batch));
+        by_ctx.entry((format!("{base} batch {}", c.batch), c.batch)).or_default().push(point(c.ctx));
     }
     let batch = by_batch.into_iter().filter_map(|((g, ctx), p)| scaling(g, Knob::Batch, p, ctx));
     let ctx = by_ctx.into_iter().filter_map(|((g, b), p)| scaling(g, Knob::Ctx, p, b));
@@ -159,6 +207,21 @@ pub fn render(fits: &[Scaling]) -> String {
     if fits.is_empty() {
         s += "| – | no two measured configurations differ in batch or ctx alone | | | | | |\n";
     }
+    let with_categories: Vec<&Scaling> = fits.iter().filter(|f| !f.categories.is_empty()).collect();
+    if !with_categories.is_empty() {
+        s += "\nThe most each category holds in a step, steepest growth first:\n\n| against | held fixed | category | at each value | growth | |\n|---|---|---|---|---:|---|\n";
+        for f in with_categories {
+            let knob = match f.knob {
+                Knob::Batch => "batch",
+                Knob::Ctx => "ctx",
+            };
+            for c in &f.categories {
+                let each = c.points.iter().map(|(x, b)| format!("{x}: {}", bytes(*b))).collect::<Vec<_>>().join(", ");
+                let growth = if c.growth_bytes < 0 { format!("-{}", bytes(c.growth_bytes.unsigned_abs())) } else { bytes(c.growth_bytes as u64) };
+                let _ = writeln!(s, "| {knob} | {} | {} | {each} | {growth} | {} |", f.group, c.category, c.verdict);
+            }
+        }
+    }
     s
 }
 
@@ -182,14 +245,22 @@ mod tests {
 
     #[test]
     fn verdicts_tell_quadratic_from_linear_growth() {
-        let pts = vec![(128, 1_000, Some(500)), (256, 2_000, Some(1_500)), (512, 4_000, Some(3_500))];
+        let point = |x, peak, activations, categories: &[(&str, u64)]| Point { x, peak, activations, categories: categories.iter().map(|(c, b)| (c.to_string(), *b)).collect() };
+        let pts = vec![
+            point(128, 1_000, Some(500), &[("parameter", 400), ("activation", 600)]),
+            point(256, 2_000, Some(1_500), &[("parameter", 400), ("activation", 1_600)]),
+            point(512, 4_000, Some(3_500), &[("parameter", 400), ("activation", 3_600)]),
+        ];
         let lin = scaling("g".into(), Knob::Ctx, pts, 2).unwrap();
+        let cats: Vec<(&str, i64, &str)> = lin.categories.iter().map(|c| (c.category.as_str(), c.growth_bytes, c.verdict)).collect();
+        assert_eq!(cats, [("activation", 3_000, "linear"), ("parameter", 0, "flat")], "steepest first");
         assert_eq!(lin.verdict, "linear");
         let per_token = lin.bytes_per_token.unwrap();
         assert!((per_token - 3.90625).abs() < 1e-9, "activations grow 7.8125 B per position over a batch of 2: {per_token}");
-        let quad_pts = [128i64, 256, 512].map(|x| (x, (1_000 + 8 * x + x * x) as u64, None)).to_vec();
+        let quad_pts = [128i64, 256, 512].map(|x| point(x, (1_000 + 8 * x + x * x) as u64, None, &[("activation", (8 * x + x * x) as u64)])).into_iter().collect();
         let quad = scaling("g".into(), Knob::Ctx, quad_pts, 2).unwrap();
         assert_eq!(quad.verdict, "quadratic");
+        assert_eq!(quad.categories[0].verdict, "quadratic", "the category that holds the x² term");
         assert_eq!(quad.bytes_per_token, None);
     }
 }

@@ -3,6 +3,7 @@
 //! what-ifs.
 
 pub mod breakdown;
+pub mod compute;
 pub mod diff;
 pub mod estimate;
 pub mod fit;

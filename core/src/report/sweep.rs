@@ -184,8 +184,17 @@ fn summarize(all: Vec<StepReport>, warmup: u64) -> Measured {
         phase_peak_bytes: top.phase_peak_bytes.clone(),
         activation_bytes,
         reserved_bytes: steps.iter().map(|s| s.peak_reserved_bytes).max().unwrap_or(0),
+        mean_active_bytes: (steps.iter().map(|s| s.mean_active_bytes as f64).sum::<f64>() / n) as u64,
+        category_peak_bytes: steps.iter().fold(std::collections::BTreeMap::new(), |mut most, s| {
+            for (c, b) in &s.category_peak_bytes {
+                let m = most.entry(c.clone()).or_insert(0);
+                *m = (*m).max(*b);
+            }
+            most
+        }),
         step_time_s: steps.iter().map(|s| s.step_time_s).sum::<f64>() / n,
         tokens_per_s: steps.iter().map(|s| s.tokens_per_s).sum::<f64>() / n,
+        samples_per_s: steps.iter().map(|s| s.samples_per_s).sum::<f64>() / n,
         steps,
     }
 }
@@ -209,9 +218,9 @@ impl std::str::FromStr for Format {
     }
 }
 
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 14] = [
     "model", "ctx", "batch", "precision", "mode", "attention", "peak allocated", "peak phase", "activations", "reserved",
-    "step time (s)", "tokens/s",
+    "mean active", "step time (s)", "tokens/s", "samples/s",
 ];
 
 /// One table row's cells; `raw` gives bytes as integers (CSV) instead of "1.50 GiB".
@@ -232,8 +241,10 @@ fn cells(r: &SweepRow, raw: bool) -> Vec<String> {
             m.peak_phase.clone(),
             m.activation_bytes.map(size).unwrap_or_default(),
             size(m.reserved_bytes),
+            size(m.mean_active_bytes),
             format!("{:.3}", m.step_time_s),
             format!("{:.0}", m.tokens_per_s),
+            format!("{:.1}", m.samples_per_s),
         ]),
         Outcome::Oom { phase, requested_bytes, .. } => v.extend([
             match requested_bytes {
@@ -263,7 +274,7 @@ pub fn render(rows: &[SweepRow], fits: &[Scaling], format: Format) -> String {
     match format {
         Format::Markdown => {
             // Numbers right-aligned, names and phases left.
-            const ALIGN: [&str; 12] = ["---", "---:", "---:", "---", "---", "---", "---:", "---", "---:", "---:", "---:", "---:"];
+            const ALIGN: [&str; 14] = ["---", "---:", "---:", "---", "---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"];
             let mut s = format!("| {} |\n| {} |\n", HEADER.join(" | "), ALIGN.join(" | "));
             for r in rows {
                 s += &format!("| {} |\n", cells(r, false).join(" | ").replace('\n', " "));

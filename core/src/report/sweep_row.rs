@@ -20,9 +20,14 @@ pub struct Measured {
     /// Highest over the measured steps; None when no measured step has a step before it.
     pub activation_bytes: Option<u64>,
     pub reserved_bytes: u64,
+    /// Requested live bytes averaged over time, then over the measured steps.
+    pub mean_active_bytes: u64,
+    /// The most requested live bytes each category held, over the measured steps.
+    pub category_peak_bytes: std::collections::BTreeMap<String, u64>,
     /// Mean over the measured steps.
     pub step_time_s: f64,
     pub tokens_per_s: f64,
+    pub samples_per_s: f64,
     /// Every measured step, for growth checks and fits.
     #[serde(skip)]
     pub steps: Vec<StepReport>,
@@ -55,6 +60,13 @@ impl SweepRow {
     pub fn peak_bytes(&self) -> Option<u64> {
         match &self.outcome {
             Outcome::Measured(m) => Some(m.peak_allocated_bytes),
+            _ => None,
+        }
+    }
+
+    pub fn category_peak_bytes(&self) -> Option<&std::collections::BTreeMap<String, u64>> {
+        match &self.outcome {
+            Outcome::Measured(m) => Some(&m.category_peak_bytes),
             _ => None,
         }
     }

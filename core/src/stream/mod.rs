@@ -129,6 +129,12 @@ pub struct StepReport {
     /// Peak of requested live bytes in each phase.
     #[serde(default)]
     pub phase_active_peak_bytes: BTreeMap<String, u64>,
+    /// Requested live bytes averaged over the step's time.
+    #[serde(default)]
+    pub mean_active_bytes: u64,
+    /// The most requested live bytes each category held during the step.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub category_peak_bytes: BTreeMap<String, u64>,
     /// Live requested bytes per category at the end of the step.
     pub category_bytes: BTreeMap<String, u64>,
     pub live_bytes: u64,
@@ -168,6 +174,8 @@ impl StepReport {
             peak_active_bytes: 0,
             phase_peak_bytes: BTreeMap::new(),
             phase_active_peak_bytes: BTreeMap::new(),
+            mean_active_bytes: 0,
+            category_peak_bytes: BTreeMap::new(),
             category_bytes: BTreeMap::new(),
             live_bytes: 0,
             step_time_s: 1.0,

@@ -1,0 +1,96 @@
+//! What one step of the CS336 model computes and the least it must move, by arithmetic
+//! (nothing here is measured): FLOPs per step and the arithmetic intensity (FLOPs per byte)
+//! that says whether a step is bound by compute or by memory bandwidth.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::format::bytes;
+use crate::step_config::{Mode, StepConfig};
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Compute {
+    /// One forward pass: every matmul's 2·m·n·k, the attention's two [t, t] products.
+    pub forward_flops: f64,
+    /// The configuration's mode: a forward pass, or forward plus backward (twice the
+    /// forward's matmuls: the inputs' and the weights' gradients).
+    pub step_flops: f64,
+    /// The least the step reads and writes (`render` lists what is counted).
+    pub bytes_moved: u64,
+    pub flops_per_byte: f64,
+}
+
+/// `activation_bytes`: what the forward pass saves (a training step writes it once and
+/// reads it once in backward; a forward pass makes and reads the same tensors once each).
+pub fn compute(cfg: &StepConfig, parameters: u64, activation_bytes: u64) -> Compute {
+    let d = cfg.dims;
+    let (b, t) = (cfg.batch as f64, cfg.ctx as f64);
+    let (dm, f, v, layers) = (d.d_model as f64, d.d_ff as f64, d.vocab as f64, d.layers as f64);
+    // Per token: q, k, v and the output projection (4·d²), SwiGLU's three matrices (3·d·f),
+    // the LM head (v·d); per layer and sequence, Q·Kᵀ and weights·V over all t² pairs (the
+    // naive core computes the masked half too).
+    let matmul_params = layers * (4.0 * dm * dm + 3.0 * dm * f) + v * dm;
+    let forward_flops = 2.0 * b * t * matmul_params + layers * 4.0 * b * t * t * dm;
+    let train = cfg.mode == Mode::Train;
+    let step_flops = if train { 3.0 * forward_flops } else { forward_flops };
+    // Each fp32 parameter read in forward; in training read again and its gradient written
+    // in backward, then AdamW reads parameter, gradient and both moments and writes
+    // parameter and moments (7 × 4 B).
+    let per_parameter = if train { 4 + 8 + 28 } else { 4 };
+    let bytes_moved = parameters * per_parameter + 2 * activation_bytes;
+    Compute { forward_flops, step_flops, bytes_moved, flops_per_byte: step_flops / bytes_moved.max(1) as f64 }
+}
+
+/// `1.23 TFLOP`.
+fn flop(x: f64) -> String {
+    let (div, unit) = [(1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")].into_iter().find(|(d, _)| x >= *d).unwrap_or((1.0, "FLOP"));
+    format!("{:.2} {unit}", x / div)
+}
+
+/// The report's section.
+pub fn render(c: &Compute, mode: Mode) -> String {
+    let mut s = String::from("### Compute (analytic: counted, not measured)\n\n| what | value |\n|---|---:|\n");
+    let _ = writeln!(s, "| forward pass (2 FLOPs per multiply-add: matmuls and the t² attention products) | {} |", flop(c.forward_flops));
+    if mode == Mode::Train {
+        let _ = writeln!(s, "| training step (backward is twice the forward) | {} |", flop(c.step_flops));
+    }
+    let moved = match mode {
+        Mode::Train => "weights read twice, gradients written, AdamW's 7 × 4 B per parameter, saved activations written and read",
+        Mode::Forward => "weights read once, each activation written and read once",
+    };
+    let _ = writeln!(s, "| bytes moved at least ({moved}) | {} |", bytes(c.bytes_moved));
+    let _ = writeln!(s, "| arithmetic intensity | {:.0} FLOP/byte |", c.flops_per_byte);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step_config::{Attention, Precision, Preset};
+
+    #[test]
+    fn flops_follow_the_cs336_count() {
+        // GPT-2 small's shapes at ctx 1024, batch 1: 2 · tokens · matmul parameters, plus
+        // 4 · t² · d per layer.
+        let cfg = StepConfig {
+            model_name: "small".into(),
+            dims: Preset::Small.dims(),
+            ctx: 1024,
+            batch: 1,
+            precision: Precision::Fp32,
+            mode: Mode::Forward,
+            attention: Attention::Naive,
+            optimizer: Default::default(),
+        };
+        let d = cfg.dims;
+        let c = compute(&cfg, 1, 0);
+        let matmul = (d.layers * (4 * d.d_model * d.d_model + 3 * d.d_model * d.d_ff) + d.vocab * d.d_model) as f64;
+        let want = 2.0 * 1024.0 * matmul + (d.layers * 4 * 1024 * 1024 * d.d_model) as f64;
+        assert_eq!(c.forward_flops, want);
+        let train = compute(&StepConfig { mode: Mode::Train, ..cfg.clone() }, 1000, 500);
+        assert_eq!(train.step_flops, 3.0 * want, "backward twice the forward");
+        assert_eq!(train.bytes_moved, 1000 * 40 + 1000);
+        assert_eq!(flop(2.5e12), "2.50 TFLOP");
+    }
+}
