@@ -84,7 +84,8 @@ fn child(path: &Path) {
     let keys = KeyMap::<ViewerKey>::default();
     let theme = Theme::load("dark").unwrap();
     let t0 = Instant::now();
-    let rx = spawn_loader(path.to_path_buf(), None);
+    // The built-in frame rules, as `vramscope view` runs them.
+    let rx = spawn_loader(path.to_path_buf(), None, std::sync::Arc::new(vramscope_core::report::frame_rules::FrameRules::default()));
     let mut loading = Loading::new("bench".into());
     let mut first: Option<(f64, usize)> = None;
     let mut last_draw = Instant::now();

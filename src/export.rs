@@ -197,7 +197,7 @@ where
     let mut category_legend = Vec::new();
     for &ci in used.iter().rev() {
         let name = &tl.categories[ci];
-        let colour = Category::parse(name).map_or(RGBColor(70, 130, 180), |c| rgb(theme.category(c)));
+        let colour = rgb(theme.category_named(name, ci));
         // With only unknown memory (a snapshot without categories) the area is the total.
         let label = if used.len() == 1 && name == "unknown" { "active memory".to_string() } else { name.clone() };
         let colour = if used.len() == 1 { RGBColor(70, 130, 180) } else { colour };

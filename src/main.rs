@@ -11,6 +11,7 @@ use vramscope_core::step_config::{
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::keys::KeyMap;
+use vramscope::screens::viewer::run::RulesArg;
 use vramscope::screens::live::run::{LiveOptions, Screen};
 use vramscope_core::record::player::Script;
 use vramscope_core::record::writer::Recorder;
@@ -115,6 +116,8 @@ struct DiffArgs {
     /// How many grown and shrunk allocation groups to list.
     #[arg(long, default_value_t = 10)]
     top: usize,
+    #[command(flatten)]
+    rules: RulesArg,
 }
 
 /// What one step runs: model size, shape, precision, mode, attention.
@@ -317,6 +320,8 @@ struct ExportArgs {
     /// Caption (the peak is appended).
     #[arg(long, default_value = "Active memory timeline")]
     title: String,
+    #[command(flatten)]
+    rules: RulesArg,
 }
 
 fn parse_preset(s: &str) -> Result<Preset, String> {
@@ -515,7 +520,7 @@ fn estimate_cmd(a: EstimateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
-    let (snap, device) = vramscope_core::snapshot::read_device(&a.snapshot, a.device)?;
+    let (snap, device) = vramscope_core::snapshot::read_device(&a.snapshot, a.device, &a.rules.load()?)?;
     let o = ExportOptions { width: a.width, height: a.height, device, title: a.title };
     let path = export::export(&snap, &a.output, &o)?;
     println!("wrote {}", path.display());
@@ -540,8 +545,9 @@ impl ScreenArgs {
 
 fn diff(args: DiffArgs) -> anyhow::Result<()> {
     use vramscope::screens::viewer::data::ViewerData;
-    let a = ViewerData::open(&args.a, args.device)?;
-    let b = ViewerData::open(&args.b, args.device)?;
+    let rules = args.rules.load()?;
+    let a = ViewerData::open(&args.a, args.device, &rules)?;
+    let b = ViewerData::open(&args.b, args.device, &rules)?;
     let d = vramscope_core::report::diff::diff((&a.snap, &a.tl, a.device), (&b.snap, &b.tl, b.device), args.top);
     let mut out = std::io::stdout().lock();
     if args.json {

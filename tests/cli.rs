@@ -62,7 +62,7 @@ fn bad_flags_name_the_flag_and_the_allowed_values() {
         (&["--model", "huge"], &["--model", "tiny, small, medium, large, xl, 2.7B, 10B"]),
         (&["--ctx", "0"], &["--ctx", "between 1 and"]),
         (&["--batch", "0"], &["--batch", "between 1 and"]),
-        (&["--precision", "fp16"], &["--precision", "fp32, bf16"]),
+        (&["--precision", "fp8"], &["--precision", "fp32, bf16, fp16"]),
         (&["--device", "tpu"], &["--device", "auto, cpu, cuda, cuda:N"]),
         (&["--ctx", "many"], &["--ctx", "whole number"]),
     ];

@@ -5,6 +5,7 @@ mod common;
 
 use common::viewer::screen;
 use common::vramscope;
+use vramscope_core::report::frame_rules::FrameRules;
 use vramscope::screens::viewer::keys::ViewerKey;
 use vramscope::screens::viewer::data::ViewerData;
 
@@ -181,7 +182,7 @@ fn a_bad_alloc_conf_names_the_option_and_exits_2() {
 }
 
 fn constructor(device: usize) -> ViewerData {
-    ViewerData::open(&common::fixture_path(common::CONSTRUCTOR_SUN), Some(device)).unwrap()
+    ViewerData::open(&common::fixture_path(common::CONSTRUCTOR_SUN), Some(device), &FrameRules::off()).unwrap()
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::vramscope;
+use vramscope_core::report::frame_rules::FrameRules;
 use vramscope_core::report::snapshot_summary::allocation_info;
 use vramscope_core::snapshot::model::{BlockState, HOST_TRACE};
 use vramscope_core::snapshot::timeline::Timeline;
@@ -352,7 +353,7 @@ fn peaks_everywhere(path: &Path, dir: &Path) -> [(&'static str, u64); 5] {
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let file = path.to_str().unwrap();
-    let view = vramscope::screens::viewer::data::ViewerData::open(path, None).unwrap().tl.peak_bytes;
+    let view = vramscope::screens::viewer::data::ViewerData::open(path, None, &FrameRules::off()).unwrap().tl.peak_bytes;
     let summary = json(&["view", "--summary", "--json", file])["peak_active_bytes"].as_u64().unwrap();
     let mut store = vramscope_core::store::Store::new(1 << 20);
     let mut failed = None;
@@ -451,7 +452,7 @@ print('{}')
     let keys = vramscope::keys::KeyMap::default();
     let theme = vramscope::theme::Theme::load("dark").unwrap();
     let header = |p: &Path| {
-        let data = vramscope::screens::viewer::data::ViewerData::open(p, None).unwrap();
+        let data = vramscope::screens::viewer::data::ViewerData::open(p, None, &FrameRules::off()).unwrap();
         let ui = vramscope::screens::viewer::ui::ViewerUi::new(&data);
         let buf = vramscope::draw::draw_to_buffer(160, 40, |f| vramscope::screens::viewer::render::render_viewer(f, &data, &ui, &keys, &theme));
         (0..3).map(|y| (0..160).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>()).collect::<Vec<_>>().join("\n")
@@ -479,7 +480,7 @@ fn the_inspector_shows_what_newer_pytorch_records() {
     // The largest allocations, one row down per press: 6 MiB (pool (1, 3)), 4 MiB (freed
     // before the trace), 3 MiB (compiled, with user metadata), 2 MiB (made in backward).
     let screen = |downs: usize| {
-        let mut data = ViewerData::open(&path, None).unwrap();
+        let mut data = ViewerData::open(&path, None, &FrameRules::off()).unwrap();
         let mut ui = ViewerUi::new(&data);
         for a in [NextTab].into_iter().chain(std::iter::repeat_n(SelectDown, downs)).chain([Inspect]) {
             handle(a, &mut data, &mut ui, 1);

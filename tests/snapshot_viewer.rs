@@ -12,6 +12,7 @@ mod training_snapshot;
 use std::path::Path;
 
 use common::vramscope;
+use vramscope_core::report::frame_rules::FrameRules;
 use common::viewer::{screen, screen_buffer, text};
 
 use vramscope::keys::KeyMap;
@@ -192,7 +193,7 @@ fn diff_of_a_file_with_itself_is_empty_and_across_files_reports_peaks() {
 
 
 fn magma() -> ViewerData {
-    ViewerData::open(&common::fixture_path(common::MAGMA27), None).unwrap()
+    ViewerData::open(&common::fixture_path(common::MAGMA27), None, &FrameRules::off()).unwrap()
 }
 
 #[test]
@@ -259,7 +260,7 @@ fn view_annotations_on_the_timeline() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    let mut d = ViewerData::open(&common::fixture_path(common::SNAPVIEWER), None).unwrap();
+    let mut d = ViewerData::open(&common::fixture_path(common::SNAPVIEWER), None, &FrameRules::off()).unwrap();
     let s = annotated_timeline(&mut d, &[]);
     insta::assert_snapshot!(s);
 }
@@ -309,7 +310,7 @@ fn a_read_shows_the_segments_then_growing_prefixes_of_the_trace() {
 /// one: more than `min_events` actions in `categories` categories, with blocks alive
 /// throughout.
 fn loading_timeline_grows_into_the_loaded_one(path: &Path, min_events: usize, categories: usize) {
-    let rx = spawn_loader(path.to_path_buf(), None);
+    let rx = spawn_loader(path.to_path_buf(), None, std::sync::Arc::new(FrameRules::off()));
     let mut loading = Loading::new("long.pickle".into());
     let mut midway = None;
     let mut fractions = Vec::new();
@@ -390,9 +391,9 @@ fn opens_on_its_device(rank0: &Path, rank1: &Path) {
     let snap = vramscope_core::snapshot::read_snapshot_file(rank1).unwrap();
     let n = snap.device_traces[1].len();
     let fresh = vramscope_core::snapshot::timeline::Timeline::from_snapshot(&snap, 1);
-    let data = ViewerData::open(rank1, None).unwrap();
+    let data = ViewerData::open(rank1, None, &FrameRules::off()).unwrap();
     assert_eq!((data.device, data.tl.peak_bytes), (1, fresh.peak_bytes));
-    let rx = spawn_loader(rank1.to_path_buf(), None);
+    let rx = spawn_loader(rank1.to_path_buf(), None, std::sync::Arc::new(FrameRules::off()));
     let mut loading = Loading::new("rank1.pickle".into());
     let data = loop {
         if let Some(done) = loading.apply(rx.recv().unwrap()) {
@@ -402,7 +403,7 @@ fn opens_on_its_device(rank0: &Path, rank1: &Path) {
     assert_eq!(loading.device, Some(1));
     assert_eq!((data.device, &data.tl.allocations, data.tl.peak_bytes), (1, &fresh.allocations, fresh.peak_bytes));
     // Asked for device 0, the screen says where the trace is.
-    let mut data = ViewerData::open(rank1, Some(0)).unwrap();
+    let mut data = ViewerData::open(rank1, Some(0), &FrameRules::off()).unwrap();
     let s = screen(&mut data, &[]);
     assert!(s.contains(&format!("Device 1 has {n} trace entries: d shows the next device")), "{s}");
     let s = screen(&mut data, &[ViewerKey::NextDevice]);
@@ -562,7 +563,7 @@ fn the_inspector_shows_python_frames_first_and_scrolls() {
     if common::skip_without_real_snapshots() {
         return;
     }
-    let mut d = ViewerData::open(&common::fixture_path(common::KKAITLYN), None).unwrap();
+    let mut d = ViewerData::open(&common::fixture_path(common::KKAITLYN), None, &FrameRules::off()).unwrap();
     let (keys, side, header) = inspect_a_band_with_python_frames(&mut d);
     insta::assert_snapshot!(side[header - 7..].join("\n"));
     assert_eq!(unfolded_frames_scroll(&mut d, &keys), 182);
@@ -663,7 +664,7 @@ mod training {
     /// The run, opened as `vramscope view train.pickle` opens it.
     fn training() -> ViewerData {
         let dir = tempfile::tempdir().unwrap();
-        ViewerData::open(&written(TrainingRun::default(), dir.path(), "train.pickle"), None).unwrap()
+        ViewerData::open(&written(TrainingRun::default(), dir.path(), "train.pickle"), None, &FrameRules::off()).unwrap()
     }
 
     /// The run as a file whose writer recorded no categories.

@@ -289,6 +289,17 @@ impl Theme {
         self.categories[c as usize]
     }
 
+    /// A category's colour by name: torch.profiler's by their own; others (the frame rules'
+    /// attention, mlp...) in turn by their place among the names, never the grey of
+    /// unknown, which `unmatched` shares.
+    pub fn category_named(&self, name: &str, index: usize) -> Color {
+        match Category::parse(name) {
+            Some(c) => self.category(c),
+            None if name == vramscope_core::report::frame_rules::UNMATCHED => self.category(Category::Unknown),
+            None => self.categories[index % (self.categories.len() - 1)],
+        }
+    }
+
     pub fn phase(&self, p: Phase) -> Option<Color> {
         self.phases[p as usize]
     }

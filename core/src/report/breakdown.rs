@@ -25,9 +25,10 @@ pub struct Breakdown {
     pub groups: Vec<GroupBytes>,
 }
 
-/// Whether the trace names categories (group by them then, else by top frame).
+/// Whether the trace names categories (group by them then, else by top frame): ones it
+/// records, or ones the frame rules matched on this device.
 pub fn has_categories(tl: &Timeline) -> bool {
-    tl.categories.iter().any(|c| c != "unknown")
+    tl.categories.iter().any(|c| c != "unknown" && c != super::frame_rules::UNMATCHED)
 }
 
 pub fn breakdown_at_peak(snap: &Snapshot, tl: &Timeline, by_category: bool) -> Breakdown {

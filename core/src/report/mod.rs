@@ -7,6 +7,7 @@ pub mod compute;
 pub mod diff;
 pub mod estimate;
 pub mod fit;
+pub mod frame_rules;
 pub mod frames;
 pub mod growth;
 pub mod headless;

@@ -8,7 +8,7 @@ use super::frames::shown_frames;
 use super::oom::{oom_reports, OomReport};
 use crate::allocator::config::{round_size, AllocatorConfig};
 use crate::allocator::replay::{reserved_before_trace, reserved_change};
-use crate::snapshot::model::{Action, AnnotationStage, BlockState, Segment, Skipped, Snapshot, TraceEntry, TraceForm};
+use crate::snapshot::model::{Action, AnnotationStage, BlockState, RuleCoverage, Segment, Skipped, Snapshot, TraceEntry, TraceForm};
 use crate::snapshot::timeline::Timeline;
 
 // Part of what the summary shows, so the viewer finds them here.
@@ -399,6 +399,9 @@ pub struct SnapshotSummary {
     /// A torch.profiler trace with steps: the growth check across them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub growth: Option<GrowthSummary>,
+    /// Categories named from the frames (the file records none): how much the rules matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame_rules: Option<RuleCoverage>,
 }
 
 /// `--check-growth`'s verdict on a trace's profiled steps.
@@ -496,6 +499,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
             picked: p.picked.clone(),
         }),
         operators: super::operators::operator_table(snap, tl, device),
+        frame_rules: snap.frame_rules.clone(),
         growth: super::growth::check_profiled_steps(snap, device).map(|g| GrowthSummary {
             healthy: g.healthy() && g.steps_checked >= super::growth::MIN_STEPS,
             steps_checked: g.steps_checked,
@@ -551,6 +555,10 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
             (Some(x), Some(y)) => format!("{x}–{y}"),
         };
         writeln!(out, "  {:>10}  {:<16} {}", bytes(a.size), life, a.top_frame.as_deref().unwrap_or("(no frames)"))?;
+    }
+    if let Some(c) = &s.frame_rules {
+        let share = c.matched_bytes as f64 * 100.0 / (c.matched_bytes + c.unmatched_bytes).max(1) as f64;
+        writeln!(out, "categories       from stack frames: rules matched {share:.0}% of allocated bytes (the rest: unmatched; unknown: alive before the trace)")?;
     }
     writeln!(out, "at the peak, by {}:", s.breakdown.by.replace('_', " "))?;
     for g in s.breakdown.groups.iter().take(10) {

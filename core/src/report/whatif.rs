@@ -307,7 +307,8 @@ pub fn setting_label(r: &WhatifRow) -> String {
 
 /// `vramscope whatif`.
 pub fn run(args: WhatifArgs) -> anyhow::Result<()> {
-    let (snap, device) = crate::snapshot::read_device(&args.file, args.device)?;
+    // Allocator settings replayed: categories play no part.
+    let (snap, device) = crate::snapshot::read_device(&args.file, args.device, &crate::report::frame_rules::FrameRules::off())?;
     anyhow::ensure!(
         snap.device_traces.get(device).is_some_and(|t| !t.is_empty()),
         "{}: device {device} has no trace entries to replay",

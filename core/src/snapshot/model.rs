@@ -297,6 +297,16 @@ pub struct Snapshot {
     pub skipped: Skipped,
     /// Set when the file was a torch.profiler trace (`crate::profiler`).
     pub profiled: Option<ProfiledWindow>,
+    /// Set when the categories were named from the frames (`report::frame_rules`).
+    #[serde(default)]
+    pub frame_rules: Option<RuleCoverage>,
+}
+
+/// The bytes of allocations the frame rules named a category for, and of the rest.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RuleCoverage {
+    pub matched_bytes: u64,
+    pub unmatched_bytes: u64,
 }
 
 /// A torch.profiler trace read as a snapshot: it covers only the profiled window, and has

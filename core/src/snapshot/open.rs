@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::model::Snapshot;
 use super::reader::{read_snapshot_file, ReadError};
+use crate::report::frame_rules::{categorize, FrameRules};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -25,10 +26,12 @@ pub fn pick_device(name: &str, snap: &Snapshot, asked: Option<usize>) -> Result<
     Ok(device)
 }
 
-/// Reads the snapshot at `path` and picks its device as `pick_device` does.
-pub fn read_device(path: &Path, asked: Option<usize>) -> Result<(Snapshot, usize), OpenError> {
+/// Reads the snapshot at `path`, names categories from its frames by `rules` (where it
+/// records none), and picks its device as `pick_device` does.
+pub fn read_device(path: &Path, asked: Option<usize>, rules: &FrameRules) -> Result<(Snapshot, usize), OpenError> {
     let shown = crate::input::shown(path);
-    let snap = read_snapshot_file(path).map_err(|err| OpenError::Read { shown: shown.clone(), err })?;
+    let mut snap = read_snapshot_file(path).map_err(|err| OpenError::Read { shown: shown.clone(), err })?;
+    categorize(&mut snap, rules);
     let device = pick_device(&shown, &snap, asked)?;
     Ok((snap, device))
 }
@@ -48,7 +51,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_file_is_named_once() {
-        let err = read_device(Path::new("/nonexistent/x.pickle"), None).unwrap_err().to_string();
+        let err = read_device(Path::new("/nonexistent/x.pickle"), None, &FrameRules::default()).unwrap_err().to_string();
         assert!(err.starts_with("/nonexistent/x.pickle: cannot read"), "{err}");
     }
 }

@@ -11,6 +11,7 @@ use vramscope_core::report::breakdown::{breakdown_at_peak, has_categories, Break
 use vramscope_core::report::snapshot_summary::{
     annotation_marks, largest_ids, reserved_figures, segment_stats, AnnotationMark, SegmentStats, SegmentTotals,
 };
+use vramscope_core::report::frame_rules::FrameRules;
 use vramscope_core::snapshot::model::Snapshot;
 use vramscope_core::snapshot::timeline::{DetailView, StackColumn, Timeline};
 
@@ -137,7 +138,11 @@ impl ViewerData {
         let reserved = reserved_figures(&snap, &tl, device);
         // A torch.profiler trace has no segments to conflict with.
         let conflict = reserved.conflict.filter(|_| snap.profiled.is_none()).map(|c| format!("warning: {}", c.describe()));
-        let notes = conflict.into_iter().chain(snap.skipped.describe().map(|s| format!("not read: {s}"))).collect();
+        let rules = snap.frame_rules.as_ref().map(|c| {
+            let all = (c.matched_bytes + c.unmatched_bytes).max(1);
+            format!("categories from stack frames: rules matched {:.0}% of allocated bytes, the rest is unmatched (--categories adds rules)", c.matched_bytes as f64 * 100.0 / all as f64)
+        });
+        let notes = conflict.into_iter().chain(snap.skipped.describe().map(|s| format!("not read: {s}"))).chain(rules).collect();
         // These few passes over segments, annotations and oom entries take well under a
         // frame; the timeline draws the marks from its first frame.
         let segments = segment_stats(snap.device_segments(device));
@@ -171,8 +176,8 @@ impl ViewerData {
     }
 
     /// Reads `path` and shows `device`, or by default the first with trace entries.
-    pub fn open(path: &Path, device: Option<usize>) -> anyhow::Result<ViewerData> {
-        let (snap, device) = vramscope_core::snapshot::read_device(path, device)?;
+    pub fn open(path: &Path, device: Option<usize>, rules: &FrameRules) -> anyhow::Result<ViewerData> {
+        let (snap, device) = vramscope_core::snapshot::read_device(path, device, rules)?;
         Ok(ViewerData::new(vramscope_core::input::title(path), snap, device))
     }
 

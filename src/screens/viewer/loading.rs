@@ -5,10 +5,12 @@
 //! same timeline is completed rather than built again.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::data::{default_detail_step, drawn_count, ViewerData};
+use vramscope_core::report::frame_rules::{categorize, FrameRules};
 use vramscope_core::report::snapshot_summary::{segment_stats, SegmentTotals};
 use vramscope_core::snapshot::model::{Action, Snapshot, TraceEntry};
 use vramscope_core::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};
@@ -32,8 +34,9 @@ pub enum LoadUpdate {
 const CHANNEL: usize = 32;
 
 /// Starts reading `path` on its own thread, to show `device` or by default the first with
-/// alloc or free actions (as `Snapshot::default_device` picks it once the file is read).
-pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate> {
+/// alloc or free actions (as `Snapshot::default_device` picks it once the file is read);
+/// once read, `rules` name its categories from its frames where it records none.
+pub fn spawn_loader(path: PathBuf, device: Option<usize>, rules: Arc<FrameRules>) -> Receiver<LoadUpdate> {
     let (tx, rx) = sync_channel(CHANNEL);
     std::thread::Builder::new()
         .name("snapshot-reader".into())
@@ -66,6 +69,10 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>) -> Receiver<LoadUpdate
             };
             let shown = vramscope_core::input::shown(&path);
             let done = read_snapshot_file_observed(&path, &mut observe)
+                .map(|mut snap| {
+                    categorize(&mut snap, &rules);
+                    snap
+                })
                 .map_err(|err| OpenError::Read { shown: shown.clone(), err })
                 .and_then(|snap| pick_device(&shown, &snap, device).map(|d| (snap, d)))
                 .map_err(anyhow::Error::new);
@@ -152,13 +159,14 @@ impl Loading {
     }
 
     /// The viewer of the loaded snapshot on `device`: its timeline completed from the one
-    /// fed so far when that holds the device's whole trace, else built afresh.
+    /// fed so far when that holds the device's whole trace, else (or when frame rules named
+    /// categories after the read) built afresh.
     fn finish(&mut self, snap: Snapshot, device: usize) -> ViewerData {
         let builder = self.builder.take();
         self.detail = DetailView::default();
         let trace = snap.trace(device);
         match builder {
-            Some(mut b) if self.device == Some(device) && self.entries == trace.len() => {
+            Some(mut b) if self.device == Some(device) && self.entries == trace.len() && snap.frame_rules.is_none() => {
                 b.stacks_from_entries(trace);
                 let tl = b.finish_snapshot(&snap, device, std::mem::take(&mut self.categories));
                 ViewerData::with_timeline(self.name.clone(), snap, device, tl)

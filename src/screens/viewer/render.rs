@@ -14,7 +14,6 @@ use super::keys::ViewerKey;
 use super::loading::Loading;
 use super::ui::{Panel, Tab, ViewerUi};
 use crate::keys::KeyMap;
-use vramscope_core::event::Category;
 use crate::draw::text::{bar, fit};
 use vramscope_core::format::{bytes, duration};
 use vramscope_core::report::breakdown::has_categories;
@@ -235,10 +234,9 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     }
 }
 
-/// The colour of each of the timeline's category names (names torch.profiler does not
-/// use take the unknown category's).
+/// The colour of each of the timeline's category names.
 fn category_colours(tl: &Timeline, theme: &Theme) -> Vec<Color> {
-    tl.categories.iter().map(|n| theme.category(Category::parse(n).unwrap_or(Category::Unknown))).collect()
+    tl.categories.iter().enumerate().map(|(i, n)| theme.category_named(n, i)).collect()
 }
 
 /// "█ name" for each category on the timeline, right-aligned on row `y` after the

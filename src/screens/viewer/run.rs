@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossterm::event::{self, Event, KeyCode, KeyEventKind};
@@ -15,6 +16,7 @@ use super::loading::{spawn_loader, LoadUpdate, Loading};
 use super::render::{inspector_overflow, plot_columns, render_loading, render_viewer};
 use super::ui::{handle, landed, type_search, ViewerUi};
 use vramscope_core::profiler::Picked;
+use vramscope_core::report::frame_rules::FrameRules;
 use crate::keys::KeyMap;
 use crate::terminal::TerminalSession;
 use crate::theme::Theme;
@@ -42,6 +44,8 @@ pub struct ViewArgs {
     /// A TOML file whose [keys] table overrides the viewer's key bindings.
     #[arg(long)]
     pub keys: Option<PathBuf>,
+    #[command(flatten)]
+    pub rules: RulesArg,
     /// In a directory of torch.profiler traces: the worker (its stated rank, else its
     /// place by name), from 0.
     #[arg(long)]
@@ -55,6 +59,22 @@ pub struct ViewArgs {
     pub loading_screen_after: u64,
 }
 
+
+/// `--categories`, on every command that shows a snapshot's categories.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RulesArg {
+    /// A TOML file of rules that name categories from stack frames, before the built-in
+    /// ones (attention, mlp, optimizer_state, communication...); `off` for none (a
+    /// snapshot without recorded categories is then broken down by top frame).
+    #[arg(long, value_name = "FILE")]
+    pub categories: Option<PathBuf>,
+}
+
+impl RulesArg {
+    pub fn load(&self) -> anyhow::Result<FrameRules> {
+        Ok(FrameRules::load(self.categories.as_deref())?)
+    }
+}
 
 /// The file to open: `args.file`, or the trace `--rank` and `--window` pick in a directory
 /// of torch.profiler traces (with what was picked).
@@ -80,7 +100,8 @@ fn screen_name(args: &ViewArgs, picked: Option<&Picked>) -> String {
 fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
     let (path, picked) = chosen_file(args)?;
     let path = &path;
-    let (mut snap, device) = vramscope_core::snapshot::read_device(path, args.device)?;
+    let rules = args.rules.load()?;
+    let (mut snap, device) = vramscope_core::snapshot::read_device(path, args.device, &rules)?;
     if let (Some(p), Some(d)) = (snap.profiled.as_mut(), picked) {
         p.picked = Some(d.description);
     }
@@ -111,7 +132,8 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     }
     // The picked file itself: the directory is listed once.
     let file = picked.as_ref().map_or(file, |p| p.file.clone());
-    let rx = spawn_loader(file.clone(), args.device);
+    let rules = Arc::new(args.rules.load()?);
+    let rx = spawn_loader(file.clone(), args.device, rules.clone());
     let mut loading = Loading::new(screen_name(&args, picked.as_ref()));
     // A file read within a moment opens straight into the viewer (or fails before the
     // screen is entered); a larger one gets the loading screen meanwhile.
@@ -138,7 +160,7 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
             Step::NextWindow => (at.worker, at.window + 1),
         };
         let next = vramscope_core::profiler::pick_at(&args.file, worker, window).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
-        let rx = spawn_loader(next.file.clone(), args.device);
+        let rx = spawn_loader(next.file.clone(), args.device, rules.clone());
         let mut loading = Loading::new(screen_name(&args, Some(&next)));
         picked = Some(next);
         data = match loading_loop(&mut session, &mut loading, &rx, &keys, &themes, &mut theme)? {
