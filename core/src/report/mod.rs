@@ -13,6 +13,7 @@ pub mod growth;
 pub mod headless;
 pub mod oom;
 pub mod operators;
+pub mod snapshot_set;
 pub mod snapshot_summary;
 pub mod sweep;
 pub mod sweep_row;

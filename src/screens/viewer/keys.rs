@@ -21,7 +21,7 @@ crate::actions! {
     Sort, "sort", "s", "largest list: next sort order";
     Search, "search", "/", "largest list: search frames or address";
     NextDevice, "next_device", "d", "next device";
-    NextRank, "next_rank", "R", "traces: next rank";
+    NextRank, "next_rank", "R", "next rank or file";
     NextWindow, "next_window", "W", "traces: next window";
     OomReport, "oom_report", "o", "out of memory: what was asked, free and alive then";
     WhatIf, "what_if", "w", "what if: the trace under other allocator settings";

@@ -1,7 +1,7 @@
 //! `vramscope view FILE`: the command, the loading screen's loop and the viewer's loop that
 //! own the terminal, and `--summary`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use super::render::{inspector_overflow, plot_columns, render_loading, render_vie
 use super::ui::{handle, landed, type_search, ViewerUi};
 use vramscope_core::profiler::Picked;
 use vramscope_core::report::frame_rules::FrameRules;
+use vramscope_core::report::snapshot_set::{self, SetRow};
 use crate::keys::KeyMap;
 use crate::terminal::TerminalSession;
 use crate::theme::Theme;
@@ -24,8 +25,10 @@ use crate::theme::Theme;
 pub struct ViewArgs {
     /// A snapshot pickle (vramscope's or torch.cuda.memory._dump_snapshot's), a
     /// torch.profiler trace (a .json or .json.gz file, or tensorboard_trace_handler's
-    /// directory), or export_memory_timeline's JSON.
-    pub file: PathBuf,
+    /// directory), or export_memory_timeline's JSON. Several snapshots, or a directory of
+    /// them (rank0…N_memory_snapshot.pickle): --summary tables them, R steps through them.
+    #[arg(required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
     /// Print a report instead of opening the viewer.
     #[arg(long)]
     pub summary: bool,
@@ -76,14 +79,21 @@ impl RulesArg {
     }
 }
 
-/// The file to open: `args.file`, or the trace `--rank` and `--window` pick in a directory
+impl ViewArgs {
+    /// The one path given (a set of snapshots is `snapshot_files`'s).
+    fn file(&self) -> &Path {
+        &self.files[0]
+    }
+}
+
+/// The file to open: `args.file()`, or the trace `--rank` and `--window` pick in a directory
 /// of torch.profiler traces (with what was picked).
 fn chosen_file(args: &ViewArgs) -> anyhow::Result<(PathBuf, Option<Picked>)> {
     if args.rank.is_none() && args.window.is_none() {
-        return Ok((args.file.clone(), None));
+        return Ok((args.file().to_path_buf(), None));
     }
-    anyhow::ensure!(args.file.is_dir(), "--rank and --window pick a trace in a directory tensorboard_trace_handler wrote; {} is not one", args.file.display());
-    let picked = vramscope_core::profiler::pick(&args.file, args.rank, args.window).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+    anyhow::ensure!(args.file().is_dir(), "--rank and --window pick a trace in a directory tensorboard_trace_handler wrote; {} is not one", args.file().display());
+    let picked = vramscope_core::profiler::pick(args.file(), args.rank, args.window).map_err(|e| anyhow::anyhow!("{}: {e}", args.file().display()))?;
     Ok((picked.file.clone(), Some(picked)))
 }
 
@@ -91,13 +101,42 @@ fn chosen_file(args: &ViewArgs) -> anyhow::Result<(PathBuf, Option<Picked>)> {
 /// and which worker's which window.
 fn screen_name(args: &ViewArgs, picked: Option<&Picked>) -> String {
     match picked {
-        Some(p) => format!("{} · {}", vramscope_core::input::title(&args.file), p.place),
-        None => vramscope_core::input::title(&args.file),
+        Some(p) => format!("{} · {}", vramscope_core::input::title(args.file()), p.place),
+        None => vramscope_core::input::title(args.file()),
     }
 }
 
-/// `view --summary`: the report of `args.file`'s device on stdout.
+/// `view --summary` over a set of snapshots: a row each (read one at a time), then the skew.
+fn print_set_summary(args: &ViewArgs, files: &[PathBuf]) -> anyhow::Result<()> {
+    let rules = args.rules.load()?;
+    let mut rows = Vec::new();
+    for path in files {
+        let (snap, device) = vramscope_core::snapshot::read_device(path, args.device, &rules)?;
+        let tl = Timeline::from_snapshot(&snap, device);
+        let s = vramscope_core::report::snapshot_summary::summarize(&snap, &tl, device, 0);
+        rows.push(SetRow {
+            file: vramscope_core::input::title(path),
+            device_name: s.device_name,
+            peak_active_bytes: s.peak_active_bytes,
+            peak_reserved_bytes: s.peak_reserved_bytes,
+            allocated_bytes: s.allocated_bytes,
+        });
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &serde_json::json!({ "files": rows, "skew": snapshot_set::skew(&rows) }))?;
+        std::io::Write::write_all(&mut out, b"\n")?;
+    } else {
+        snapshot_set::write_text(&mut out, &rows)?;
+    }
+    Ok(())
+}
+
+/// `view --summary`: the report of `args.file()`'s device on stdout.
 fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
+    if let Some(files) = snapshot_set::snapshot_files(&args.files)? {
+        return print_set_summary(args, &files);
+    }
     let (path, picked) = chosen_file(args)?;
     let path = &path;
     let rules = args.rules.load()?;
@@ -125,16 +164,26 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     }
     let keys = KeyMap::<ViewerKey>::load(args.keys.as_deref())?;
     let themes = Theme::cycle(&args.theme)?;
-    let (file, mut picked) = chosen_file(&args)?;
+    // Several snapshots: R steps through them.
+    let set = snapshot_set::snapshot_files(&args.files)?;
+    let (file, mut picked) = match &set {
+        Some(files) => (files[0].clone(), None),
+        None => chosen_file(&args)?,
+    };
     // In a directory of traces, where the screen is (the keys step through it).
-    if picked.is_none() && args.file.is_dir() {
-        picked = vramscope_core::profiler::pick(&args.file, None, None).ok();
+    if set.is_none() && picked.is_none() && args.file().is_dir() {
+        picked = vramscope_core::profiler::pick(args.file(), None, None).ok();
     }
     // The picked file itself: the directory is listed once.
     let file = picked.as_ref().map_or(file, |p| p.file.clone());
     let rules = Arc::new(args.rules.load()?);
     let rx = spawn_loader(file.clone(), args.device, rules.clone());
-    let mut loading = Loading::new(screen_name(&args, picked.as_ref()));
+    let mut at = 0;
+    let name = match &set {
+        Some(files) => set_name(files, at),
+        None => screen_name(&args, picked.as_ref()),
+    };
+    let mut loading = Loading::new(name);
     // A file read within a moment opens straight into the viewer (or fails before the
     // screen is entered); a larger one gets the loading screen meanwhile.
     let early = loading.receive(&rx, Duration::from_millis(args.loading_screen_after));
@@ -150,19 +199,29 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
             None => return Ok(()),
         },
     };
+    let steps = StepKeys { rank: picked.is_some() || set.is_some(), window: picked.is_some() };
     loop {
         let mut ui = ViewerUi { theme, ..ViewerUi::new(&data) };
-        let step = screen_loop(&mut session, &mut data, &mut ui, &keys, &themes, picked.is_some())?;
+        let step = screen_loop(&mut session, &mut data, &mut ui, &keys, &themes, steps)?;
         theme = ui.theme;
-        let (Some(at), Some(step)) = (&picked, step) else { return Ok(()) };
-        let (worker, window) = match step {
-            Step::NextWorker => (at.worker + 1, 0),
-            Step::NextWindow => (at.worker, at.window + 1),
+        let Some(step) = step else { return Ok(()) };
+        let (rx, mut loading) = match (&set, &picked) {
+            (Some(files), _) => {
+                at = (at + 1) % files.len();
+                (spawn_loader(files[at].clone(), args.device, rules.clone()), Loading::new(set_name(files, at)))
+            }
+            (None, Some(now)) => {
+                let (worker, window) = match step {
+                    Step::NextWorker => (now.worker + 1, 0),
+                    Step::NextWindow => (now.worker, now.window + 1),
+                };
+                let next = vramscope_core::profiler::pick_at(args.file(), worker, window).map_err(|e| anyhow::anyhow!("{}: {e}", args.file().display()))?;
+                let loaded = (spawn_loader(next.file.clone(), args.device, rules.clone()), Loading::new(screen_name(&args, Some(&next))));
+                picked = Some(next);
+                loaded
+            }
+            (None, None) => return Ok(()),
         };
-        let next = vramscope_core::profiler::pick_at(&args.file, worker, window).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
-        let rx = spawn_loader(next.file.clone(), args.device, rules.clone());
-        let mut loading = Loading::new(screen_name(&args, Some(&next)));
-        picked = Some(next);
         data = match loading_loop(&mut session, &mut loading, &rx, &keys, &themes, &mut theme)? {
             Some(data) => data,
             None => return Ok(()),
@@ -170,11 +229,24 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Where the viewer goes from a directory's trace.
+/// Where the viewer goes from a directory's trace, or a set's snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
     NextWorker,
     NextWindow,
+}
+
+/// Which of R (the next rank's trace, or the set's next file) and W (the worker's next
+/// window) step anywhere.
+#[derive(Clone, Copy, Debug)]
+struct StepKeys {
+    rank: bool,
+    window: bool,
+}
+
+/// How the screen names a set's file: "rank2_memory_snapshot.pickle (3 of 8)".
+fn set_name(files: &[PathBuf], at: usize) -> String {
+    format!("{} ({} of {})", vramscope_core::input::title(&files[at]), at + 1, files.len())
 }
 
 /// How often the loading screen redraws.
@@ -218,15 +290,15 @@ fn loading_loop(
     Ok(None)
 }
 
-/// The viewer until the user quits (None), or, in a directory of traces (`in_directory`),
-/// asks for another worker or window.
+/// The viewer until the user quits (None), or asks for another worker, window or file
+/// (`steps` says which keys may).
 fn screen_loop(
     session: &mut TerminalSession,
     data: &mut ViewerData,
     ui: &mut ViewerUi,
     keys: &KeyMap<ViewerKey>,
     themes: &[Theme],
-    in_directory: bool,
+    steps: StepKeys,
 ) -> anyhow::Result<Option<Step>> {
     let mut dirty = true;
     while !session.stop_requested() {
@@ -249,8 +321,8 @@ fn screen_loop(
                 } else if let Some(a) = keys.action(&k) {
                     match a {
                         ViewerKey::Quit => return Ok(None),
-                        ViewerKey::NextRank if in_directory => return Ok(Some(Step::NextWorker)),
-                        ViewerKey::NextWindow if in_directory => return Ok(Some(Step::NextWindow)),
+                        ViewerKey::NextRank if steps.rank => return Ok(Some(Step::NextWorker)),
+                        ViewerKey::NextWindow if steps.window => return Ok(Some(Step::NextWindow)),
                         _ => handle(a, data, ui, themes.len()),
                     }
                 } else if ui.help {
