@@ -16,6 +16,7 @@ use thiserror::Error;
 use vramscope_core::event::{Category, Phase};
 use vramscope_core::format::bytes;
 use crate::theme::Theme;
+use vramscope_core::report::findings::SizeHistogram;
 use vramscope_core::snapshot::model::Snapshot;
 use vramscope_core::snapshot::timeline::Timeline;
 use vramscope_core::snapshot::writer::{save_atomic, WriteError};
@@ -218,35 +219,89 @@ where
     root.present().map_err(err)
 }
 
-pub fn render_svg(snap: &Snapshot, o: &ExportOptions) -> Result<String, ExportError> {
-    ensure_font()?;
-    let mut s = String::new();
-    draw(SVGBackend::with_string(&mut s, (o.width, o.height)).into_drawing_area(), snap, o)?;
-    Ok(s)
+/// Something drawn into an image of either format.
+trait Drawing {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), ExportError>
+    where
+        DB::ErrorType: 'static;
 }
 
-/// The PNG file's bytes.
-pub fn render_png(snap: &Snapshot, o: &ExportOptions) -> Result<Vec<u8>, ExportError> {
+/// The timeline of a snapshot's device.
+struct TimelineDrawing<'a>(&'a Snapshot, &'a ExportOptions);
+
+impl Drawing for TimelineDrawing<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), ExportError>
+    where
+        DB::ErrorType: 'static,
+    {
+        draw(root, self.0, self.1)
+    }
+}
+
+fn render(d: &impl Drawing, format: ImageFormat, (width, height): (u32, u32)) -> Result<Vec<u8>, ExportError> {
     ensure_font()?;
-    let mut rgb = vec![0u8; o.width as usize * o.height as usize * 3];
-    draw(BitMapBackend::with_buffer(&mut rgb, (o.width, o.height)).into_drawing_area(), snap, o)?;
+    if format == ImageFormat::Svg {
+        let mut s = String::new();
+        d.draw(SVGBackend::with_string(&mut s, (width, height)).into_drawing_area())?;
+        return Ok(s.into_bytes());
+    }
+    let mut rgb = vec![0u8; width as usize * height as usize * 3];
+    d.draw(BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area())?;
     let mut png = Vec::new();
-    image::ImageEncoder::write_image(
-        image::codecs::png::PngEncoder::new(&mut png),
-        &rgb,
-        o.width,
-        o.height,
-        image::ColorType::Rgb8,
-    )
-    .map_err(|e| ExportError::Draw(e.to_string()))?;
+    image::ImageEncoder::write_image(image::codecs::png::PngEncoder::new(&mut png), &rgb, width, height, image::ColorType::Rgb8)
+        .map_err(|e| ExportError::Draw(e.to_string()))?;
     Ok(png)
+}
+
+pub fn render_svg(snap: &Snapshot, o: &ExportOptions) -> Result<String, ExportError> {
+    let svg = render(&TimelineDrawing(snap, o), ImageFormat::Svg, (o.width, o.height))?;
+    Ok(String::from_utf8(svg).expect("plotters writes SVG as text"))
+}
+
+fn save(path: &Path, data: &[u8]) -> Result<PathBuf, ExportError> {
+    Ok(save_atomic(path, |w: &mut io::BufWriter<std::fs::File>| w.write_all(data))?)
 }
 
 /// Renders to `path` (format from its extension), atomically and never over an existing file.
 pub fn export(snap: &Snapshot, path: &Path, o: &ExportOptions) -> Result<PathBuf, ExportError> {
-    let data = match ImageFormat::of(path)? {
-        ImageFormat::Svg => render_svg(snap, o)?.into_bytes(),
-        ImageFormat::Png => render_png(snap, o)?,
-    };
-    Ok(save_atomic(path, |w: &mut io::BufWriter<std::fs::File>| w.write_all(&data))?)
+    save(path, &render(&TimelineDrawing(snap, o), ImageFormat::of(path)?, (o.width, o.height))?)
+}
+
+/// Bar charts of size histograms side by side, each with its title.
+struct Histograms<'a>(&'a [(&'a str, &'a SizeHistogram)]);
+
+impl Drawing for Histograms<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), ExportError>
+    where
+        DB::ErrorType: 'static,
+    {
+        let err = |e: DrawingAreaErrorKind<DB::ErrorType>| ExportError::Draw(e.to_string());
+        root.fill(&WHITE).map_err(err)?;
+        for (area, (title, h)) in root.split_evenly((1, self.0.len().max(1))).iter().zip(self.0) {
+            let n = h.buckets.len().max(1) as f64;
+            let y_max = h.buckets.iter().map(|b| b.1).max().unwrap_or(1) as f64 * 1.1;
+            let labels: Vec<String> = h.buckets.iter().map(|b| format!("≤{}", bytes(b.0))).collect();
+            let mut chart = ChartBuilder::on(area).caption(*title, (FONT, 18)).margin(12).x_label_area_size(56).y_label_area_size(56).build_cartesian_2d(0f64..n, 0f64..y_max).map_err(err)?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(h.buckets.len().clamp(1, 12))
+                .x_label_formatter(&|x| labels.get(x.floor() as usize).cloned().unwrap_or_default())
+                .y_desc("count")
+                .y_label_formatter(&|v| format!("{v:.0}"))
+                .label_style((FONT, 12))
+                .axis_desc_style((FONT, 14))
+                .draw()
+                .map_err(err)?;
+            chart
+                .draw_series(h.buckets.iter().enumerate().map(|(i, b)| Rectangle::new([(i as f64 + 0.1, 0.0), (i as f64 + 0.9, b.1 as f64)], RGBColor(70, 130, 180).filled())))
+                .map_err(err)?;
+        }
+        root.present().map_err(err)
+    }
+}
+
+/// The histograms as an image at `path` (format from its extension), never over a file.
+pub fn export_histograms(hists: &[(&str, &SizeHistogram)], path: &Path, size: (u32, u32)) -> Result<PathBuf, ExportError> {
+    save(path, &render(&Histograms(hists), ImageFormat::of(path)?, size)?)
 }

@@ -18,3 +18,4 @@ pub mod py;
 pub mod screens;
 pub mod terminal;
 pub mod theme;
+pub mod writeup;

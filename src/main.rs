@@ -58,6 +58,9 @@ enum Command {
     Estimate(EstimateArgs),
     /// Draw a snapshot's active-memory timeline as an SVG or PNG.
     Export(ExportArgs),
+    /// Write a write-up of snapshots into a folder: timelines, size histograms, a text
+    /// report with efficiency and findings, a Markdown page each, an index for several.
+    Report(ReportArgs),
     /// Replay a snapshot's trace under other allocator settings: peaks, fragmentation,
     /// and whether the request that ran out of memory would have fit.
     Whatif(vramscope_core::report::whatif::WhatifArgs),
@@ -304,6 +307,24 @@ struct EstimateArgs {
 }
 
 #[derive(Args)]
+struct ReportArgs {
+    /// Snapshots, or a directory of them (rank0…N_memory_snapshot.pickle).
+    #[arg(required = true, num_args = 1..)]
+    snapshots: Vec<PathBuf>,
+    /// The folder to write into (made when missing; nothing in it is overwritten).
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Which device of each snapshot (default: the first one with trace entries).
+    #[arg(long)]
+    device: Option<usize>,
+    /// How many consumers at the peak to list.
+    #[arg(long, default_value_t = 30)]
+    top: usize,
+    #[command(flatten)]
+    rules: RulesArg,
+}
+
+#[derive(Args)]
 struct ExportArgs {
     /// A PyTorch memory snapshot (.pickle).
     snapshot: PathBuf,
@@ -527,6 +548,14 @@ fn export_cmd(a: ExportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn report_cmd(a: ReportArgs) -> anyhow::Result<ExitCode> {
+    let files = vramscope_core::report::snapshot_set::snapshot_files(&a.snapshots)?.unwrap_or_else(|| a.snapshots.clone());
+    let rules = a.rules.load()?;
+    let first = vramscope::writeup::write_report(&files, &a.output, &vramscope::writeup::Options { device: a.device, rules: &rules, top: a.top })?;
+    println!("wrote {} (open {})", a.output.display(), first.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 fn replay(args: ReplayCommand) -> anyhow::Result<()> {
     let r = args.replay;
     let mut script = Script::open_at(&r.file, r.device)?;
@@ -578,6 +607,7 @@ fn main() -> ExitCode {
         Some(Command::Sweep(a)) => sweep_cmd(a),
         Some(Command::Estimate(a)) => estimate_cmd(a),
         Some(Command::Export(a)) => export_cmd(a),
+        Some(Command::Report(a)) => report_cmd(a),
         Some(Command::Whatif(a)) => vramscope_core::report::whatif::run(a).map(|()| ExitCode::SUCCESS),
         Some(Command::Selftest(a)) => vramscope_core::selftest::run::run(a),
         None => run(cli.run),

@@ -59,3 +59,46 @@ fn the_screen_steps_through_the_files_with_r() {
     assert_eq!(wait_file(&exit.path().join("exit"), 20).trim(), "0", "exit code");
     s.assert_terminal_restored();
 }
+
+/// `vramscope report DIR -o OUT`: a page, a text report, timelines and size histograms per
+/// snapshot (PNG and SVG), and an index with the skew; a second run beside the first
+/// overwrites nothing.
+#[test]
+fn a_report_folder_holds_the_write_up_and_is_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    ranks(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let report = |what: &std::path::Path| common::vramscope().arg("report").arg(what).arg("-o").arg(out.path()).assert().success();
+    report(dir.path());
+    let index = std::fs::read_to_string(out.path().join("index.md")).unwrap();
+    assert!(index.contains("skew: rank1_memory_snapshot.pickle peaks") && index.contains("](rank0_memory_snapshot.md)"), "{index}");
+    let page = std::fs::read_to_string(out.path().join("rank1_memory_snapshot.md")).unwrap();
+    for want in ["![timeline](rank1_memory_snapshot_timeline.png)", "![sizes](rank1_memory_snapshot_sizes.png)", "efficiency ", "## At the peak, by category", "## Top 30 consumers at the peak"] {
+        assert!(page.contains(want), "{want}: {page}");
+    }
+    let text = std::fs::read_to_string(out.path().join("rank1_memory_snapshot_report.txt")).unwrap();
+    assert!(text.contains("peak active") && text.contains("top 30 consumers at the peak, by top frame:"), "{text}");
+    for image in ["rank0_memory_snapshot_timeline.svg", "rank0_memory_snapshot_sizes.svg", "rank0_memory_snapshot_sizes.png"] {
+        assert!(std::fs::metadata(out.path().join(image)).unwrap().len() > 1000, "{image}");
+    }
+    let before = std::fs::read(out.path().join("rank0_memory_snapshot.md")).unwrap();
+    report(&dir.path().join("rank0_memory_snapshot.pickle"));
+    assert_eq!(std::fs::read(out.path().join("rank0_memory_snapshot.md")).unwrap(), before, "the first page stays");
+    let pages = std::fs::read_dir(out.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("rank0_memory_snapshot") && e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".md")).count();
+    assert_eq!(pages, 2, "the second run's page sits beside the first");
+}
+
+/// Second tier: a real snapshot that ends with most of its reserved memory cached free
+/// (MAGMA27: 11.9 of 13.2 GiB) gets the findings a write-up needs.
+#[test]
+fn a_real_snapshots_report_names_its_findings() {
+    if common::skip_without_real_snapshots() {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    common::vramscope().arg("report").arg(common::fixture_path(common::MAGMA27)).arg("-o").arg(out.path()).assert().success();
+    let text = std::fs::read_to_string(out.path().join(format!("{}_report.txt", common::MAGMA27))).unwrap();
+    for want in ["finding          cache overhead: 11.9 GiB of the 13.2 GiB reserved", "finding          unused blocks: 5 cached free block(s) of 100 MB or more", "finding          fragmentation:"] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+}

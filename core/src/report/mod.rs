@@ -6,6 +6,7 @@ pub mod breakdown;
 pub mod compute;
 pub mod diff;
 pub mod estimate;
+pub mod findings;
 pub mod fit;
 pub mod frame_rules;
 pub mod frames;
