@@ -1,6 +1,7 @@
 //! Several snapshots in one view (issue 38): each rank's, as a torchtitan-style job writes
 //! them. `--summary` tables them with the skew between the highest peak and the lowest; on
-//! the screen `R` steps through them. Made here: the training run at two batch sizes.
+//! the screen the header has every file's peak and the skew, and `R` steps through them.
+//! `report` writes the write-up. Made here: the training run at two batch sizes.
 
 mod common;
 // Shared with the viewer's tests, which use all of it.
@@ -51,6 +52,8 @@ fn the_screen_steps_through_the_files_with_r() {
     let exit = tempfile::tempdir().unwrap();
     let s = Session::start("vramscope-e2e-set", &format!("{bin} view {}; echo $? > {}/exit", dir.path().display(), exit.path().display()));
     s.wait_for("the first file", 30, |sc| sc.contains("rank0_memory_snapshot.pickle (1 of 2)") && sc.contains("active memory timeline"));
+    // Every file's peak, read on a worker, and the skew in the header.
+    s.wait_for("the peaks", 30, |sc| sc.contains("files: skew ") && sc.contains("(rank1_memory_snapshot.pickle over"));
     s.keys("R");
     s.wait_for("the second", 30, |sc| sc.contains("rank1_memory_snapshot.pickle (2 of 2)") && sc.contains("active memory timeline"));
     s.keys("R");

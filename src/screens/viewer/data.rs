@@ -171,6 +171,14 @@ impl ViewerData {
     }
 
     /// Warnings first, then notes; each one line for the header.
+    /// Sets the note that begins with `key`, in place of the one there was.
+    pub fn set_note(&mut self, key: &str, note: String) {
+        match self.notes.iter_mut().find(|n| n.starts_with(key)) {
+            Some(n) => *n = note,
+            None => self.notes.push(note),
+        }
+    }
+
     pub fn notes(&self) -> &[String] {
         &self.notes
     }

@@ -13,6 +13,7 @@ use vramscope_core::snapshot::timeline::Timeline;
 use super::data::ViewerData;
 use super::keys::ViewerKey;
 use super::loading::{spawn_loader, LoadUpdate, Loading};
+use super::set_peaks::SetPeaks;
 use super::render::{inspector_overflow, plot_columns, render_loading, render_viewer};
 use super::ui::{handle, landed, type_search, ViewerUi};
 use vramscope_core::profiler::Picked;
@@ -200,9 +201,10 @@ pub fn run_view(args: ViewArgs) -> anyhow::Result<()> {
         },
     };
     let steps = StepKeys { rank: picked.is_some() || set.is_some(), window: picked.is_some() };
+    let mut peaks = set.as_deref().map(|files| SetPeaks::start(files, args.device));
     loop {
         let mut ui = ViewerUi { theme, ..ViewerUi::new(&data) };
-        let step = screen_loop(&mut session, &mut data, &mut ui, &keys, &themes, steps)?;
+        let step = screen_loop(&mut session, &mut data, &mut ui, &keys, &themes, steps, peaks.as_mut())?;
         theme = ui.theme;
         let Some(step) = step else { return Ok(()) };
         let (rx, mut loading) = match (&set, &picked) {
@@ -243,6 +245,9 @@ struct StepKeys {
     rank: bool,
     window: bool,
 }
+
+/// The header line of a set's peaks begins so.
+const PEAKS_NOTE: &str = "files: ";
 
 /// How the screen names a set's file: "rank2_memory_snapshot.pickle (3 of 8)".
 fn set_name(files: &[PathBuf], at: usize) -> String {
@@ -299,11 +304,20 @@ fn screen_loop(
     keys: &KeyMap<ViewerKey>,
     themes: &[Theme],
     steps: StepKeys,
+    mut peaks: Option<&mut SetPeaks>,
 ) -> anyhow::Result<Option<Step>> {
     let mut dirty = true;
+    let mut first = true;
     while !session.stop_requested() {
         // An analysis a worker finished shows within one poll interval.
         dirty |= landed(data, ui);
+        if let Some(p) = peaks.as_deref_mut() {
+            if p.poll() || first {
+                data.set_note(PEAKS_NOTE, format!("{PEAKS_NOTE}{}", p.line()));
+                dirty = true;
+            }
+        }
+        first = false;
         if dirty {
             let width = session.terminal.size()?.width;
             ui.columns = plot_columns(width, ui.inspector);
