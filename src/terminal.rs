@@ -12,6 +12,8 @@ pub struct TerminalSession {
     pub terminal: DefaultTerminal,
     stop: Arc<AtomicBool>,
     hangup: Arc<AtomicBool>,
+    /// The controlling terminal, watched for a hangup (None without one).
+    tty: Option<std::fs::File>,
 }
 
 impl TerminalSession {
@@ -23,7 +25,34 @@ impl TerminalSession {
         }
         signal_hook::flag::register(signal_hook::consts::SIGHUP, hangup.clone()).context("installing signal handlers")?;
         let terminal = ratatui::try_init().context("setting up the terminal")?;
-        Ok(TerminalSession { terminal, stop, hangup })
+        let tty = std::fs::File::open("/dev/tty").ok();
+        Ok(TerminalSession { terminal, stop, hangup, tty })
+    }
+
+    /// The next input event within `timeout`, or None. The wait is on the tty itself:
+    /// once a terminal hangs up, crossterm's own wait spins forever for an event that never
+    /// comes. A hangup counts as SIGHUP does (the loop ends at its next check); crossterm
+    /// is asked only when the tty has input, or for what it queued (a resize).
+    pub fn next_event(&self, timeout: std::time::Duration) -> anyhow::Result<Option<crossterm::event::Event>> {
+        let wait = match &self.tty {
+            Some(tty) => {
+                use std::os::fd::AsRawFd;
+                let mut p = libc::pollfd { fd: tty.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one pollfd for an fd this session owns.
+                let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+                if n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                    self.hangup.store(true, Ordering::Relaxed);
+                    self.stop.store(true, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                std::time::Duration::ZERO
+            }
+            None => timeout,
+        };
+        if !crossterm::event::poll(wait)? {
+            return Ok(None);
+        }
+        Ok(Some(crossterm::event::read()?))
     }
 
     /// A hangup or terminate arrived: the app should end as if `q` was pressed.

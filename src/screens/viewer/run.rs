@@ -6,7 +6,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossterm::event::{self, Event, KeyCode, KeyEventKind};
+use crossterm::event::{Event, KeyCode, KeyEventKind};
 
 use vramscope_core::snapshot::timeline::Timeline;
 
@@ -279,8 +279,8 @@ fn loading_loop(
         if let Some(done) = loading.receive(rx, Duration::from_millis(50)) {
             return done.map(Some);
         }
-        while event::poll(Duration::ZERO)? {
-            match event::read()? {
+        while let Some(event) = session.next_event(Duration::ZERO)? {
+            match event {
                 Event::Key(k) if k.kind != KeyEventKind::Release => match keys.action(&k) {
                     Some(ViewerKey::Quit) => return Ok(None),
                     Some(ViewerKey::NextTheme) => *theme = (*theme + 1) % themes.len().max(1),
@@ -325,10 +325,8 @@ fn screen_loop(
             session.terminal.draw(|f| render_viewer(f, data, ui, keys, &themes[ui.theme % themes.len()]))?;
             dirty = false;
         }
-        if !event::poll(Duration::from_millis(100))? {
-            continue;
-        }
-        match event::read()? {
+        let Some(event) = session.next_event(Duration::from_millis(100))? else { continue };
+        match event {
             Event::Key(k) if k.kind != KeyEventKind::Release => {
                 if ui.typing.is_some() {
                     type_search(k.code, data, ui);

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use crossbeam_channel::Receiver;
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers};
 use serde::Serialize;
 
 use crate::terminal::TerminalSession;
@@ -114,10 +114,8 @@ fn screen_loop(
             last_draw = Some(Instant::now());
             dirty = false;
         }
-        if !event::poll(Duration::from_millis(50))? {
-            continue;
-        }
-        match event::read()? {
+        let Some(event) = session.next_event(Duration::from_millis(50))? else { continue };
+        match event {
             Event::Key(k) if k.kind == KeyEventKind::Press => match k.code {
                 KeyCode::Char('q') => return Ok(()),
                 KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return Ok(()),
