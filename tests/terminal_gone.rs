@@ -1,6 +1,6 @@
 //! A screen whose terminal goes away (the tmux session killed, as an SSH drop does) ends
-//! within a second, and so does one sent SIGTERM; neither spins on a dead tty (issue 34,
-//! first item; the live screen is not covered here yet).
+//! within a second, and so does one sent SIGTERM; none spins on a dead tty (issue 34,
+//! first item): the viewer, watch, and the live screen as a replay draws it.
 
 mod common;
 // Shared with the viewer's tests, which use all of it.
@@ -36,11 +36,18 @@ fn start(dir: &Path, name: &str, args: &str, ready: &str) -> (Session, String) {
 }
 
 #[test]
-fn the_viewer_and_watch_end_when_their_terminal_goes() {
+fn screens_end_when_their_terminal_goes() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("train.pickle");
     training_snapshot::write(training_snapshot::TrainingRun::default(), &snap);
-    for (name, args, ready) in [("gone-view", format!("view {}", snap.display()), "active memory timeline"), ("gone-watch", "watch".to_string(), "vramscope watch")] {
+    let recording = common::repo_root().join("recordings/fp32-to-bf16-then-double-ctx.vsrec");
+    let screens = [
+        ("gone-view", format!("view {}", snap.display()), "active memory timeline"),
+        ("gone-watch", "watch".to_string(), "vramscope watch"),
+        // The live screen, as a replay draws it.
+        ("gone-replay", format!("replay {}", recording.display()), "replay of "),
+    ];
+    for (name, args, ready) in screens {
         let _ = std::fs::remove_file(dir.path().join("pid"));
         let (s, pid) = start(dir.path(), name, &args, ready);
         std::process::Command::new("tmux").args(["kill-session", "-t", &s.name]).status().unwrap();
