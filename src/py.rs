@@ -186,7 +186,19 @@ fn resolve(addr: Option<&str>) -> anyhow::Result<(String, Vec<(u32, Endpoint)>)>
 /// `vramscope attach`.
 pub fn run_attach(a: AttachArgs, screen: Option<Screen>) -> anyhow::Result<std::process::ExitCode> {
     let by_pid = a.pid.map(|pid| crate::attach_pid::attach(pid, &a.snapshot_dir)).transpose()?;
-    let (name, endpoints) = resolve(by_pid.as_deref().or(a.addr.as_deref()))?;
+    let (name, endpoints) = match &by_pid {
+        // The hook said it started; its server's socket follows within moments.
+        Some(job) => {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+            loop {
+                match resolve(Some(job)) {
+                    Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(100)),
+                    found => break found?,
+                }
+            }
+        }
+        None => resolve(a.addr.as_deref())?,
+    };
     let token = match (&a.token, &a.token_file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(f)) => Some(token::read_token_file(f)?),

@@ -362,8 +362,12 @@ fn discover(dir: &Path, job: &str, what: &str, tx: &Sender<Fed>, child: &ChildSl
     }
 }
 
+/// How young a socket nobody answers on may be and still be a job starting up.
+const SOCKET_GRACE: Duration = Duration::from_secs(10);
+
 /// Running jobs in the socket directory, by job name: (rank, socket) each. Sockets nobody
-/// answers on (jobs that died) are removed.
+/// answers on (jobs that died) are removed, unless made in the last seconds: a job's server
+/// binds its socket a moment before it listens.
 pub fn list_jobs() -> Result<BTreeMap<String, Vec<(u32, Endpoint)>>, ChannelError> {
     let dir = dir::socket_dir()?;
     let mut jobs: BTreeMap<String, Vec<(u32, Endpoint)>> = BTreeMap::new();
@@ -371,7 +375,10 @@ pub fn list_jobs() -> Result<BTreeMap<String, Vec<(u32, Endpoint)>>, ChannelErro
         let name = e.file_name();
         let Some((job, rank)) = name.to_str().and_then(dir::parse_socket_name) else { continue };
         if UnixStream::connect(e.path()).is_err() {
-            let _ = std::fs::remove_file(e.path());
+            let new = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age < SOCKET_GRACE);
+            if !new {
+                let _ = std::fs::remove_file(e.path());
+            }
             continue;
         }
         jobs.entry(job.to_string()).or_default().push((rank, Endpoint::Unix(e.path())));
