@@ -35,13 +35,7 @@ pub fn write_report(files: &[PathBuf], dir: &Path, o: &Options) -> anyhow::Resul
     let mut pages = Vec::new();
     for path in files {
         let (summary, page) = write_one(path, dir, o)?;
-        rows.push(SetRow {
-            file: vramscope_core::input::title(path),
-            device_name: summary.device_name.clone(),
-            peak_active_bytes: summary.peak_active_bytes,
-            peak_reserved_bytes: summary.peak_reserved_bytes,
-            allocated_bytes: summary.allocated_bytes,
-        });
+        rows.push(SetRow::of(vramscope_core::input::title(path), &summary));
         pages.push(page);
     }
     if let [one] = pages.as_slice() {

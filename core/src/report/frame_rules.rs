@@ -21,7 +21,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::snapshot::model::{RuleCoverage, Snapshot, StackId};
+use crate::snapshot::model::{Frame, FrameId, RuleCoverage, Snapshot, StackId};
 
 /// What allocations no rule matched are called.
 pub const UNMATCHED: &str = "unmatched";
@@ -108,12 +108,16 @@ impl FrameRules {
         Ok(FrameRules { rules })
     }
 
-    /// The category of the first frame (innermost first) a rule matches.
-    fn category_of(&self, snap: &Snapshot, stack: StackId) -> Option<usize> {
-        snap.stack(stack).find_map(|f| {
-            let text = format!("{}:{} {}", f.filename, f.line, f.name).to_lowercase();
-            self.rules.iter().position(|r| r.words.iter().any(|w| text.contains(w.as_str())))
-        })
+    /// The rule a frame matches first.
+    fn rule_of(&self, f: &Frame) -> Option<usize> {
+        let text = format!("{}:{} {}", f.filename, f.line, f.name).to_lowercase();
+        self.rules.iter().position(|r| r.words.iter().any(|w| text.contains(w.as_str())))
+    }
+
+    /// The rule of the first frame (innermost first) a rule matches; each frame is matched
+    /// once (`frames`), as stacks share most of theirs.
+    fn category_of(&self, snap: &Snapshot, stack: StackId, frames: &mut HashMap<FrameId, Option<usize>>) -> Option<usize> {
+        snap.stacks.get(stack as usize)?.iter().find_map(|&f| *frames.entry(f).or_insert_with(|| self.rule_of(&snap.frames[f as usize])))
     }
 }
 
@@ -125,10 +129,11 @@ pub fn categorize(snap: &mut Snapshot, rules: &FrameRules) -> Option<RuleCoverag
         return None;
     }
     let mut memo: HashMap<StackId, Option<usize>> = HashMap::new();
+    let mut frames = HashMap::new();
     let mut coverage = RuleCoverage::default();
     let mut decided = Vec::new();
     for e in entries {
-        let rule = *memo.entry(e.frames).or_insert_with(|| rules.category_of(snap, e.frames));
+        let rule = *memo.entry(e.frames).or_insert_with(|| rules.category_of(snap, e.frames, &mut frames));
         if e.action == crate::snapshot::model::Action::Alloc {
             *if rule.is_some() { &mut coverage.matched_bytes } else { &mut coverage.unmatched_bytes } += e.size;
         }

@@ -62,6 +62,13 @@ pub struct SetRow {
     pub allocated_bytes: u64,
 }
 
+impl SetRow {
+    /// The row of `file` (as the table names it) from its summary.
+    pub fn of(file: String, s: &super::snapshot_summary::SnapshotSummary) -> SetRow {
+        SetRow { file, device_name: s.device_name.clone(), peak_active_bytes: s.peak_active_bytes, peak_reserved_bytes: s.peak_reserved_bytes, allocated_bytes: s.allocated_bytes }
+    }
+}
+
 /// The highest and lowest peak, and how far apart.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Skew {

@@ -115,13 +115,7 @@ fn print_set_summary(args: &ViewArgs, files: &[PathBuf]) -> anyhow::Result<()> {
         let (snap, device) = vramscope_core::snapshot::read_device(path, args.device, &rules)?;
         let tl = Timeline::from_snapshot(&snap, device);
         let s = vramscope_core::report::snapshot_summary::summarize(&snap, &tl, device, 0);
-        rows.push(SetRow {
-            file: vramscope_core::input::title(path),
-            device_name: s.device_name,
-            peak_active_bytes: s.peak_active_bytes,
-            peak_reserved_bytes: s.peak_reserved_bytes,
-            allocated_bytes: s.allocated_bytes,
-        });
+        rows.push(SetRow::of(vramscope_core::input::title(path), &s));
     }
     let mut out = std::io::stdout().lock();
     if args.json {
