@@ -81,15 +81,14 @@ pub struct Skew {
 }
 
 pub fn skew(rows: &[SetRow]) -> Option<Skew> {
-    let hi = rows.iter().max_by_key(|r| r.peak_active_bytes)?;
-    let lo = rows.iter().min_by_key(|r| r.peak_active_bytes)?;
-    Some(Skew {
-        highest: hi.file.clone(),
-        highest_bytes: hi.peak_active_bytes,
-        lowest: lo.file.clone(),
-        lowest_bytes: lo.peak_active_bytes,
-        ratio: (hi.peak_active_bytes - lo.peak_active_bytes) as f64 / lo.peak_active_bytes.max(1) as f64,
-    })
+    skew_of(rows.iter().map(|r| (r.file.as_str(), r.peak_active_bytes)))
+}
+
+/// The skew of (name, peak) pairs.
+pub fn skew_of<'a>(peaks: impl Iterator<Item = (&'a str, u64)> + Clone) -> Option<Skew> {
+    let hi = peaks.clone().max_by_key(|p| p.1)?;
+    let lo = peaks.min_by_key(|p| p.1)?;
+    Some(Skew { highest: hi.0.to_string(), highest_bytes: hi.1, lowest: lo.0.to_string(), lowest_bytes: lo.1, ratio: (hi.1 - lo.1) as f64 / lo.1.max(1) as f64 })
 }
 
 /// The table as text: a row per file, then the skew.

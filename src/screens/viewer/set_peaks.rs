@@ -6,6 +6,7 @@ use std::sync::mpsc::{channel, Receiver};
 
 use vramscope_core::format::bytes;
 use vramscope_core::report::frame_rules::FrameRules;
+use vramscope_core::report::snapshot_set::skew_of;
 use vramscope_core::snapshot::timeline::Timeline;
 
 pub struct SetPeaks {
@@ -54,12 +55,9 @@ impl SetPeaks {
         if read < self.peaks.len() {
             return format!("peaks ({read} of {} read): {each}", self.peaks.len());
         }
-        match (known.iter().max_by_key(|k| k.1), known.iter().min_by_key(|k| k.1)) {
-            (Some(hi), Some(lo)) => {
-                let skew = (hi.1 - lo.1) as f64 * 100.0 / lo.1.max(1) as f64;
-                format!("skew {skew:.1}% ({} over {}) · peaks: {each}", hi.0, lo.0)
-            }
-            _ => "peaks: none could be read".into(),
+        match skew_of(known.iter().copied()) {
+            Some(s) => format!("skew {:.1}% ({} over {}) · peaks: {each}", s.ratio * 100.0, s.highest, s.lowest),
+            None => "peaks: none could be read".into(),
         }
     }
 }
