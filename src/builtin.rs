@@ -32,6 +32,7 @@ pub fn launch_in_python(opts: &EngineOptions, output: Output) -> anyhow::Result<
         cmd.arg(flag).arg(v.to_string());
     }
     cmd.args(["--precision", c.precision.as_str(), "--mode", c.mode.as_str(), "--attention", c.attention.as_str(), "--optimizer", c.optimizer.as_str()]);
+    cmd.arg("--checkpointing").arg(c.checkpointing.to_string());
     // 0: until told to stop.
     cmd.arg("--steps").arg(opts.steps.unwrap_or(0).to_string());
     let device = opts.device.to_string();

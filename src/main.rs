@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use vramscope_core::step_config::{
-    validate_batch, validate_ctx, Attention, AutocastPolicy, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
+    validate_batch, validate_ctx, Attention, AutocastPolicy, Checkpointing, DeviceChoice, Mode, ModelDims, Optimizer, Precision, Preset,
     StepConfig, VOCAB_SIZE,
 };
 use vramscope::keys::KeyMap;
@@ -151,6 +151,10 @@ struct ShapeArgs {
     /// (torch.optim.AdamW: moments updated in place).
     #[arg(long, default_value = "reference", value_parser = parse_optimizer)]
     optimizer: Optimizer,
+    /// Activation checkpointing: none, all (every block), or every-K (blocks 0, K, 2K…);
+    /// a checkpointed block keeps only its input and recomputes its forward in backward.
+    #[arg(long, default_value = "none", value_parser = parse_checkpointing)]
+    checkpointing: Checkpointing,
 }
 
 #[derive(Args, Clone)]
@@ -254,6 +258,9 @@ struct SweepArgs {
     /// Attention kinds (comma-separated): naive, fused.
     #[arg(long, default_value = "naive", value_delimiter = ',', value_parser = parse_attention)]
     attention: Vec<Attention>,
+    /// Activation checkpointing (comma-separated): none, all, every-K.
+    #[arg(long, default_value = "none", value_delimiter = ',', value_parser = parse_checkpointing)]
+    checkpointing: Vec<Checkpointing>,
     /// AdamW's allocation pattern for every configuration: reference or torch.
     #[arg(long, default_value = "reference", value_parser = parse_optimizer)]
     optimizer: Optimizer,
@@ -357,6 +364,9 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
 fn parse_attention(s: &str) -> Result<Attention, String> {
     s.parse()
 }
+fn parse_checkpointing(s: &str) -> Result<Checkpointing, String> {
+    s.parse()
+}
 fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
     s.parse()
 }
@@ -427,6 +437,7 @@ impl ShapeArgs {
             mode: self.mode,
             attention: self.attention,
             optimizer: self.optimizer,
+            checkpointing: self.checkpointing,
         })
     }
 }
@@ -487,10 +498,11 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
                 mode: a.mode[0],
                 attention: a.attention[0],
                 optimizer: a.optimizer,
+                checkpointing: a.checkpointing[0],
             })
         })
         .collect::<anyhow::Result<Vec<StepConfig>>>()?;
-    let configs = sweep::configurations(&models, &a.ctx, &a.batch, &a.precision, &a.mode, &a.attention);
+    let configs = sweep::configurations(&models, &a.ctx, &a.batch, &a.precision, &a.mode, &a.attention, &a.checkpointing);
     let opts = sweep::SweepOptions {
         device: a.device,
         warmup: a.warmup,
@@ -514,7 +526,7 @@ fn sweep_cmd(a: SweepArgs) -> anyhow::Result<ExitCode> {
             let stem = snap_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
             let c = &r.config;
             let o = ExportOptions {
-                title: format!("{} ctx {} batch {} {} {} {} attention", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention),
+                title: format!("{} ctx {} batch {} {} {} {} attention, {}", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention, c.checkpointing.label()),
                 ..ExportOptions::default()
             };
             let path = vramscope_core::snapshot::unique_path(dir, &format!("{stem}.png"));

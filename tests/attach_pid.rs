@@ -19,7 +19,7 @@ fn plain_job(args: &[&str], dir: &Path) -> Child {
         .env_remove("PYTHONPATH")
         .env_remove("VRAMSCOPE_HOOK")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("job.err")).unwrap())
         .spawn()
         .unwrap()
 }
@@ -31,6 +31,13 @@ fn wait_for_torch(pid: u32) {
         assert!(Instant::now() < deadline, "the job never imported torch");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// One attach at a time: each test drives gdb and a training job or two, and on a 2-core
+/// machine five at once starve the jobs they watch.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn sockets() -> std::path::PathBuf {
@@ -45,12 +52,15 @@ fn attach_json(pid: u32, steps: u64, dir: &Path) -> Vec<serde_json::Value> {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    // The job's own stderr (plain_job writes it there) says why a hook that started left.
+    let job_said = std::fs::read_to_string(dir.join("job.err")).unwrap_or_default();
+    assert!(out.status.success(), "{text}{}\nthe job said: {job_said}", String::from_utf8_lossy(&out.stderr));
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 #[test]
 fn a_plain_python_job_streams_whole_steps_and_runs_on_as_before_once_vramscope_leaves() {
+    let _serial = one_at_a_time();
     let t = tempfile::tempdir().unwrap();
     let (out, times) = (t.path().join("figures.json"), t.path().join("times.txt"));
     let mut job = plain_job(&["--steps", "900", "--out", out.to_str().unwrap(), "--times", times.to_str().unwrap()], t.path());
@@ -120,6 +130,7 @@ fn refusal(args: &[&str], env: &[(&str, &str)]) -> String {
 
 #[test]
 fn what_cannot_be_attached_to_is_said_in_one_line_and_the_job_is_left_as_it_was() {
+    let _serial = one_at_a_time();
     // No such process.
     let max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
     let e = refusal(&["--pid", &(max + 1).to_string(), "--headless"], &[]);
@@ -161,6 +172,7 @@ fn what_cannot_be_attached_to_is_said_in_one_line_and_the_job_is_left_as_it_was(
 /// the terminal is restored, and the hook comes out of the job.
 #[test]
 fn live_in_a_terminal_d_leaves_the_job_running_without_the_hook() {
+    let _serial = one_at_a_time();
     let t = tempfile::tempdir().unwrap();
     let mut job = plain_job(&["--steps", "1500"], t.path());
     wait_for_torch(job.id());
@@ -183,6 +195,7 @@ fn live_in_a_terminal_d_leaves_the_job_running_without_the_hook() {
 /// launcher), and the screen gets every rank.
 #[test]
 fn attaching_to_torchrun_watches_each_worker_rank() {
+    let _serial = one_at_a_time();
     let t = tempfile::tempdir().unwrap();
     let torchrun = python().parent().unwrap().join("torchrun");
     let mut launcher = Command::new(torchrun)
@@ -220,6 +233,7 @@ fn attaching_to_torchrun_watches_each_worker_rank() {
 /// 512 KiB in use): the steps seen count it, reserved and live.
 #[test]
 fn an_attach_learns_the_cuda_memory_the_job_already_holds_from_pytorchs_snapshot() {
+    let _serial = one_at_a_time();
     let t = tempfile::tempdir().unwrap();
     let mut job = plain_job(&["--steps", "2000", "--fake-cuda"], t.path());
     wait_for_torch(job.id());

@@ -108,6 +108,7 @@ fn config(ctx: i64, precision: Precision, mode: Mode) -> StepConfig {
         mode,
         attention: Attention::Naive,
         optimizer: Default::default(),
+        checkpointing: Default::default(),
     }
 }
 

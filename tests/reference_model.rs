@@ -12,7 +12,7 @@ use std::path::Path;
 use vramscope_core::event::{Action, Batch, Phase};
 use vramscope_core::record::player::Script;
 use vramscope_core::report::estimate::{estimate_on, Target};
-use vramscope_core::step_config::{Attention, AutocastPolicy, Mode, ModelDims, Precision, StepConfig};
+use vramscope_core::step_config::{Attention, AutocastPolicy, Checkpointing, Mode, ModelDims, Precision, StepConfig};
 use vramscope_core::stream::{Incoming, Report, StepReport};
 
 /// The tiny preset's widths with two layers and one sequence: a training step at ctx 512
@@ -69,6 +69,27 @@ impl Captured {
             }
         }
         (before.expect("a forward pass ran"), out)
+    }
+
+    /// Requested bytes that came alive in the last step's forward pass and still are when
+    /// its backward begins: what forward saved for backward (and the 4 B loss).
+    fn saved_by_forward(&self) -> u64 {
+        let last = self.steps.last().expect("a step ran").step as u32;
+        let (mut live, mut at_forward) = (0i64, None);
+        for e in self.batches.iter().flat_map(|b| &b.events) {
+            if e.step == last && e.phase == Phase::Forward && at_forward.is_none() {
+                at_forward = Some(live);
+            }
+            if e.step == last && e.phase == Phase::Backward {
+                return (live - at_forward.expect("forward before backward")) as u64;
+            }
+            match e.action {
+                Action::Alloc => live += e.size as i64,
+                Action::FreeRequested => live -= e.size as i64,
+                _ => {}
+            }
+        }
+        panic!("the last step has no backward pass")
     }
 
     /// The modelled allocator's highest allocated bytes in the last step (the steady
@@ -133,6 +154,7 @@ fn python_run(cfg: &StepConfig, pythonpath: Option<&str>, reference: bool, polic
         cmd.args([flag, &v.to_string()]);
     }
     cmd.args(["--precision", cfg.precision.as_str(), "--mode", cfg.mode.as_str(), "--steps", &STEPS.to_string()]);
+    cmd.args(["--checkpointing", &cfg.checkpointing.to_string()]);
     if reference {
         cmd.arg("--reference");
     }
@@ -196,6 +218,45 @@ fn the_engine_allocates_as_the_cs336_reference_does() {
             let py = python_run(&cfg, None, false, *policy);
             let engine = engine_run(&cfg, *policy);
             assert_same_peaks(&format!("{} under {}", label(&cfg), policy.label()), &py, &engine);
+        }
+    }
+}
+
+/// Activation checkpointing: the engine's recompute allocates as cs336.py's
+/// `torch.utils.checkpoint(block, x, use_reentrant=True)` does, request for request, and the
+/// estimate is within 1% of what the run saves for backward and of its peaks. Two layers
+/// at ctx 256: `every-2` checkpoints block 0 and keeps block 1's activations.
+#[test]
+fn checkpointing_recomputes_as_torch_utils_checkpoint_does_and_the_estimate_agrees() {
+    let cases = [(Precision::Fp32, Checkpointing::Every(1)), (Precision::Fp32, Checkpointing::Every(2)), (Precision::Bf16, Checkpointing::Every(1))];
+    let plain = engine_run(&config(256, Precision::Fp32, Mode::Train), AutocastPolicy::Cuda).saved_by_forward();
+    for (precision, checkpointing) in cases {
+        let cfg = StepConfig { checkpointing, ..config(256, precision, Mode::Train) };
+        let what = format!("{} {}", label(&cfg), checkpointing.label());
+        let (py, engine) = (python_run(&cfg, None, false, AutocastPolicy::Cuda), engine_run(&cfg, AutocastPolicy::Cuda));
+        assert_same_peaks(&what, &py, &engine);
+        // The recompute belongs to backward in the job's stream too (the hook sees the
+        // block's forward run again inside backward, not a new forward pass): every request
+        // to the first step's optimizer has the engine's phase.
+        let phases = |c: &Captured| c.requests().1.into_iter().map(|(_, label)| label.split(' ').next().unwrap_or_default().to_string()).collect::<Vec<_>>();
+        let (pp, ep) = (phases(&py), phases(&engine));
+        let optimizer = ep.iter().position(|p| p == "Optimizer").expect("an optimizer step");
+        let differ = ep[..optimizer].iter().zip(&pp).position(|(e, p)| e != p);
+        assert!(differ.is_none(), "{what}: request {differ:?}'s phase, python {:?} vs engine {:?}", differ.map(|i| &pp[i]), differ.map(|i| &ep[i]));
+        let e = estimate_on(&cfg, Target { cpu: true, autocast_policy: AutocastPolicy::Cuda });
+        let step = engine.steps.last().expect("a step ran");
+        let near = |part: &str, e: u64, measured: u64| {
+            let err = (e as f64 - measured as f64).abs() / measured as f64;
+            assert!(err <= 0.01, "{what}, {part}: estimate {e}, engine {measured} ({:.2}% off)", err * 100.0);
+        };
+        let saved = engine.saved_by_forward();
+        near("saved for backward", e.activation_bytes, saved);
+        if precision == Precision::Fp32 {
+            assert!(saved * 10 < plain * 9, "{what}: saved {saved} B, {plain} B without checkpointing");
+        }
+        near("step peak", e.step_peak_bytes, step.peak_active_bytes);
+        for (phase, ours) in [("forward", e.train_forward_peak_bytes), ("backward", e.backward_peak_bytes)] {
+            near(phase, ours, step.phase_active_peak_bytes[phase]);
         }
     }
 }

@@ -40,7 +40,7 @@ const PARAMS: [&str; 8] = [
 ];
 
 fn config(ctx: i64, precision: Precision) -> StepConfig {
-    StepConfig { model_name: "tiny".into(), dims: Preset::Tiny.dims(), ctx, batch: 4, precision, mode: Mode::Train, attention: Attention::Naive, optimizer: Default::default() }
+    StepConfig { model_name: "tiny".into(), dims: Preset::Tiny.dims(), ctx, batch: 4, precision, mode: Mode::Train, attention: Attention::Naive, optimizer: Default::default(), checkpointing: Default::default() }
 }
 
 /// Two training steps' worth of events: parameters, forward activations that backward
@@ -133,7 +133,7 @@ fn session() -> Store {
         let phase_peak_bytes: BTreeMap<String, u64> =
             [("forward", 60), ("backward", 90), ("optimizer", 120), ("zero_grad", 100)].iter().map(|(p, m)| (p.to_string(), m * MIB)).collect();
         store.ingest_report(Report::Step(StepReport {
-            step: step as u64, mode: Mode::Train, precision: Precision::Fp32, attention: Some(Attention::Naive), ctx: 256, batch: 4,
+            step: step as u64, mode: Mode::Train, precision: Precision::Fp32, attention: Some(Attention::Naive), checkpointing: None, ctx: 256, batch: 4,
             peak_allocated_bytes: 120 * MIB, reserved_bytes: 160 * MIB, peak_reserved_bytes: 160 * MIB, peak_active_bytes: 118 * MIB,
             phase_peak_bytes, phase_active_peak_bytes: BTreeMap::new(), mean_active_bytes: 0, category_peak_bytes: BTreeMap::new(), category_bytes: BTreeMap::new(), live_bytes: 96 * MIB, step_time_s: 1.25, tokens_per_s: 819.2, samples_per_s: 3.2, loss: 9.2,
             dropped_batches: 0, dropped_events: 0, rank: None, device: None,

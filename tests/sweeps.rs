@@ -90,10 +90,11 @@ fn the_markdown_table_and_snapshots_per_configuration() {
     let dir = tempfile::tempdir().unwrap();
     let out = stdout(vramscope().args(["sweep", "--device", "cpu", "--ctx", "16", "--batch", "1,2", "--warmup", "0", "--steps", "1", "--snapshots"]).arg(dir.path()));
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("| model | ctx | batch | precision | mode | attention | peak allocated | peak phase |"), "{out}");
+    assert!(lines[0].starts_with("| model | ctx | batch | precision | mode | attention | checkpointing | peak allocated | peak phase |"), "{out}");
     assert!(lines[1].starts_with("| --- | ---: |"), "{out}");
+    assert_eq!(lines[1].matches('|').count(), lines[0].matches('|').count(), "an alignment for every column: {out}");
     assert_eq!(lines.len(), 4, "{out}");
-    assert!(lines[2].starts_with("| tiny | 16 | 1 | fp32 | train | naive |") && lines[2].contains("MiB"), "{out}");
+    assert!(lines[2].starts_with("| tiny | 16 | 1 | fp32 | train | naive | none |") && lines[2].contains("MiB"), "{out}");
     let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     assert_eq!(names, ["tiny_ctx16_b1_fp32_train_naive_reference.pickle", "tiny_ctx16_b2_fp32_train_naive_reference.pickle"]);
@@ -101,7 +102,36 @@ fn the_markdown_table_and_snapshots_per_configuration() {
     // CSV: one header and a row per configuration, bytes as integers.
     let csv = stdout(vramscope().args(["sweep", "--device", "cpu", "--ctx", "16", "--batch", "1", "--warmup", "0", "--steps", "1", "--format", "csv"]));
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
-    assert!(row[6].parse::<u64>().unwrap() > 1 << 20, "{csv}");
+    assert!(row[7].parse::<u64>().unwrap() > 1 << 20, "{csv}");
+}
+
+/// Activation checkpointing as a sweep dimension: what forward keeps falls from none to
+/// every 2nd block to every block, and so does the peak; each row says its checkpointing
+/// and has its step time, and `--fit` keeps each checkpointing to its own group.
+#[test]
+fn a_checkpointing_sweep_trades_saved_activations_for_recompute() {
+    let args = ["sweep", "--device", "cpu", "--model", "tiny", "--ctx", "128,256", "--batch", "4", "--warmup", "1", "--steps", "1", "--checkpointing", "none,every-2,all"];
+    let v: Value = serde_json::from_str(&stdout(vramscope().args(args).args(["--format", "json", "--fit"]))).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{v}");
+    let at = |ctx: i64, k: &str| {
+        let r = rows.iter().find(|r| r["config"]["ctx"] == ctx && r["config"]["checkpointing"] == k).unwrap_or_else(|| panic!("no row ctx {ctx} {k}"));
+        assert!(r["step_time_s"].as_f64().unwrap() > 0.0, "{r}");
+        (r["activation_bytes"].as_u64().unwrap(), r["peak_allocated_bytes"].as_u64().unwrap())
+    };
+    for ctx in [128, 256] {
+        let (none, every2, all) = (at(ctx, "none"), at(ctx, "every-2"), at(ctx, "all"));
+        assert!(none.0 > every2.0 && every2.0 > all.0, "ctx {ctx}: activations none {none:?}, every-2 {every2:?}, all {all:?}");
+        // At ctx 128 the optimizer's step, which checkpointing leaves alone, sets the peak.
+        if ctx == 256 {
+            assert!(none.1 > every2.1 && every2.1 > all.1, "ctx {ctx}: peaks none {none:?}, every-2 {every2:?}, all {all:?}");
+        }
+    }
+    let groups: Vec<&str> = v["fits"].as_array().unwrap().iter().filter(|f| f["knob"] == "ctx").map(|f| f["group"].as_str().unwrap()).collect();
+    assert_eq!(groups.len(), 3, "one ctx fit per checkpointing: {groups:?}");
+    assert!(groups.contains(&"tiny fp32 train naive checkpointing every-2 batch 4"), "{groups:?}");
+    let md = stdout(vramscope().args(args));
+    assert!(md.lines().any(|l| l.starts_with("| tiny | 256 | 4 | fp32 | train | naive | every-2 |")), "{md}");
 }
 
 #[test]

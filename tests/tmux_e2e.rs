@@ -32,8 +32,9 @@ fn keys_change_the_next_step_and_q_restores_the_terminal() {
     assert_eq!(s.display("#{alternate_on}"), "1", "the app draws on the alternate screen");
     s.keys("p");
     s.keys("]");
+    s.keys("k");
     s.keys("s");
-    let screen = s.wait_for("bf16 and ctx 128 in the header", 120, |sc| sc.contains("bf16") && sc.contains("ctx 128"));
+    let screen = s.wait_for("bf16, ctx 128 and checkpointing in the header", 120, |sc| sc.contains("bf16") && sc.contains("ctx 128") && sc.contains("checkpoint every block"));
     assert!(screen.contains("active memory"), "{screen}");
     let saved = std::fs::read_dir(dir.path())
         .ok()

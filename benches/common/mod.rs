@@ -19,6 +19,7 @@ pub fn cpu_train(preset: Preset, ctx: i64, batch: i64, steps: u64) -> EngineOpti
         mode: Mode::Train,
         attention: Attention::Naive,
         optimizer: Default::default(),
+        checkpointing: Default::default(),
     };
     let mut o = EngineOptions::new(cfg);
     o.device = DeviceChoice::Cpu;

@@ -69,6 +69,18 @@ pub fn seconds(ns: u64) -> String {
 }
 
 /// Local time as `YYYYMMDD-HHMMSS`, for file names a person reads.
+/// 1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st.
+pub fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
 pub fn local_timestamp() -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as libc::time_t;
     // SAFETY: localtime_r writes into the tm we own.
@@ -79,6 +91,12 @@ pub fn local_timestamp() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ordinals_take_english_suffixes() {
+        let got: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111].into_iter().map(super::ordinal).collect();
+        assert_eq!(got, ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]);
+    }
+
     use super::*;
 
     #[test]

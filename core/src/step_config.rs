@@ -183,18 +183,24 @@ impl FromStr for DeviceChoice {
     }
 }
 
-// As its flag spells it ("cuda:1"), so an engine's options read as written.
-impl Serialize for DeviceChoice {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
+/// Serialized as its flag spells it ("cuda:1", "every-2"), so an engine's options and a
+/// recording's configs read as written.
+macro_rules! serde_as_flag {
+    ($name:ident) => {
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
 }
 
-impl<'de> Deserialize<'de> for DeviceChoice {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_flag!(DeviceChoice);
 
 impl fmt::Display for DeviceChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -247,6 +253,84 @@ impl Attention {
     }
 }
 
+/// Activation checkpointing, per transformer block: none, every block, or every k-th block
+/// (blocks 0, k, 2k, …), as `torch.utils.checkpoint(block, x, use_reentrant=True)` does it:
+/// a checkpointed block keeps only its input through forward and runs its forward again in
+/// backward, trading recompute time for the activations it would have saved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Checkpointing {
+    #[default]
+    None,
+    /// Every k-th block, k ≥ 1 (1: every block).
+    Every(u32),
+}
+
+impl Checkpointing {
+    pub const NAMES: &'static str = "none, all, every-K";
+    /// A k past this checkpoints block 0 alone, as any larger k would.
+    const MAX_K: u32 = 1 << 16;
+
+    /// Whether block `i` (from 0) is checkpointed.
+    pub fn covers(self, i: i64) -> bool {
+        match self {
+            Checkpointing::None => false,
+            Checkpointing::Every(k) => i % i64::from(k.max(1)) == 0,
+        }
+    }
+
+    /// How many of `layers` blocks are checkpointed.
+    pub fn blocks(self, layers: i64) -> i64 {
+        (0..layers).filter(|&i| self.covers(i)).count() as i64
+    }
+
+    /// The next one, round (the `k` key): none, every block, every 2nd block.
+    pub fn next(self) -> Self {
+        match self {
+            Checkpointing::None => Checkpointing::Every(1),
+            Checkpointing::Every(1) => Checkpointing::Every(2),
+            Checkpointing::Every(_) => Checkpointing::None,
+        }
+    }
+
+    /// As the header and reports say it: "no checkpointing", "checkpoint every block",
+    /// "checkpoint every 2nd block".
+    pub fn label(self) -> String {
+        match self {
+            Checkpointing::None => "no checkpointing".into(),
+            Checkpointing::Every(1) => "checkpoint every block".into(),
+            Checkpointing::Every(k) => format!("checkpoint every {} block", crate::format::ordinal(u64::from(k))),
+        }
+    }
+}
+
+impl FromStr for Checkpointing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let l = s.to_ascii_lowercase();
+        let bad = || format!("unknown checkpointing '{s}' (allowed: {}, K from 1 to {})", Checkpointing::NAMES, Checkpointing::MAX_K);
+        match l.as_str() {
+            "none" => Ok(Checkpointing::None),
+            "all" => Ok(Checkpointing::Every(1)),
+            _ => match l.strip_prefix("every-").and_then(|k| k.parse::<u32>().ok()) {
+                Some(k) if (1..=Checkpointing::MAX_K).contains(&k) => Ok(Checkpointing::Every(k)),
+                _ => Err(bad()),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Checkpointing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Checkpointing::None => f.write_str("none"),
+            Checkpointing::Every(1) => f.write_str("all"),
+            Checkpointing::Every(k) => write!(f, "every-{k}"),
+        }
+    }
+}
+
+serde_as_flag!(Checkpointing);
+
 /// The knobs of one step. Model dims are fixed for a session; the rest can change
 /// between steps.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -262,6 +346,9 @@ pub struct StepConfig {
     /// read as today's default; the recording's steps say what ran.
     #[serde(default)]
     pub optimizer: Optimizer,
+    /// Recorded before checkpointing was a knob: none ran.
+    #[serde(default)]
+    pub checkpointing: Checkpointing,
 }
 
 impl StepConfig {
@@ -270,18 +357,25 @@ impl StepConfig {
     }
 }
 
-/// Sets the knob `name` of `c` to `value` (a value that does not parse leaves it); the
-/// engine's knobs are its step config's fields.
-pub fn apply_knob(c: &mut StepConfig, name: &str, value: &str) {
+/// Sets the knob `name` of `c` to `value` (ctx and batch clamped to their bounds), or says
+/// why not, leaving `c` as it was; the engine's knobs are its step config's fields.
+pub fn apply_knob(c: &mut StepConfig, name: &str, value: &str) -> Result<(), String> {
+    let bad = |e: String| format!("knob {name}: {e}");
+    let int = |v: &str| v.parse::<i64>().map_err(|e| bad(e.to_string()));
     match name {
-        "precision" => c.precision = value.parse().unwrap_or(c.precision),
-        "ctx" => c.ctx = value.parse().unwrap_or(c.ctx),
-        "batch" => c.batch = value.parse().unwrap_or(c.batch),
-        "mode" => c.mode = value.parse().unwrap_or(c.mode),
-        "attention" => c.attention = value.parse().unwrap_or(c.attention),
-        "optimizer" => c.optimizer = value.parse().unwrap_or(c.optimizer),
-        _ => {}
+        "precision" => c.precision = value.parse().map_err(bad)?,
+        "ctx" => c.ctx = int(value)?.clamp(1, MAX_CTX),
+        "batch" => c.batch = int(value)?.clamp(1, MAX_BATCH),
+        "mode" => c.mode = value.parse().map_err(bad)?,
+        "attention" => c.attention = value.parse().map_err(bad)?,
+        "optimizer" => c.optimizer = value.parse().map_err(bad)?,
+        "checkpointing" => c.checkpointing = value.parse().map_err(bad)?,
+        _ => {
+            let names: Vec<String> = c.knobs().into_iter().map(|k| k.name).collect();
+            return Err(format!("vramscope's model has no knob '{name}' (it has {})", names.join(", ")));
+        }
     }
+    Ok(())
 }
 
 /// Largest context length a key may double to: keeps a stray keypress from asking for
@@ -335,12 +429,29 @@ mod tests {
     }
 
     #[test]
+    fn checkpointing_every_k_covers_blocks_0_k_2k() {
+        let covered = |c: Checkpointing| (0..6).filter(|&i| c.covers(i)).collect::<Vec<_>>();
+        assert_eq!(covered(Checkpointing::None), Vec::<i64>::new());
+        assert_eq!(covered(Checkpointing::Every(1)), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(covered(Checkpointing::Every(2)), [0, 2, 4]);
+        assert_eq!(Checkpointing::Every(4).blocks(6), 2);
+        assert_eq!(Checkpointing::Every(2).label(), "checkpoint every 2nd block");
+    }
+
+    #[test]
     fn knob_values_reject_with_allowed_list() {
         assert!("fp8".parse::<Precision>().unwrap_err().contains("fp32, bf16, fp16"));
         assert_eq!(Precision::Fp32.next().next().next(), Precision::Fp32, "p goes round all three");
         assert!("tpu".parse::<DeviceChoice>().unwrap_err().contains("auto, cpu, cuda, cuda:N"));
         assert!("cuda:x".parse::<DeviceChoice>().unwrap_err().contains("'cuda:x'"));
         assert!("cuda:256".parse::<DeviceChoice>().is_err());
+        let parsed: Vec<Checkpointing> = ["none", "ALL", "every-3"].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(parsed, [Checkpointing::None, Checkpointing::Every(1), Checkpointing::Every(3)]);
+        assert_eq!(parsed.iter().map(ToString::to_string).collect::<Vec<_>>(), ["none", "all", "every-3"], "printed as typed");
+        for bad in ["every-0", "every-", "some", "every-x"] {
+            assert!(bad.parse::<Checkpointing>().unwrap_err().contains("none, all, every-K"), "{bad}");
+        }
+        assert_eq!(Checkpointing::None.next().next().next(), Checkpointing::None, "k goes round");
         assert!(validate_ctx(0).unwrap_err().contains("--ctx"));
         assert!(validate_batch(0).unwrap_err().contains("--batch"));
     }

@@ -30,6 +30,7 @@ extern "C" {
     fn vs_set_cuda_autocast_policy(on: bool);
     fn vs_last_error() -> *const c_char;
     fn vs_clear_grad(t: *const torch_sys::C_tensor);
+    fn vs_backward(t: *const torch_sys::C_tensor, grad: *const torch_sys::C_tensor) -> c_int;
     fn vs_cuda_compiled() -> c_int;
     fn vs_cuda_init() -> c_int;
     fn vs_cuda_attach() -> c_int;
@@ -118,6 +119,15 @@ pub fn amp_unscale(grads: &[tch::Tensor], found_inf: &tch::Tensor, inv_scale: &t
 /// kernels, python/vramscope_hook/csrc/autocast_policy.cpp.
 pub fn cuda_autocast_policy_on_cpu(on: bool) {
     unsafe { vs_set_cuda_autocast_policy(on) }
+}
+
+/// `torch.autograd.backward(t, grad)`: backward from `t` with `grad` as its gradient,
+/// accumulating into the leaves' `.grad`. Both are consumed: `t` is freed before backward
+/// runs (only its graph is needed), `grad` once backward is done with it.
+pub fn backward(t: tch::Tensor, grad: tch::Tensor) -> Result<(), ShimError> {
+    // SAFETY: tch's tensor pointers are `torch::Tensor*`, valid while the tensors live; the
+    // shim empties both, which tch then frees as empty tensors.
+    check(unsafe { vs_backward(t.as_ptr(), grad.as_ptr()) })
 }
 
 /// Sets `t.grad` to None, freeing the gradient (PyTorch's `zero_grad(set_to_none=True)`).

@@ -14,7 +14,7 @@
 use tch::{Device, Kind, Tensor};
 
 use vramscope_core::producer::scopes::Scopes;
-use vramscope_core::step_config::{Attention, ModelDims};
+use vramscope_core::step_config::{Attention, Checkpointing, ModelDims};
 
 const RMS_EPS: f64 = 1e-5;
 const ROPE_THETA: f64 = 10_000.0;
@@ -198,6 +198,14 @@ struct Block {
     scope_ln2: u32,
 }
 
+/// A block forward ran without grad (activation checkpointing): its input, kept for the
+/// recompute, and its output, a leaf.
+pub struct Checkpointed {
+    block: usize,
+    input: Tensor,
+    output: Tensor,
+}
+
 pub struct TransformerLm {
     pub dims: ModelDims,
     device: Device,
@@ -315,16 +323,29 @@ impl TransformerLm {
         self.rope = (ctx, rope_table(ctx, self.dims.d_model / self.dims.heads, self.device));
     }
 
-    /// tokens [batch, ctx] (int64) → logits [batch, ctx, vocab].
-    pub fn forward(&self, tokens: &Tensor, attention: Attention, scopes: &Scopes) -> Tensor {
+    /// tokens [batch, ctx] (int64) → logits [batch, ctx, vocab], and the blocks
+    /// `checkpointing` ran without grad, for `backward_checkpointed` (pass
+    /// `Checkpointing::None` without grad).
+    pub fn forward(&self, tokens: &Tensor, attention: Attention, checkpointing: Checkpointing, scopes: &Scopes) -> (Tensor, Vec<Checkpointed>) {
         let embedded = {
             let _s = scopes.enter(self.scope_embed);
             self.embed.index(&[Some(tokens)])
         };
         // The embedding stays referenced until forward returns, as in the reference.
         let mut x: Option<Tensor> = None;
-        for b in &self.blocks {
-            let next = self.block(b, x.as_ref().unwrap_or(&embedded), attention, scopes);
+        let mut checkpointed = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let input = x.as_ref().unwrap_or(&embedded);
+            let next = if checkpointing.covers(i as i64) {
+                // torch.utils.checkpoint(block, x, use_reentrant=True): the block runs without
+                // grad, keeping nothing but its input; its output is a leaf that collects the
+                // gradient backward brings to it.
+                let output = tch::no_grad(|| self.block(b, input, attention, scopes)).set_requires_grad(true);
+                checkpointed.push(Checkpointed { block: i, input: input.shallow_clone(), output: output.shallow_clone() });
+                output
+            } else {
+                self.block(b, input, attention, scopes)
+            };
             x = Some(next);
         }
         let normed = {
@@ -338,7 +359,34 @@ impl TransformerLm {
         };
         drop(normed);
         drop(embedded);
-        logits
+        (logits, checkpointed)
+    }
+
+    /// Backward through the checkpointed blocks, once `loss.backward()` has brought the
+    /// gradient to the last one's output: each block, last first, runs its forward again
+    /// with grad (under autocast where forward ran under it: `autocast(true)` and
+    /// `autocast(false)` enter and leave it) and backward goes through it with its output's
+    /// gradient. A block's input gradient goes on into the graph before it, or straight to
+    /// the checkpointed block before it, as torch's reentrant checkpoint hands it on.
+    pub fn backward_checkpointed(&self, mut checkpointed: Vec<Checkpointed>, attention: Attention, scopes: &Scopes, autocast: &dyn Fn(bool)) -> Result<(), crate::capture::ShimError> {
+        let mut carried: Option<Tensor> = None;
+        while let Some(Checkpointed { block, input, output }) = checkpointed.pop() {
+            let grad = carried.take().unwrap_or_else(|| output.grad());
+            drop(output);
+            let x = input.detach().set_requires_grad(true);
+            autocast(true);
+            let y = self.block(&self.blocks[block], &x, attention, scopes);
+            autocast(false);
+            crate::capture::backward(y, grad)?;
+            let grad_in = x.grad();
+            drop(x);
+            if checkpointed.last().is_some_and(|before| before.block + 1 == block) {
+                carried = Some(grad_in);
+            } else {
+                crate::capture::backward(input, grad_in)?;
+            }
+        }
+        Ok(())
     }
 
     fn block(&self, b: &Block, x: &Tensor, attention: Attention, scopes: &Scopes) -> Tensor {

@@ -18,7 +18,7 @@ use vramscope_core::producer::server::Server;
 use vramscope_core::producer::tracker::Backend;
 use vramscope_core::snapshot::model::Frame;
 use vramscope_core::source::launch::EngineOptions;
-use vramscope_core::step_config::{AutocastPolicy, DeviceChoice, Mode, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use vramscope_core::step_config::{AutocastPolicy, Checkpointing, DeviceChoice, Mode, Precision, StepConfig};
 use vramscope_core::selftest::evidence::OomFigures;
 use vramscope_core::stream::EngineInfo;
 
@@ -280,16 +280,7 @@ impl Worker {
     /// A viewer's knob change: the value now in force, or why not.
     fn apply_knob(&mut self, name: &str, value: &str) -> Result<String, String> {
         let c = &mut self.cfg;
-        let bad = |e: String| format!("knob {name}: {e}");
-        match name {
-            "precision" => c.precision = value.parse().map_err(bad)?,
-            "ctx" => c.ctx = value.parse::<i64>().map_err(|e| bad(e.to_string()))?.clamp(1, MAX_CTX),
-            "batch" => c.batch = value.parse::<i64>().map_err(|e| bad(e.to_string()))?.clamp(1, MAX_BATCH),
-            "mode" => c.mode = value.parse().map_err(bad)?,
-            "attention" => c.attention = value.parse().map_err(bad)?,
-            "optimizer" => c.optimizer = value.parse().map_err(bad)?,
-            _ => return Err(format!("vramscope's model has no knob '{name}' (it has precision, ctx, batch, mode, attention, optimizer)")),
-        }
+        vramscope_core::step_config::apply_knob(c, name, value)?;
         Ok(c.knobs().into_iter().find(|k| k.name == name).map(|k| k.value).unwrap_or_default())
     }
 
@@ -316,6 +307,7 @@ impl Worker {
                     mode: cfg.mode,
                     precision: cfg.precision,
                     attention: Some(cfg.attention),
+                    checkpointing: Some(cfg.checkpointing),
                     ctx: cfg.ctx,
                     batch: cfg.batch,
                 };
@@ -368,21 +360,23 @@ impl Worker {
         }
         // As `loss = cross_entropy(model(tokens), targets)` under autocast: the logits die
         // with the expression, before the region's weight copies are released.
-        let forward = |model: &TransformerLm, scopes: &Scopes| {
+        let autocast = |on: bool| {
             if half {
-                capture::autocast(cuda, true, fp16).expect("enable autocast");
+                capture::autocast(cuda, on, fp16).expect("autocast on or off");
             }
-            let logits = model.forward(&tokens, cfg.attention, scopes);
+        };
+        let forward = |model: &TransformerLm, scopes: &Scopes, checkpointing: Checkpointing| {
+            autocast(true);
+            let (logits, checkpointed) = model.forward(&tokens, cfg.attention, checkpointing, scopes);
             let loss = crate::model::cross_entropy(&logits, &targets);
             drop(logits);
-            if half {
-                capture::autocast(cuda, false, fp16).expect("disable autocast");
-            }
-            loss
+            autocast(false);
+            (loss, checkpointed)
         };
-        let loss = match cfg.mode {
-            Mode::Forward => tch::no_grad(|| forward(&self.model, &self.scopes)),
-            Mode::Train => forward(&self.model, &self.scopes),
+        // Without grad there is nothing to checkpoint.
+        let (mut loss, checkpointed) = match cfg.mode {
+            Mode::Forward => tch::no_grad(|| forward(&self.model, &self.scopes, Checkpointing::None)),
+            Mode::Train => forward(&self.model, &self.scopes, cfg.checkpointing),
         };
         let loss_value = loss.double_value(&[]);
         if cfg.mode == Mode::Train {
@@ -396,8 +390,17 @@ impl Worker {
                 s.tag(growth.data_ptr() as u64, Category::OptimizerState, Some("GradScaler._growth_tracker"));
             }
             self.enter_phase(Phase::Backward);
-            scaled.as_ref().unwrap_or(&loss).backward();
+            // `loss.backward()`: its gradient (ones) lives until the whole backward is done,
+            // checkpointed blocks included, as torch's does.
+            let target = scaled.as_ref().unwrap_or(&loss);
+            let ones = target.ones_like();
+            capture::backward(target.shallow_clone(), ones.shallow_clone()).expect("backward");
             drop(scaled);
+            // Let go of the graph, which holds the checkpointed blocks' outputs (autograd's
+            // leaves), so each is freed once backward no longer needs it.
+            loss = loss.detach();
+            self.model.backward_checkpointed(checkpointed, cfg.attention, &self.scopes, &autocast).expect("backward through the checkpointed blocks");
+            drop(ones);
             {
                 let mut s = lock(&self.session);
                 s.drain();

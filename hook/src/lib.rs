@@ -752,6 +752,7 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
                 _ => Precision::Fp32,
             },
             attention: None,
+            checkpointing: None,
             ctx,
             batch,
         };

@@ -46,6 +46,9 @@ class Hooks:
         self.phase = OTHER
         self.step_started = time.perf_counter()
         self.backward_ran = False
+        # Backward calls under way: a module's forward inside one is activation
+        # checkpointing's recompute, which belongs to backward, not a new forward pass.
+        self.backward_depth = 0
         self.autocast = None  # the dtype of the autocast region the forward ran in
         # GradScaler.scale's outputs this step (by id) and the losses they scaled.
         self._scaled = {}
@@ -136,7 +139,7 @@ class Hooks:
 
     def _pre(self, module, args):
         stack = self._stack()
-        if not stack:
+        if not stack and not self.backward_depth:
             self._outermost(module, args)
         name = self._name_of(module)
         sid = self._scope_id(name)
@@ -253,9 +256,11 @@ class Hooks:
                 # A GradScaler's scaled loss stands for the loss it scaled: its value is the
                 # step's loss, and the hook keeps no hold on the scaled tensor.
                 self.losses.append(self._scaled.pop(id(tensors), None) or tensors.detach())
+            self.backward_depth += 1
             try:
                 return original(tensors, *args, **kwargs)
             finally:
+                self.backward_depth -= 1
                 self._name_grads()
 
         return backward

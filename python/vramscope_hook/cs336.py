@@ -3,7 +3,7 @@
 `vramscope` with no arguments runs this module under the hook where vramscope's own engine
 is not installed (a pip install), so the first screen is the course's model on your GPU and
 torch, with the same keys as the engine: `p` precision, `[` `]` context length, `{` `}`
-batch size, `m` mode, `a` attention, `s` snapshot. Run it by hand with
+batch size, `m` mode, `a` attention, `k` activation checkpointing, `s` snapshot. Run it by hand with
 
     vramscope py -- python -m vramscope_hook.cs336 --ctx 128 --precision bf16
 
@@ -265,12 +265,18 @@ class BasicsTransformerLM(nn.Module):
         self.layers = nn.ModuleList(Block(d_model, num_heads, d_ff, rope) for _ in range(num_layers))
         self.ln_final = RMSNorm(d_model)
         self.lm_head = Linear(d_model, vocab_size)
+        self.checkpoint_every = 0  # activation checkpointing: every k-th block from block 0, 0 for none
 
     def forward(self, tokens):
         embedded = self.token_embeddings(tokens)
         x = embedded  # the embedding stays referenced until forward returns
-        for layer in self.layers:
-            x = layer(x)
+        for i, layer in enumerate(self.layers):
+            if self.checkpoint_every and i % self.checkpoint_every == 0 and torch.is_grad_enabled():
+                # The block keeps only its input and runs again in backward. No RNG state is
+                # stashed: the model draws no random numbers in forward (no dropout).
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=True, preserve_rng_state=False)
+            else:
+                x = layer(x)
         x = self.ln_final(x)
         logits = self.lm_head(x)
         del x, embedded
@@ -339,6 +345,22 @@ class AdamW(torch.optim.Optimizer):
 _OutOfMemory = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
+def _checkpoint_every(value):
+    """`none`, `all`, `every-K` (vramscope's spelling) → K, 0 for none."""
+    if value == "none":
+        return 0
+    if value == "all":
+        return 1
+    k = value.removeprefix("every-")
+    if k.isdigit() and int(k) >= 1:
+        return int(k)
+    raise argparse.ArgumentTypeError(f"unknown checkpointing '{value}' (allowed: none, all, every-K)")
+
+
+def _checkpointing_name(every):
+    return {0: "none", 1: "all"}.get(every, f"every-{every}")
+
+
 def _device(name):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -358,6 +380,7 @@ def main(argv=None):
     p.add_argument("--mode", choices=["forward", "train"], default="train")
     p.add_argument("--attention", choices=["naive", "fused"], default="naive")
     p.add_argument("--optimizer", choices=["reference", "torch"], default="reference", help="the reference's AdamW or torch.optim.AdamW")
+    p.add_argument("--checkpointing", type=_checkpoint_every, default="none", help="activation checkpointing: none, all (every block) or every-K")
     p.add_argument("--steps", type=int, default=2, help="steps to run (0: until stopped)")
     p.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda or cuda:N")
     p.add_argument("--seed", type=int, default=0)
@@ -407,6 +430,10 @@ def _train(a, Model, loss_fn, Reference, device):
             model.positional_encoder.prepare(ctx)
             for layer in model.layers:
                 layer.attn.fused = fused
+            try:
+                model.checkpoint_every = _checkpoint_every(vramscope_hook.knob("checkpointing", _checkpointing_name(a.checkpointing)))
+            except argparse.ArgumentTypeError:
+                pass  # a value the key does not send: keep what runs
         if precision == "fp16" and not scaler:
             scaler.append(torch.amp.GradScaler(device.type))
         value = _step(model, opt, loss_fn, a.vocab, ctx, batch, precision, train, device, scaler[0] if precision == "fp16" else None)

@@ -26,6 +26,7 @@ pub fn tiny(ctx: i64, batch: i64, mode: Mode, precision: Precision, attention: A
         mode,
         attention,
         optimizer: Default::default(),
+        checkpointing: Default::default(),
     }
 }
 

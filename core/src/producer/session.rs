@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::event::{Batch, Category, Phase};
 use crate::snapshot::model::Frame;
 use crate::snapshot::writer::{save_snapshot_atomic, unique_path};
-use crate::step_config::{Attention, AutocastPolicy, Mode, Precision};
+use crate::step_config::{Attention, AutocastPolicy, Checkpointing, Mode, Precision};
 use crate::stream::{Control, EngineInfo, Incoming, Knob, KnobChange, OutOfMemory, Report, StepReport};
 
 use super::cut::{FrameTables, SnapshotCut};
@@ -83,6 +83,8 @@ pub struct StepEnd {
     pub mode: Mode,
     pub precision: Precision,
     pub attention: Option<Attention>,
+    /// vramscope's own model's checkpointing; None for a user's job.
+    pub checkpointing: Option<Checkpointing>,
     pub ctx: i64,
     pub batch: i64,
 }
@@ -439,6 +441,7 @@ impl Session {
             mode: end.mode,
             precision: end.precision,
             attention: end.attention,
+            checkpointing: end.checkpointing,
             ctx: end.ctx,
             batch: end.batch,
             peak_allocated_bytes: stats.peak_allocated,
@@ -609,7 +612,8 @@ impl Session {
         let from = std::mem::replace(&mut k.value, to.to_string());
         if let Some(c) = &mut self.info.config {
             // vramscope's own model keeps its config in step with its knobs.
-            crate::step_config::apply_knob(c, name, to);
+            // The engine applied it already: a value it refused never gets here.
+            let _ = crate::step_config::apply_knob(c, name, to);
         }
         self.report(Report::Knob(KnobChange { step, knob: name.to_string(), from, to: to.to_string() }));
     }

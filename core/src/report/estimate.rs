@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use crate::step_config::{Attention, AutocastPolicy, Mode, Optimizer, Precision, StepConfig, MAX_BATCH, MAX_CTX};
+use crate::step_config::{Attention, AutocastPolicy, Checkpointing, Mode, Optimizer, Precision, StepConfig, MAX_BATCH, MAX_CTX};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Dtype {
@@ -82,17 +82,19 @@ struct Tape {
     peak: u64,
     /// What was alive at the peak (indices into `made`).
     at_peak: Vec<usize>,
-    /// The last layer's `einsum(attention_weights, V)`: the first tensor it made, and the
-    /// attention weights it saved. Backward's peak with naive attention is just after
-    /// that einsum's backward, when everything saved from there on has been let go.
-    last_weights_einsum: Option<(usize, Id)>,
+    /// Each layer's `einsum(attention_weights, V)`: the layer, the first tensor it made, and
+    /// the attention weights it saved. Backward's peak with naive attention is just after
+    /// such an einsum's backward, when everything saved from there on has been let go.
+    weights_einsums: Vec<(i64, usize, Id)>,
+    /// The first tensor made after the layers (the final norm's).
+    head_start: usize,
 }
 
 type Id = usize;
 
 impl Tape {
     fn new(grad: bool, cpu: bool, base: u64) -> Tape {
-        Tape { grad, cpu, made: Vec::new(), layer: None, live: base, peak: base, at_peak: Vec::new(), last_weights_einsum: None }
+        Tape { grad, cpu, made: Vec::new(), layer: None, live: base, peak: base, at_peak: Vec::new(), weights_einsums: Vec::new(), head_start: 0 }
     }
 
     fn make(&mut self, line: &str, dims: &[i64], dtype: Dtype) -> Id {
@@ -305,7 +307,9 @@ fn attention_core(tp: &mut Tape, s: &Shape, q: Id, k: Id, v: Id, mask: Id) -> Id
     let weights = if s.listed != c { tp.make(&format!("einsum(attention_weights, V, ...): autocast's {} copy of attention_weights", c.name()), &bhtt, c) } else { probs };
     tp.save(weights);
     if tp.layer == Some(s.layers - 1) {
-        tp.last_weights_einsum = Some((first, weights));
+        if let Some(layer) = tp.layer {
+            tp.weights_einsums.push((layer, first, weights));
+        }
     }
     // V is a permuted view of v_proj's output: the matmul copies it unless batch is 1.
     let vc = (s.b > 1).then(|| tp.make("einsum(attention_weights, V, ...): V made contiguous", &bhtd, c));
@@ -411,20 +415,29 @@ fn block(tp: &mut Tape, s: &Shape, x: Id) -> Id {
 }
 
 /// BasicsTransformerLM.forward, then nn_utils.py cross_entropy of its logits (which die
-/// with that expression). The loss stays alive. Returns the peak up to the logits.
-fn forward_and_loss(tp: &mut Tape, s: &Shape) -> u64 {
+/// with that expression). The loss stays alive. Returns the peak up to the logits. The
+/// blocks `checkpointing` covers run without grad, keeping their input for backward (only
+/// with grad on: a forward pass without grad has nothing to checkpoint).
+fn forward_and_loss(tp: &mut Tape, s: &Shape, checkpointing: Checkpointing) -> u64 {
     let (btd, btv, bt1) = ([s.b, s.t, s.d], [s.b, s.t, s.v], [s.b, s.t, 1]);
     let embedded = tp.make("Embedding: self.weight[token_ids, :]", &btd, Dtype::F32);
     let mut x = embedded;
     for i in 0..s.layers {
         tp.layer = Some(i);
+        let checkpointed = tp.grad && checkpointing.covers(i);
+        if checkpointed {
+            tp.save(x);
+            tp.grad = false;
+        }
         let next = block(tp, s, x);
+        tp.grad |= checkpointed;
         if x != embedded {
             tp.free(x);
         }
         x = next;
     }
     tp.layer = None;
+    tp.head_start = tp.made.len();
     let normed = rmsnorm(tp, s, x, "ln_final");
     if x != embedded {
         tp.free(x);
@@ -496,7 +509,8 @@ pub struct Estimate {
     pub scaler_bytes: u64,
     /// Token ids and targets, the RoPE table.
     pub input_bytes: u64,
-    /// What one transformer block saves for backward, tensor by tensor.
+    /// What one transformer block saves for backward, tensor by tensor (one that is not
+    /// checkpointed: a checkpointed one keeps its input alone).
     pub per_layer: Vec<Term>,
     pub per_layer_bytes: u64,
     /// Saved outside the blocks (embedding, final norm, LM head, cross-entropy).
@@ -586,10 +600,15 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
 
     // Without grad: nothing is saved, and autocast's copies die with their ops.
     let mut no_grad = Tape::new(false, cpu, persistent);
-    let logits_peak_bytes = forward_and_loss(&mut no_grad, &s);
-    // A training step in the steady state: AdamW's moments exist.
-    let mut tape = Tape::new(true, cpu, persistent + moments + scaler_bytes);
-    forward_and_loss(&mut tape, &s);
+    let logits_peak_bytes = forward_and_loss(&mut no_grad, &s, Checkpointing::None);
+    // A training step in the steady state: AdamW's moments exist. `full` is the step
+    // without checkpointing: what each block saves, and so what its recompute makes again.
+    let train_tape = |checkpointing| {
+        let mut tp = Tape::new(true, cpu, persistent + moments + scaler_bytes);
+        forward_and_loss(&mut tp, &s, checkpointing);
+        tp
+    };
+    let (tape, full) = (train_tape(cfg.checkpointing), train_tape(Checkpointing::None));
     let end_of_forward = tape.live;
 
     let (c, l) = (s.c.size(), s.listed.size());
@@ -613,20 +632,30 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
         Attention::Naive => (b * s.h * t * t) as u64 * c,
         Attention::Fused => 0,
     };
-    // Naive attention: in the last layer's softmax backward. Everything saved from its
-    // weights' einsum on has been let go, the gradients of the parameters after it exist
-    // (fp32), and five [b, h, t, t] tensors of the softmax's dtype are alive at once (the
-    // weights' gradient, the division's two gradients and the temporaries of the second),
-    // beside the fp32 residual gradient and the attention output's gradient.
-    let in_attention = match tape.last_weights_einsum {
-        Some((first, weights)) => {
-            let released: u64 = tape.made.iter().enumerate().filter(|(i, m)| m.live && (*i >= first || *i == weights)).map(|(_, m)| m.term.bytes).sum();
-            let grads_after = (head_weight + 2 * dm as u64 + 3 * (dm * s.f) as u64 + (dm * dm) as u64) * 4;
+    // Naive attention: in a layer's softmax backward; without checkpointing the last
+    // layer's, with it possibly an earlier one's, where the gradients of more layers exist.
+    // What the layers after it and the head kept has been let go, and of its own saved
+    // tensors (made again by the recompute where it is checkpointed) those from its weights'
+    // einsum on; the gradients of the parameters after it exist (fp32), and five
+    // [b, h, t, t] tensors of the softmax's dtype are alive at once (the weights' gradient,
+    // the division's two gradients and the temporaries of the second), beside the fp32
+    // residual gradient and the attention output's gradient.
+    let kept_by_layer = |layer: i64| -> u64 { tape.alive().filter(|m| m.layer == Some(layer)).map(|m| m.term.bytes).sum() };
+    let after_layers: u64 = tape.made[tape.head_start..].iter().filter(|m| m.live).map(|m| m.term.bytes).sum();
+    let layer_parameter_bytes = (4 * dm * dm + 3 * dm * s.f + 2 * dm) as u64 * 4;
+    let in_attention = full
+        .weights_einsums
+        .iter()
+        .map(|&(layer, first, weights)| {
+            let start = full.made.iter().position(|m| m.layer == Some(layer)).unwrap_or(first);
+            let own: u64 = (start..first).filter(|&i| full.made[i].live && i != weights).map(|i| full.made[i].term.bytes).sum();
+            let released: u64 = (layer..s.layers).map(kept_by_layer).sum::<u64>() + after_layers;
+            let grads_after = (head_weight + 2 * dm as u64 + 3 * (dm * s.f) as u64 + (dm * dm) as u64) * 4 + (s.layers - 1 - layer) as u64 * layer_parameter_bytes;
             let softmax = 5 * (b * s.h * t * t) as u64 * l;
-            end_of_forward - released + grads_after + softmax + (b * t * dm) as u64 * (4 + c)
-        }
-        None => 0,
-    };
+            end_of_forward - released + own + grads_after + softmax + (b * t * dm) as u64 * (4 + c)
+        })
+        .max()
+        .unwrap_or(0);
     let scaled_loss = scaler_bytes / 2;
     let backward_peak_bytes = start.max(at_head).max(in_attention) + scaled_loss;
     // The update's temporaries for the largest parameter: the reference's AdamW holds five
@@ -641,7 +670,8 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
     let step_peak_bytes = tape.peak.max(backward_peak_bytes).max(optimizer_peak_bytes);
 
     let saved = |layer: Option<i64>| tape.alive().filter(move |m| m.layer == layer && m.saved).collect::<Vec<_>>();
-    let per_layer = grouped(saved(Some(0)).into_iter());
+    // What a block saves when it is not checkpointed.
+    let per_layer = grouped(full.alive().filter(|m| m.layer == Some(0) && m.saved));
     let outside_layers = grouped(saved(None).into_iter());
     let activation_bytes = tape.alive().filter(|m| m.saved).map(|m| m.term.bytes).sum();
     let peak_tape = match cfg.mode {
@@ -737,7 +767,7 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
     // activations: its report holds what it does keep, and says which mode it is.
     let _ = writeln!(
         s,
-        "## {} — {}, ctx {}, batch {}, {}, {} attention{}{}\n",
+        "## {} — {}, ctx {}, batch {}, {}, {} attention{}{}{}\n",
         c.model_name,
         if train { "training step" } else { "forward only (no grad)" },
         c.ctx,
@@ -745,6 +775,7 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
         c.precision.label(Some(e.target.autocast_policy)),
         c.attention,
         if train { format!(", {} AdamW", c.optimizer) } else { String::new() },
+        if train && c.checkpointing != Checkpointing::None { format!(", {}", c.checkpointing.label()) } else { String::new() },
         if e.target.cpu { " (as a CPU run measures it)" } else { "" }
     );
     let _ = writeln!(s, "| what | bytes |\n|---|---:|");
@@ -773,7 +804,17 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
     let _ = writeln!(s, "| attention scores, one layer | {} |", bytes(e.attention_scores_bytes));
     let _ = writeln!(s, "\nResidual stream tensor: {}\n", e.residual_derivation);
     if train {
-        let _ = writeln!(s, "### Saved per layer ({} layers, {} each)\n", c.dims.layers, bytes(e.per_layer_bytes));
+        let checkpointed = c.checkpointing.blocks(c.dims.layers);
+        let _ = match checkpointed {
+            0 => writeln!(s, "### Saved per layer ({} layers, {} each)\n", c.dims.layers, bytes(e.per_layer_bytes)),
+            n => writeln!(
+                s,
+                "### Saved per layer ({} layers: {} each where not checkpointed; {n} checkpointed keep only their input, {} each, and run forward again in backward)\n",
+                c.dims.layers,
+                bytes(e.per_layer_bytes),
+                bytes(e.residual_bytes)
+            ),
+        };
         let _ = writeln!(s, "| tensor | shape | bytes |\n|---|---|---:|");
         for t in e.per_layer.iter().chain(&e.outside_layers) {
             let _ = writeln!(s, "| {} | {} | {} |", t.name, t.shape, bytes(t.bytes));
@@ -800,6 +841,20 @@ pub fn render(e: &Estimate, fit: Option<&FitVerdict>) -> String {
             bytes(x.optimizer_peak_bytes),
             bytes(x.step_peak_bytes)
         );
+    }
+    if train {
+        let _ = writeln!(s, "\n### Activation checkpointing: memory against recompute\n\n| checkpointing | activations saved | full step peak | forward FLOPs run again |\n|---|---:|---:|---:|");
+        let every = c.dims.layers.clamp(2, 4) as u32;
+        let mut options = vec![Checkpointing::None, Checkpointing::Every(1), Checkpointing::Every(2), Checkpointing::Every(every)];
+        options.push(c.checkpointing);
+        options.sort_by_key(|o| match o { Checkpointing::None => 0, Checkpointing::Every(k) => *k });
+        options.dedup();
+        for o in options {
+            let x = estimate_on(&StepConfig { checkpointing: o, ..c.clone() }, e.target);
+            let share = x.compute.recompute_flops / x.compute.forward_flops.max(1.0);
+            let mark = if o == c.checkpointing { " (this estimate)" } else { "" };
+            let _ = writeln!(s, "| {}{mark} | {} | {} | {:.0}% of a forward pass |", o.label(), bytes(x.activation_bytes), bytes(x.step_peak_bytes), share * 100.0);
+        }
     }
     let _ = writeln!(s, "\n{}", super::compute::render(&e.compute, c.mode));
     if let Some(f) = fit {
@@ -836,6 +891,7 @@ mod tests {
             mode: Mode::Train,
             attention,
             optimizer: Default::default(),
+            checkpointing: Default::default(),
         }
     }
 

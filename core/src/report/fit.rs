@@ -176,7 +176,8 @@ pub fn fits(rows: &[SweepRow]) -> Vec<Scaling> {
     for r in rows {
         let Some(peak) = r.peak_bytes() else { continue };
         let c = &r.config;
-        let base = format!("{} {} {} {}", c.model_name, c.precision, c.mode, c.attention);
+        let base = format!("{} {} {} {}", c.model_name, c.precision, c.mode, c.attention)
+            + &if c.checkpointing == crate::step_config::Checkpointing::None { String::new() } else { format!(" checkpointing {}", c.checkpointing) };
         let point = |x| Point { x, peak, activations: r.activation_bytes(), categories: r.category_peak_bytes().cloned().unwrap_or_default() };
         by_batch.entry((format!("{base} ctx {}", c.ctx), c.ctx)).or_default().push(point(c.batch));
         by_ctx.entry((format!("{base} batch {}", c.batch), c.batch)).or_default().push(point(c.ctx));

@@ -6,6 +6,7 @@ use crate::source::job::Fed;
 use crate::stream::{Incoming, Report, StepReport};
 
 use crate::format::bytes;
+use crate::step_config::Checkpointing;
 
 pub fn step_line(r: &StepReport) -> String {
     let phases = crate::event::Phase::ALL
@@ -15,7 +16,7 @@ pub fn step_line(r: &StepReport) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "{}{}step {:>3}  {} {} {}{} | peak allocated {} ({}) | reserved {} | {} | {}{}",
+        "{}{}step {:>3}  {} {} {}{}{} | peak allocated {} ({}) | reserved {} | {} | {}{}",
         r.rank.map(|k| format!("rank {k} ")).unwrap_or_default(),
         r.device.map(|d| format!("cuda:{d} ")).unwrap_or_default(),
         r.step,
@@ -23,6 +24,7 @@ pub fn step_line(r: &StepReport) -> String {
         r.precision,
         r.shape(),
         r.attention.map(|a| format!(" {a}")).unwrap_or_default(),
+        r.checkpointing.filter(|c| *c != Checkpointing::None).map(|c| format!(", {}", c.label())).unwrap_or_default(),
         bytes(r.peak_allocated_bytes),
         phases,
         bytes(r.reserved_bytes),

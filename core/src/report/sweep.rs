@@ -10,7 +10,7 @@ use crate::event::Phase;
 use crate::format::bytes;
 use crate::source::job::Output;
 use crate::source::launch::{launch_engine, EngineOptions};
-use crate::step_config::{Attention, AutocastPolicy, DeviceChoice, Mode, Precision, StepConfig};
+use crate::step_config::{Attention, AutocastPolicy, Checkpointing, DeviceChoice, Mode, Precision, StepConfig};
 use crate::stream::{Control, Incoming, Report, StepReport};
 
 /// What a sweep varies besides the configurations themselves.
@@ -37,6 +37,7 @@ pub fn configurations(
     precision: &[Precision],
     mode: &[Mode],
     attention: &[Attention],
+    checkpointing: &[Checkpointing],
 ) -> Vec<StepConfig> {
     let mut out = Vec::new();
     for m in models {
@@ -45,7 +46,9 @@ pub fn configurations(
                 for &p in precision {
                     for &md in mode {
                         for &a in attention {
-                            out.push(StepConfig { ctx: c, batch: b, precision: p, mode: md, attention: a, ..m.clone() });
+                            for &k in checkpointing {
+                                out.push(StepConfig { ctx: c, batch: b, precision: p, mode: md, attention: a, checkpointing: k, ..m.clone() });
+                            }
                         }
                     }
                 }
@@ -70,7 +73,8 @@ pub fn requested_size(message: &str) -> Option<u64> {
 }
 
 fn snapshot_name(c: &StepConfig) -> String {
-    format!("{}_ctx{}_b{}_{}_{}_{}_{}.pickle", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention, c.optimizer)
+    let checkpointing = if c.checkpointing == Checkpointing::None { String::new() } else { format!("_ckpt-{}", c.checkpointing) };
+    format!("{}_ctx{}_b{}_{}_{}_{}_{}{checkpointing}.pickle", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention, c.optimizer)
 }
 
 /// Runs one configuration to completion on its own engine process (a fresh model and an
@@ -141,7 +145,7 @@ pub fn sweep(configs: &[StepConfig], o: &SweepOptions, progress: &indicatif::Pro
     configs
         .iter()
         .map(|c| {
-            progress.set_message(format!("{} ctx {} batch {} {} {} {}", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention));
+            progress.set_message(format!("{} ctx {} batch {} {} {} {}, checkpointing {}", c.model_name, c.ctx, c.batch, c.precision, c.mode, c.attention, c.checkpointing));
             let row = run_one(c, o);
             progress.inc(1);
             row
@@ -218,8 +222,8 @@ impl std::str::FromStr for Format {
     }
 }
 
-const HEADER: [&str; 14] = [
-    "model", "ctx", "batch", "precision", "mode", "attention", "peak allocated", "peak phase", "activations", "reserved",
+const HEADER: [&str; 15] = [
+    "model", "ctx", "batch", "precision", "mode", "attention", "checkpointing", "peak allocated", "peak phase", "activations", "reserved",
     "mean active", "step time (s)", "tokens/s", "samples/s",
 ];
 
@@ -234,6 +238,7 @@ fn cells(r: &SweepRow, raw: bool) -> Vec<String> {
         c.precision.to_string(),
         c.mode.to_string(),
         c.attention.to_string(),
+        c.checkpointing.to_string(),
     ];
     match &r.outcome {
         Outcome::Measured(m) => v.extend([
@@ -273,8 +278,8 @@ fn csv_field(s: &str) -> String {
 pub fn render(rows: &[SweepRow], fits: &[Scaling], format: Format) -> String {
     match format {
         Format::Markdown => {
-            // Numbers right-aligned, names and phases left.
-            const ALIGN: [&str; 14] = ["---", "---:", "---:", "---", "---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"];
+            // Numbers right-aligned, names and phases left; one per column of HEADER.
+            const ALIGN: [&str; HEADER.len()] = ["---", "---:", "---:", "---", "---", "---", "---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"];
             let mut s = format!("| {} |\n| {} |\n", HEADER.join(" | "), ALIGN.join(" | "));
             for r in rows {
                 s += &format!("| {} |\n", cells(r, false).join(" | ").replace('\n', " "));
@@ -316,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cross_product_varies_attention_fastest() {
+    fn the_cross_product_varies_checkpointing_fastest_then_attention() {
         let base = StepConfig {
             model_name: "tiny".into(),
             dims: crate::step_config::Preset::Tiny.dims(),
@@ -326,12 +331,15 @@ mod tests {
             mode: Mode::Train,
             attention: Attention::Naive,
             optimizer: Default::default(),
+            checkpointing: Default::default(),
         };
-        let all = configurations(&[base], &[64, 128], &[1, 2], &[Precision::Fp32], &[Mode::Forward, Mode::Train], Attention::ALL);
-        assert_eq!(all.len(), 16);
+        let ckpt = [Checkpointing::None, Checkpointing::Every(1)];
+        let all = configurations(&[base], &[64, 128], &[1, 2], &[Precision::Fp32], &[Mode::Forward, Mode::Train], Attention::ALL, &ckpt);
+        assert_eq!(all.len(), 32);
         assert_eq!((all[0].ctx, all[0].batch, all[0].mode, all[0].attention), (64, 1, Mode::Forward, Attention::Naive));
-        assert_eq!(all[1].attention, Attention::Fused);
-        assert_eq!(all[15].ctx, 128);
+        assert_eq!((all[1].attention, all[1].checkpointing), (Attention::Naive, Checkpointing::Every(1)), "checkpointing varies fastest");
+        assert_eq!(all[2].attention, Attention::Fused);
+        assert_eq!(all[31].ctx, 128);
     }
 
     #[test]
@@ -347,12 +355,14 @@ mod tests {
                     mode: Mode::Train,
                     attention: Attention::Naive,
                     optimizer: Default::default(),
+                    checkpointing: Default::default(),
                 }],
                 &[2048],
                 &[4],
                 &[Precision::Fp32],
                 &[Mode::Train],
                 &[Attention::Naive],
+                &[Checkpointing::None],
             )
             .remove(0),
             outcome: Outcome::Oom { phase: "forward".into(), requested_bytes: Some(3 << 30), message: "a, b".into() },

@@ -60,6 +60,7 @@ fn config() -> StepConfig {
         mode: Mode::Train,
         attention: Attention::Naive,
         optimizer: Default::default(),
+        checkpointing: Default::default(),
     }
 }
 

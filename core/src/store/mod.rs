@@ -428,7 +428,8 @@ impl Store {
                 let text = format!("{} {} → {} from step {}", k.knob, k.from, k.to, k.step);
                 if let Some(info) = &mut self.info {
                     if let Some(c) = &mut info.config {
-                        crate::step_config::apply_knob(c, &k.knob, &k.to);
+                        // A recording's knob changes are ones the engine made.
+                        let _ = crate::step_config::apply_knob(c, &k.knob, &k.to);
                     }
                     match info.knobs.iter_mut().find(|x| x.name == k.knob) {
                         Some(x) => x.value = k.to.clone(),

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{Batch, Phase};
 use crate::source::gauges::sample::GaugeBatch;
-use crate::step_config::{Attention, AutocastPolicy, Mode, Precision, StepConfig};
+use crate::step_config::{Attention, AutocastPolicy, Checkpointing, Mode, Precision, StepConfig};
 
 /// CLOCK_MONOTONIC now, in nanoseconds: the clock every process of a session shares (the
 /// capture shim's steady_clock is the same clock).
@@ -53,6 +53,7 @@ impl StepConfig {
             ("mode", self.mode.to_string()),
             ("attention", self.attention.to_string()),
             ("optimizer", self.optimizer.to_string()),
+            ("checkpointing", self.checkpointing.to_string()),
         ]
         .into_iter()
         .map(|(name, value)| Knob { name: name.into(), value })
@@ -116,6 +117,10 @@ pub struct StepReport {
     pub precision: Precision,
     /// vramscope's own model's attention; None for a user's job.
     pub attention: Option<Attention>,
+    /// vramscope's own model's activation checkpointing; None for a user's job (and for
+    /// steps recorded before it was a knob).
+    #[serde(default)]
+    pub checkpointing: Option<Checkpointing>,
     pub ctx: i64,
     pub batch: i64,
     /// Peak of the allocator's allocated bytes (block sizes) during the step.
@@ -166,6 +171,7 @@ impl StepReport {
             mode: Mode::Train,
             precision: Precision::Fp32,
             attention: None,
+            checkpointing: None,
             ctx: 8,
             batch: 2,
             peak_allocated_bytes: peak,

@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
 #include <chrono>
@@ -272,6 +274,21 @@ int vs_amp_unscale(at::Tensor* const* grads, int n, at::Tensor* found_inf, const
     g.reserve(n);
     for (int i = 0; i < n; ++i) g.push_back(*grads[i]);  // handles on the same storage
     at::_amp_foreach_non_finite_check_and_unscale_(g, *found_inf, *inv_scale);
+  });
+}
+
+// Backward from `t` with `grad` as its gradient (`torch.autograd.backward(t, grad)`, which
+// tch does not wrap): activation checkpointing's recompute hands gradients on this way, as
+// torch.utils.checkpoint does. Both handles are emptied: backward starts from `t`'s graph
+// edge, so `t` (a block's input) is freed before backward runs and the gradient as soon as
+// backward is done with it, as autograd frees what a node of its graph no longer needs.
+int vs_backward(at::Tensor* t, at::Tensor* grad) {
+  return vs::guard([&] {
+    const auto edge = torch::autograd::impl::gradient_edge(*t);
+    t->reset();
+    torch::autograd::variable_list grads{std::move(*grad)};
+    grad->reset();
+    torch::autograd::Engine::get_default_engine().execute({edge}, grads, false, false, true);
   });
 }
 

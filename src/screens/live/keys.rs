@@ -10,6 +10,7 @@ crate::actions! {
     BatchUp, "batch_up", "}", "batch size + 1";
     ToggleMode, "toggle_mode", "m", "forward-only / full step";
     ToggleAttention, "toggle_attention", "a", "attention naive / fused";
+    NextCheckpointing, "next_checkpointing", "k", "activation checkpointing: none, every block, every 2nd";
     Snapshot, "snapshot", "s", "save a memory_viz snapshot";
     TogglePause, "toggle_pause", "space", "pause / resume training";
     StepOnce, "step_once", ".", "one step while paused";
@@ -46,7 +47,7 @@ impl LiveKey {
         use LiveKey::*;
         match self {
             SpeedUp | SpeedDown | NextStep | PrevStep => replay,
-            TogglePrecision | CtxHalve | CtxDouble | BatchDown | BatchUp | ToggleMode | ToggleAttention | Snapshot | StepOnce | ToggleRecord | Detach => !replay,
+            TogglePrecision | CtxHalve | CtxDouble | BatchDown | BatchUp | ToggleMode | ToggleAttention | NextCheckpointing | Snapshot | StepOnce | ToggleRecord | Detach => !replay,
             _ => true,
         }
     }

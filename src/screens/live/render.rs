@@ -89,6 +89,9 @@ fn job_facts(info: &vramscope_core::stream::EngineInfo, wide: bool) -> (String, 
     let name = match &info.config {
         Some(c) => {
             facts.extend([precision(c.precision.as_str()), format!("ctx {}", c.ctx), format!("batch {}", c.batch), c.mode.to_string(), c.attention.to_string(), format!("{} AdamW", c.optimizer)]);
+            if c.checkpointing != vramscope_core::step_config::Checkpointing::None {
+                facts.push(c.checkpointing.label());
+            }
             c.model_name.clone()
         }
         None => {
