@@ -56,7 +56,7 @@ pub struct SnapshotCut {
     modelled: Option<(Vec<Segment>, AllocatorSettings)>,
     frames: Vec<Frame>,
     stacks: Vec<Vec<FrameId>>,
-    stack_of: HashMap<(u32, Phase), StackId>,
+    stack_of: rustc_hash::FxHashMap<(u32, Phase), StackId>,
     trace: Vec<MemEvent>,
     /// Stream sequence number of `trace[0]`.
     first_seq: u64,

@@ -57,7 +57,7 @@ const MAX_QUEUED_REPORTS: usize = 10_000;
 /// How long a finishing job waits for its viewers to take the rest of its stream.
 const FINISH_WAIT: Duration = Duration::from_secs(10);
 /// zstd level on the wire: the job's CPU matters more than the bytes on a local socket.
-const WIRE_ZSTD_LEVEL: i32 = 1;
+pub const WIRE_ZSTD_LEVEL: i32 = 1;
 
 /// Writes the job's lines (refused peers, where it listens) where its owner sees them.
 pub type Log = Arc<dyn Fn(&str) + Send + Sync>;

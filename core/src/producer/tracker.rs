@@ -6,7 +6,9 @@
 //! stream carries modelled device addresses and segment events, as a GPU would show.
 //! On CUDA the caching allocator's own trace passes through.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::FxHashMap;
 
 use crate::allocator::config::round_size;
 use crate::allocator::{AllocatorConfig, CachingAllocatorModel, ModelOp};
@@ -87,7 +89,8 @@ pub const RING_ENTRIES: usize = 1_000_000;
 pub struct Tracker {
     backend: Backend,
     /// Keyed by the raw address (CPU pointer, or device address on CUDA).
-    live: HashMap<u64, Live>,
+    /// Keyed by address: Fx, not SipHash, since every event looks one up (issue 35).
+    live: FxHashMap<u64, Live>,
     next_seq: u64,
     pub category_bytes: [u64; 8],
     pub active_bytes: u64,
@@ -101,7 +104,7 @@ pub struct Tracker {
     marks: VecDeque<PhaseMark>,
     ops: Vec<ModelOp>,
     /// Stack id per (scope, phase), from the caller's frame table; 0 = empty stack.
-    pub stack_of: HashMap<(u32, Phase), StackId>,
+    pub stack_of: FxHashMap<(u32, Phase), StackId>,
     /// CUDA: device memory mapped by segment events seen (start → size), so a viewer that
     /// attaches later learns what is reserved.
     segments: BTreeMap<u64, u64>,
@@ -116,7 +119,7 @@ impl Tracker {
     pub fn new(backend: Backend, ring_cap: usize) -> Tracker {
         Tracker {
             backend,
-            live: HashMap::new(),
+            live: FxHashMap::default(),
             next_seq: 0,
             category_bytes: [0; 8],
             active_bytes: 0,
@@ -128,7 +131,7 @@ impl Tracker {
             ring_cap,
             marks: VecDeque::new(),
             ops: Vec::new(),
-            stack_of: HashMap::new(),
+            stack_of: FxHashMap::default(),
             segments: BTreeMap::new(),
             unseen_reserved: 0,
             divisions: AllocatorConfig::default().division_table(),

@@ -3,7 +3,9 @@
 //! counters, with the bookkeeping that keeps them consistent as blocks link, merge and
 //! move between pools. What a request does with them is in `caching` and `expandable`.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use rustc_hash::FxHashMap;
 
 use super::ops::AllocatorStats;
 use crate::allocator::config::{AllocatorConfig, ROUNDUP_INTERVALS, ROUND_LARGE};
@@ -78,7 +80,7 @@ pub struct CachingAllocatorModel {
     pub(super) spare_nodes: Vec<u32>,
     pub(super) segs: Vec<Seg>,
     pub(super) pools: Vec<Pool>,
-    pub(super) live: HashMap<u64, u32>,
+    pub(super) live: FxHashMap<u64, u32>,
     pub(super) next_addr: u64,
     pub(super) queued_addrs: VecDeque<u64>,
     pub(super) empty_stack: StackId,
@@ -97,7 +99,7 @@ impl CachingAllocatorModel {
             spare_nodes: Vec::new(),
             segs: Vec::new(),
             pools: Vec::new(),
-            live: HashMap::new(),
+            live: FxHashMap::default(),
             next_addr: MODEL_BASE_ADDR,
             queued_addrs: VecDeque::new(),
             empty_stack: 0,

@@ -1,0 +1,36 @@
+"""The densest allocation pattern a real job has (issue 35): a small MLP trained with
+gradient accumulation, 4 micro-batches of [32, 256] per AdamW step, many small tensors.
+Prints the median step time in ms over the last `--steps` steps (the first few warm up)."""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times = []
+    for _ in range(a.steps + 20):
+        t = time.perf_counter()
+        for _ in range(4):
+            x = torch.randn(32, 256)
+            loss = torch.nn.functional.cross_entropy(model(x), torch.randint(10, (32,))) / 4
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+    print(f"median step {statistics.median(times[20:]) * 1e3:.3f} ms over {a.steps} steps", flush=True)
+
+
+if __name__ == "__main__":
+    main()
