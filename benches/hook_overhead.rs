@@ -1,9 +1,11 @@
 //! What watching a user's job costs it: the step time of one PyTorch script (a transformer
-//! trained with AdamW, tests/py/train_transformer.py) run plainly and under `vramscope py`,
+//! trained with AdamW, tests/py/train_transformer.py; with `--dense`, the issue 35 MLP with
+//! gradient accumulation, tests/py/dense_mlp.py) run plainly and under `vramscope py`,
 //! interleaved in one run so machine noise hits both alike (target: at most 1.05×), and the
 //! bytes per allocator event on the job's socket.
 //!
 //!   cargo bench --bench hook_overhead -- [rounds] [steps] [d_model] [layers] [ctx]
+//!   cargo bench --bench hook_overhead -- --dense [rounds] [steps] [torch threads]
 
 mod common;
 
@@ -20,8 +22,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+fn dense() -> bool {
+    std::env::args().any(|a| a == "--dense")
+}
+
 fn script() -> std::path::PathBuf {
-    common::root().join("tests/py/train_transformer.py")
+    common::root().join(if dense() { "tests/py/dense_mlp.py" } else { "tests/py/train_transformer.py" })
 }
 
 /// The script's own step times (the first, warm-up step left out).
@@ -95,10 +101,15 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let arg = |i: usize, d: u64| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (rounds, steps, d_model, layers, ctx) = (arg(0, 4), arg(1, 12), arg(2, 256), arg(3, 4), arg(4, 128));
-    let script_args: Vec<String> = ["--steps", &steps.to_string(), "--d-model", &d_model.to_string(), "--layers", &layers.to_string(), "--ctx", &ctx.to_string(), "--batch", "4"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let script_args: Vec<String> = if dense() {
+        // A few hundred steps of ~2 ms: the second argument, the third torch's threads.
+        vec!["--steps".into(), arg(1, 300).to_string(), "--threads".into(), arg(2, 0).to_string()]
+    } else {
+        ["--steps", &steps.to_string(), "--d-model", &d_model.to_string(), "--layers", &layers.to_string(), "--ctx", &ctx.to_string(), "--batch", "4"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
     let dir = tempfile::tempdir().expect("temp dir");
     vramscope_core::channel::dir::ensure_private_dir(&dir.path().join("sockets")).expect("socket dir");
     let (mut plain, mut hooked) = (Vec::new(), Vec::new());
@@ -111,7 +122,10 @@ fn main() {
         }
     }
     let (p, h) = (median(plain), median(hooked));
-    println!("transformer d_model {d_model}, {layers} layers, ctx {ctx}, batch 4, AdamW, CPU: {rounds} rounds × {steps} steps, interleaved");
+    match dense() {
+        true => println!("dense MLP, 4 micro-batches of [32, 256] per AdamW step, CPU, {}: {rounds} rounds, interleaved", script_args.join(" ")),
+        false => println!("transformer d_model {d_model}, {layers} layers, ctx {ctx}, batch 4, AdamW, CPU: {rounds} rounds × {steps} steps, interleaved"),
+    }
     println!("  median step plain:            {p:.4} s");
     println!("  median step under vramscope:  {h:.4} s  ({:.3}×, target ≤ 1.05×)", h / p);
     let (bytes, events) = wire(&script_args, dir.path());

@@ -202,7 +202,8 @@ fn a_viewer_that_does_not_read_costs_dropped_batches_never_the_jobs_progress_or_
     opts.queue_batches = 1;
     let source = start(&opts);
     // Read nothing for a while: more than the socket and this side's queue hold piles up
-    // (1,700 events a step), so the job's queue overflows. The job must not wait for us.
+    // (1,700 events, about three items a step), so the job's queue overflows. The job must
+    // not wait for us.
     std::thread::sleep(std::time::Duration::from_secs(12));
     let watched = collect(&source);
     let steps = watched.steps();

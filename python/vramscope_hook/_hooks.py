@@ -49,6 +49,10 @@ class Hooks:
         # Backward calls under way: a module's forward inside one is activation
         # checkpointing's recompute, which belongs to backward, not a new forward pass.
         self.backward_depth = 0
+        self._cast_checked = None  # (the precision knob's value,) once asked this step
+        # Storage address -> weakref to the tensor tagged there: an accumulated gradient or
+        # AdamW's moments are the same tensor step after step, and are named once.
+        self._tagged = {}
         self.autocast = None  # the dtype of the autocast region the forward ran in
         # GradScaler.scale's outputs this step (by id) and the losses they scaled.
         self._scaled = {}
@@ -215,7 +219,12 @@ class Hooks:
         """Precision by key: under bf16, the model's forward (and the loss computed from it
         in this step) runs in the hook's autocast region, closed before backward; a script
         under its own autocast owns its precision, and is said so once."""
-        want = self.precision_knob() if self.precision_knob is not None else None
+        # The knob is asked once a step (it changes between steps): each micro-batch's
+        # forward asking again cost the job's thread (issue 35).
+        if self._cast_checked is None:
+            knob = self.precision_knob() if self.precision_knob is not None else None
+            self._cast_checked = (knob,)
+        want = self._cast_checked[0]
         if want is None or self._cast is not None:
             return  # the script chooses its precision (a knob of its own), or the region is open
         param = next(model.parameters(), None)
@@ -238,11 +247,21 @@ class Hooks:
 
     # -- backward, optimizer, zero_grad ----------------------------------------------------
 
+    def _tag(self, t, category, name):
+        """Names what `t` holds (`name()` gives its name) unless this very tensor was named
+        there already: each tag drains the capture and costs the job's thread (issue 35)."""
+        ptr = _storage_ptr(t)
+        seen = self._tagged.get(ptr)
+        if seen is not None and seen() is t:
+            return
+        self._tagged[ptr] = weakref.ref(t)
+        self.core.vsh_tag(ptr, category, name().encode())
+
     def _name_grads(self):
         for ref, name in self.params.values():
             p = ref()
             if p is not None and p.grad is not None:
-                self.core.vsh_tag(_storage_ptr(p.grad), GRADIENT, f"grad of {name}".encode())
+                self._tag(p.grad, GRADIENT, lambda: f"grad of {name}")
 
     def _backward(self, original):
         def backward(tensors, *args, **kwargs):
@@ -277,7 +296,7 @@ class Hooks:
                 name = self.params.get(id(p), (None, None))[1] or "a parameter"
                 for key, v in optimizer.state.get(p, {}).items():
                     if isinstance(v, self.torch.Tensor) and v.numel() > 1:
-                        self.core.vsh_tag(_storage_ptr(v), OPTIMIZER_STATE, f"{key} of {name}".encode())
+                        self._tag(v, OPTIMIZER_STATE, lambda: f"{key} of {name}")
         self.end_step()
 
     def _zero_grad(self, original):
@@ -327,6 +346,9 @@ class Hooks:
             self.core.vsh_phase(OTHER)
             return
         self._close_cast()
+        self._cast_checked = None
+        # Names of tensors that died go (their addresses will hold others).
+        self._tagged = {ptr: ref for ptr, ref in self._tagged.items() if ref() is not None}
         # The step's loss: the given one, else what its backwards were called on, summed
         # over micro-steps (a script that accumulates gradients divides each by their
         # number, so the sum is the step's mean). Reading a CUDA loss would wait for the

@@ -382,7 +382,9 @@ impl Session {
             t.mark(now, self.step as u32, phase);
         }
         self.refresh_stacks();
-        self.flush();
+        // No flush: the flusher ships the mark within FLUSH_EVERY. Shipping at every
+        // boundary woke the viewers' writer threads many times a step, each wake-up taking
+        // a core from the job (issue 35: a dense job has ten boundaries a step).
     }
 
     /// CUDA: the allocator's current counters correct the running figures at each
@@ -412,6 +414,8 @@ impl Session {
     /// Closes a step: its exact figures go out as a report, one for each device.
     pub fn end_step(&mut self, end: &StepEnd) -> StepReport {
         self.set_phase(Phase::Other);
+        // The step's events reach viewers before its report.
+        self.flush();
         let r = self.step_report(None, end);
         let others: Vec<u8> = self.others.keys().copied().collect();
         for d in others {
