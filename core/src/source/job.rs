@@ -27,10 +27,8 @@ use crate::stream::{Control, Incoming, Report};
 pub type Fed = (u32, Incoming);
 
 /// Items waiting for the consumer; a full queue holds the readers back, so the job's own
-/// queue (bounded, counted) takes the back-pressure, never the job. A job ships a batch a
-/// step and one every 100 ms between (issue 35), so 256 hold well over a minute of a
-/// typical job, and bound what a stalled screen buffers.
-const QUEUE: usize = 256;
+/// queue (bounded, counted) takes the back-pressure, never the job.
+const QUEUE: usize = 1024;
 /// How often a launched job's socket directory is looked at for new ranks.
 const DISCOVER_EVERY: Duration = Duration::from_millis(50);
 
