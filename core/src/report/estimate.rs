@@ -608,7 +608,10 @@ pub fn estimate_on(cfg: &StepConfig, target: Target) -> Estimate {
         forward_and_loss(&mut tp, &s, checkpointing);
         tp
     };
-    let (tape, full) = (train_tape(cfg.checkpointing), train_tape(Checkpointing::None));
+    let tape = train_tape(cfg.checkpointing);
+    // Without checkpointing the step is its own full tape: it is walked once.
+    let unchecked = (cfg.checkpointing != Checkpointing::None).then(|| train_tape(Checkpointing::None));
+    let full = unchecked.as_ref().unwrap_or(&tape);
     let end_of_forward = tape.live;
 
     let (c, l) = (s.c.size(), s.listed.size());
