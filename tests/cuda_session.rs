@@ -1,7 +1,8 @@
-//! The CUDA side of a producer session, end to end without a GPU: a capture that hands over
-//! what CUDA's trace tracker would (several devices, segments made before it attached,
-//! the allocator's counters), a real session and server, and viewers on the socket whose
-//! screens' stores are held to the allocator's figures.
+//! A producer session end to end without a GPU: a capture that hands over what CUDA's trace
+//! tracker would (several devices, segments made before it attached, the allocator's
+//! counters) or what the CPU wrapper records among the host's in-band records, a real
+//! session and server, and viewers on the socket whose screens' stores are held to the
+//! allocator's figures.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -10,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use vramscope_core::allocator::{AllocatorConfig, CachingAllocatorModel};
 use vramscope_core::channel::Endpoint;
-use vramscope_core::event::{Action, Phase};
-use vramscope_core::producer::raw::{CudaStats, RawEvent};
+use vramscope_core::event::{Action, Category, Phase};
+use vramscope_core::producer::raw::{CudaStats, RawEvent, CPU_DEVICE, RAW_ALLOC, RAW_FREE, RAW_MARK_PHASE};
 use vramscope_core::producer::scopes::Scopes;
 use vramscope_core::producer::server::{Listen, Log, Server};
 use vramscope_core::producer::session::{Capture, Session, SessionOptions, StepEnd};
@@ -28,6 +29,8 @@ const MIB: u64 = 1 << 20;
 #[derive(Clone, Default)]
 struct FakeCuda {
     pending: Arc<Mutex<Vec<RawEvent>>>,
+    /// The step and phase a phase mark stamps on what is recorded after it, as the shim's.
+    tags: Arc<Mutex<(u32, u8)>>,
     stats: Arc<Mutex<BTreeMap<u8, CudaStats>>>,
 }
 
@@ -50,6 +53,12 @@ impl Capture for FakeCuda {
         out.append(&mut self.pending.lock().unwrap());
     }
     fn set_tags(&self, _: u32, _: Phase) {}
+    fn mark(&self, rec: &RawEvent) {
+        if rec.action == RAW_MARK_PHASE {
+            *self.tags.lock().unwrap() = (rec.step, rec.phase);
+        }
+        self.pending.lock().unwrap().push(*rec);
+    }
     fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {
         self.stats.lock().unwrap().get(&device).copied().ok_or_else(|| "no such device".into())
     }
@@ -199,4 +208,56 @@ fn a_viewer_that_attaches_late_gets_every_device_and_the_allocators_reserved_byt
     assert_eq!(shown.history.live_total(), 5 * MIB);
     ranks.next_device();
     assert_eq!((ranks.shown().history.live_total(), ranks.shown().history.reserved()), (1000, 2 * MIB));
+}
+
+#[test]
+fn what_the_jobs_thread_says_in_band_lands_where_it_was_said() {
+    // The hook on a CPU job: phases, names and step ends go into the shim's buffer among
+    // the allocator's events, and are processed only when the flusher drains.
+    let t = tempfile::tempdir().unwrap();
+    let cpu = FakeCuda::default();
+    let (mut s, viewer, _) = start(&t, cpu.clone());
+    let b = s.in_band(Box::new(cpu.clone()));
+    let raw = |action: u8, addr: u64, size: u64| {
+        let (step, phase) = *cpu.tags.lock().unwrap();
+        cpu.pending.lock().unwrap().push(RawEvent { action, addr, size, step, phase, device: CPU_DEVICE, ..RawEvent::default() });
+    };
+    let grad = s.scopes.intern("grad of w");
+
+    b.phase(0, Phase::Forward);
+    raw(RAW_ALLOC, 0x10_0000, MIB);
+    b.tag(0x10_0000, Category::Input, 0);
+    raw(RAW_ALLOC, 0x20_0000, 4 * MIB);
+    raw(RAW_FREE, 0x10_0000, 0);
+    // The input's address is reused by an activation after the input was named: the name
+    // belongs to the first tensor only.
+    raw(RAW_ALLOC, 0x10_0000, MIB);
+    b.phase(0, Phase::Backward);
+    raw(RAW_FREE, 0x20_0000, 0);
+    raw(RAW_ALLOC, 0x30_0000, 2 * MIB);
+    b.tag(0x30_0000, Category::Gradient, grad);
+    b.step_end(0, step_end());
+    b.phase(1, Phase::Forward);
+    raw(RAW_ALLOC, 0x40_0000, 8 * MIB);
+    raw(RAW_FREE, 0x40_0000, 0);
+    b.step_end(1, step_end());
+    assert_eq!(s.tracker.active_bytes, 0, "nothing is processed on the job's thread");
+
+    s.drain();
+    assert_eq!(s.step, 1);
+    s.finish();
+    let (ranks, reports) = screen_of(&viewer);
+    let steps: Vec<_> = reports.iter().filter_map(|r| if let Report::Step(s) = r { Some(s.clone()) } else { None }).collect();
+    assert_eq!(steps.iter().map(|s| s.step).collect::<Vec<_>>(), [0, 1]);
+    let phase_peaks = |i: usize| steps[i].phase_active_peak_bytes.iter().map(|(p, b)| (p.clone(), *b / MIB)).collect::<Vec<_>>();
+    assert_eq!(phase_peaks(0), [("backward".to_string(), 3), ("forward".to_string(), 5)]);
+    assert_eq!(phase_peaks(1), [("forward".to_string(), 11)]);
+    assert_eq!(steps[0].category_bytes.iter().find(|(c, _)| *c == "input"), None, "the input was freed; its address's next tensor is not one");
+    assert_eq!(steps[0].category_bytes.iter().find(|(c, _)| *c == "gradient").map(|(_, b)| *b), Some(2 * MIB));
+    // The screen's store saw the same: the name on the gradient, the phases on the events.
+    let shown = ranks.shown();
+    assert_eq!(shown.history.live_total(), 3 * MIB);
+    let live = shown.largest_live(10);
+    assert!(live.iter().any(|a| a.size == 2 * MIB && a.category == Category::Gradient && a.phase == Phase::Backward && a.scope == grad), "{live:?}");
+    assert!(live.iter().any(|a| a.size == MIB && a.category != Category::Input && a.phase == Phase::Forward), "{live:?}");
 }

@@ -206,3 +206,21 @@ fn py_draws_the_jobs_phases_s_writes_a_snapshot_pytorch_reads_and_q_stops_the_jo
     }
     assert!(!running(), "q stopped the job it started");
 }
+
+/// Issue 35 (and 33's dropped events): the densest job a real script makes (an MLP trained
+/// with gradient accumulation, ~550 allocator events a step at full speed, torch on both
+/// cores) watched live loses no event.
+#[test]
+fn a_dense_job_watched_live_loses_no_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let d = dir.path().display();
+    let script = common::repo_root().join("tests/py/dense_mlp.py");
+    let cmd = format!("{bin} py {} --steps 100000; echo $? > {d}/exit", script.display());
+    let s = Session::start("vramscope-e2e-dense", &cmd);
+    let screen = s.wait_for("2000 steps", 240, |sc| shown_step(sc).is_some_and(|n| n >= 2000));
+    assert!(screen.contains("capture ok") && !screen.contains("capture dropping"), "{screen}");
+    s.keys("q");
+    wait_file(&dir.path().join("exit"), 60);
+    s.assert_terminal_restored();
+}

@@ -2,6 +2,8 @@
 //! CPU training configuration the overhead benches run.
 #![allow(dead_code)]
 
+pub mod stream;
+
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -17,6 +17,7 @@ type OomCallback = extern "C" fn(u8, u64);
 extern "C" {
     fn vs_install_cpu_allocator() -> c_int;
     fn vs_set_tags(step: u32, phase: u8);
+    fn vs_mark(rec: *const RawEvent);
     fn vs_set_scope(scope: u32);
     fn vs_set_capture_enabled(on: bool);
     fn vs_now_ns() -> u64;
@@ -198,6 +199,10 @@ impl Capture for Shim {
 
     fn set_tags(&self, step: u32, phase: Phase) {
         unsafe { vs_set_tags(step, phase as u8) }
+    }
+
+    fn mark(&self, rec: &RawEvent) {
+        unsafe { vs_mark(rec) }
     }
 
     fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {

@@ -151,6 +151,10 @@ impl Capture for RecordingShim {
         Shim.set_tags(step, phase)
     }
 
+    fn mark(&self, rec: &RawEvent) {
+        Shim.mark(rec)
+    }
+
     fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {
         Shim.cuda_stats(device)
     }

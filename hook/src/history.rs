@@ -115,6 +115,11 @@ pub fn seed(action: u8, addr: u64, size: u64, device: u8, now_ns: u64) {
     SEEDED.lock().unwrap_or_else(|e| e.into_inner()).push(e);
 }
 
+/// Seeds wait to be drained.
+pub fn seeding() -> bool {
+    !SEEDED.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+}
+
 pub fn drain(out: &mut Vec<RawEvent>) {
     out.append(&mut SEEDED.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(h) = history().as_mut() {

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -24,7 +24,7 @@ use vramscope_core::event::{Category, Phase};
 use vramscope_core::producer::raw::{CudaStats, RawEvent, CPU_DEVICE};
 use vramscope_core::producer::scopes::Scopes;
 use vramscope_core::producer::server::{Listen, Log, Server};
-use vramscope_core::producer::session::{between_steps, lock, Flusher, Boundary, Capture, Session, SessionOptions, Shared, StepEnd};
+use vramscope_core::producer::session::{between_steps, lock, Flusher, Boundary, Capture, InBand, Session, SessionOptions, Shared, StepEnd};
 use vramscope_core::producer::tracker::Backend;
 use vramscope_core::snapshot::model::Frame;
 use vramscope_core::step_config::{AutocastPolicy, Mode, Precision};
@@ -86,6 +86,7 @@ struct ShimFns {
     remove_cpu_allocator: extern "C" fn(),
     dropped: extern "C" fn() -> u64,
     set_tags: extern "C" fn(u32, u8),
+    mark: extern "C" fn(*const RawEvent),
     set_scope: extern "C" fn(u32),
     now_ns: extern "C" fn() -> u64,
     clock_zero_ns: extern "C" fn() -> u64,
@@ -124,6 +125,7 @@ impl ShimFns {
             remove_cpu_allocator: sym(h, "vs_remove_cpu_allocator")?,
             dropped: sym(h, "vs_dropped")?,
             set_tags: sym(h, "vs_set_tags")?,
+            mark: sym(h, "vs_mark")?,
             set_scope: sym(h, "vs_set_scope")?,
             now_ns: sym(h, "vs_now_ns")?,
             clock_zero_ns: sym(h, "vs_clock_zero_ns")?,
@@ -203,6 +205,12 @@ impl Capture for Loaded {
             (s.set_tags)(step, phase as u8);
         }
         history::set_tags(step, phase as u8);
+    }
+
+    fn mark(&self, rec: &RawEvent) {
+        if let Some(s) = shim() {
+            (s.mark)(rec);
+        }
     }
 
     fn cuda_stats(&self, device: u8) -> Result<CudaStats, String> {
@@ -297,6 +305,12 @@ const OOM_SNAPSHOT_EVERY: Duration = Duration::from_secs(10);
 
 struct Core {
     session: Shared,
+    /// While the modelled CPU is followed: phases, names and step ends go in band (see
+    /// `InBand`), so the job's thread neither models events nor waits for the flusher.
+    /// CUDA's are said at once: the allocator's counters are read at each boundary.
+    in_band: Option<InBand>,
+    /// The step under way, as the job's thread counts it.
+    step: u64,
     follow: Follow,
     /// When the last OOM snapshot was cut, and how many OOMs went without one since.
     last_oom_snapshot: Option<std::time::Instant>,
@@ -310,6 +324,19 @@ struct Core {
     /// Where the hook leaves the job once alone (`Config::unhook_when_alone`): since when
     /// no viewer has been there, and whether one ever came.
     alone: Option<Alone>,
+}
+
+impl Core {
+    /// CUDA is followed from now on: what was said in band is processed first, and the
+    /// session counts steps again.
+    fn leave_in_band(&mut self) -> MutexGuard<'_, Session> {
+        let mut s = lock(&self.session);
+        if self.in_band.take().is_some() {
+            s.drain();
+            s.step = self.step;
+        }
+        s
+    }
 }
 
 struct Alone {
@@ -423,7 +450,7 @@ extern "C" fn on_oom(device: u8, requested: u64) {
         match oom_action(s.followed_device(), device, c.last_oom_snapshot, now) {
             OomAction::Snapshot => {
                 c.last_oom_snapshot = Some(now);
-                let name = format!("{}_rank{}_step{}_oom.pickle", c.name, c.rank, s.step);
+                let name = format!("{}_rank{}_step{}_oom.pickle", c.name, c.rank, c.step);
                 let path = s.snapshot_now(&name);
                 s.oom(requested, path, None);
             }
@@ -444,6 +471,7 @@ fn start(cfg: Config) -> Result<Core, String> {
         let _ = SHIM.set(ShimFns::load(path)?);
     }
     let follow: Follow = cfg.device.parse()?;
+    let in_band = !matches!(follow, Follow::Cuda(_)) && shim().is_some();
     let mut note = cfg.shim_note.clone();
     let backend = match follow {
         // Nothing to record until the job initialises CUDA (`vsh_cuda_initialised`).
@@ -509,12 +537,15 @@ fn start(cfg: Config) -> Result<Core, String> {
         }
     }
     lock(&session).start(0);
+    let in_band = in_band.then(|| lock(&session).in_band(Box::new(Loaded)));
     let flusher = Flusher::spawn(&session);
     if let Some(s) = shim() {
         (s.set_oom_callback)(Some(on_oom));
     }
     Ok(Core {
         session,
+        in_band,
+        step: 0,
         follow,
         last_oom_snapshot: None,
         oom_unsnapshotted: 0,
@@ -541,7 +572,7 @@ pub extern "C" fn vsh_cuda_initialised() -> c_int {
         let s = shim().ok_or("no capture shim")?;
         s.check((s.cuda_attach)())?;
         s.stop_modelling();
-        lock(&c.session).follow_cuda();
+        c.leave_in_band().follow_cuda();
         Ok(())
     })
 }
@@ -557,7 +588,7 @@ pub extern "C" fn vsh_history_start(snapshot: Option<history::SnapshotFn>, why: 
         if let Some(s) = shim() {
             s.stop_modelling();
         }
-        let mut session = lock(&c.session);
+        let mut session = c.leave_in_band();
         session.follow_cuda();
         session.report(Report::Note(format!("{why}: CUDA memory comes from PyTorch's memory history, read at every phase boundary")));
         Ok(())
@@ -654,7 +685,10 @@ pub extern "C" fn vsh_intern(name: *const c_char) -> u32 {
 #[no_mangle]
 pub extern "C" fn vsh_phase(phase: u8) -> c_int {
     with_core(|c| {
-        lock(&c.session).set_phase(Phase::from_u8(phase));
+        match &c.in_band {
+            Some(b) => b.phase(c.step, Phase::from_u8(phase)),
+            None => lock(&c.session).set_phase(Phase::from_u8(phase)),
+        }
         Ok(())
     })
 }
@@ -665,9 +699,15 @@ pub extern "C" fn vsh_phase(phase: u8) -> c_int {
 pub extern "C" fn vsh_tag(addr: u64, category: u8, name: *const c_char) -> c_int {
     with_core(|c| {
         let name = if name.is_null() { None } else { Some(cstr(name)?) };
-        let mut s = lock(&c.session);
-        s.drain();
-        s.tag(addr, Category::from_u8(category), name);
+        // An attach's seeds wait outside the shim's buffer: a name for one follows them.
+        match c.in_band.as_ref().filter(|_| !history::seeding()) {
+            Some(b) => b.tag(addr, Category::from_u8(category), name.map_or(0, |n| c.scopes.intern(n))),
+            None => {
+                let mut s = lock(&c.session);
+                s.drain();
+                s.tag(addr, Category::from_u8(category), name);
+            }
+        }
         Ok(())
     })
 }
@@ -738,10 +778,6 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
     let mut kinds = HashMap::new();
     let mut leave = false;
     let rc = with_core(|c| {
-        let mut s = lock(&c.session);
-        if let Some(alone) = c.alone.as_mut() {
-            leave = alone.leave(s.server().viewers(), std::time::Instant::now());
-        }
         let end = StepEnd {
             loss,
             elapsed_s,
@@ -756,12 +792,37 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
             ctx,
             batch,
         };
-        s.end_step(&end);
-        if s.take_snapshot_request() {
-            let name = format!("{}_rank{}_step{}.pickle", c.name, c.rank, s.step);
-            s.snapshot(&name);
+        let step = c.step;
+        c.step += 1;
+        let snapshot_name = format!("{}_rank{}_step{step}.pickle", c.name, c.rank);
+        let now = std::time::Instant::now();
+        match &c.in_band {
+            Some(b) => {
+                if let Some(alone) = c.alone.as_mut() {
+                    leave = alone.leave(b.viewers(), now);
+                }
+                b.step_end(step, end);
+                if b.take_snapshot_request() {
+                    let mut s = lock(&c.session);
+                    s.drain();
+                    s.snapshot(&snapshot_name);
+                }
+                if b.nothing_between() {
+                    return Ok(());
+                }
+            }
+            None => {
+                let mut s = lock(&c.session);
+                if let Some(alone) = c.alone.as_mut() {
+                    leave = alone.leave(s.server().viewers(), now);
+                }
+                s.end_step(&end);
+                if s.take_snapshot_request() {
+                    s.snapshot(&snapshot_name);
+                }
+                s.step += 1;
+            }
         }
-        s.step += 1;
         session = Some(c.session.clone());
         kinds = c.knobs.clone();
         Ok(())
@@ -774,7 +835,9 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
     }
     // Without the core's lock: the wait may be long, and the OOM handler and the Python
     // side's other threads need the core meanwhile.
-    let session = session.expect("set above");
+    let Some(session) = session else {
+        return 0;
+    };
     let boundary = between_steps(&session, &mut |name, value| match kinds.get(name) {
         Some(k) => check_knob(*k, value).map_err(|e| format!("knob {name}: {e}")),
         None => Err(format!("this job declares no knob '{name}' (declare it with vramscope_hook.knob)")),

@@ -49,7 +49,7 @@ class Hooks:
         # Backward calls under way: a module's forward inside one is activation
         # checkpointing's recompute, which belongs to backward, not a new forward pass.
         self.backward_depth = 0
-        self._cast_checked = None  # (the precision knob's value,) once asked this step
+        self._cast_checked = None  # the precision knob's value once asked this step; False: settled
         # Storage address -> weakref to the tensor tagged there: an accumulated gradient or
         # AdamW's moments are the same tensor step after step, and are named once.
         self._tagged = {}
@@ -219,26 +219,30 @@ class Hooks:
         """Precision by key: under bf16, the model's forward (and the loss computed from it
         in this step) runs in the hook's autocast region, closed before backward; a script
         under its own autocast owns its precision, and is said so once."""
-        # The knob is asked once a step (it changes between steps): each micro-batch's
-        # forward asking again cost the job's thread (issue 35).
+        # The knob is asked once a step (it changes between steps), and once fp32 or the
+        # script's own autocast is found, the step's other forwards have nothing to do:
+        # each micro-batch's forward asking again cost the job's thread (issue 35).
         if self._cast_checked is None:
             knob = self.precision_knob() if self.precision_knob is not None else None
-            self._cast_checked = (knob,)
-        want = self._cast_checked[0]
-        if want is None or self._cast is not None:
-            return  # the script chooses its precision (a knob of its own), or the region is open
+            self._cast_checked = knob
+        want = self._cast_checked
+        if not want or self._cast is not None:
+            return  # the script chooses its precision (a knob of its own), settled, or the region is open
         param = next(model.parameters(), None)
         device_type = param.device.type if param is not None else "cpu"
         if self._autocast_on(device_type):
             if not self.script_autocast and self.note is not None:
                 self.note("the script runs under its own autocast: it owns its precision, and p does not change it")
             self.script_autocast = True
+            self._cast_checked = False
             return
         # fp16 by key is autocast alone: a GradScaler is the script's to make.
         dtype = {"bf16": self.torch.bfloat16, "fp16": self.torch.float16}.get(want)
-        if dtype is not None:
-            self._cast = self.torch.autocast(device_type, dtype=dtype)
-            self._cast.__enter__()
+        if dtype is None:
+            self._cast_checked = False
+            return
+        self._cast = self.torch.autocast(device_type, dtype=dtype)
+        self._cast.__enter__()
 
     def _close_cast(self):
         if self._cast is not None:
@@ -270,6 +274,10 @@ class Hooks:
             # Backward never runs in the hook's autocast region (as torch.autocast advises).
             self._close_cast()
             self.set_phase(BACKWARD)
+            # Later micro-batches accumulate into the gradients the first one made, and the
+            # optimizer's start names any new ones: naming after each backward cost the
+            # job's thread (issue 35).
+            first = not self.backward_ran
             self.backward_ran = True
             if isinstance(tensors, self.torch.Tensor) and tensors.numel() == 1:
                 # A GradScaler's scaled loss stands for the loss it scaled: its value is the
@@ -280,7 +288,8 @@ class Hooks:
                 return original(tensors, *args, **kwargs)
             finally:
                 self.backward_depth -= 1
-                self._name_grads()
+                if first:
+                    self._name_grads()
 
         return backward
 

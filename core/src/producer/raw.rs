@@ -28,6 +28,24 @@ pub const RAW_ALLOC: u8 = 0;
 pub const RAW_FREE: u8 = 2;
 pub const RAW_OOM: u8 = 8;
 
+/// The host's own records among the events (the shim's `vs_mark`; c10's actions stay below
+/// 0x80): a phase begins (`step`, `phase`), a tensor is named (`addr` its key, `phase` its
+/// category, `scope` its name or 0), a step ends (`step`; what the host said of it waits
+/// in the session's queue).
+pub const RAW_MARK_PHASE: u8 = 0x80;
+pub const RAW_MARK_TAG: u8 = 0x81;
+pub const RAW_MARK_STEP_END: u8 = 0x82;
+
+impl RawEvent {
+    pub fn is_mark(&self) -> bool {
+        self.action >= RAW_MARK_PHASE
+    }
+
+    pub fn mark(action: u8, step: u32, phase: u8, addr: u64, scope: u32) -> RawEvent {
+        RawEvent { action, step, phase, addr, scope, device: CPU_DEVICE, ..RawEvent::default() }
+    }
+}
+
 /// The CUDA caching allocator's counters (layout shared with `VsCudaStats`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

@@ -127,6 +127,20 @@ impl Client {
     }
 }
 
+/// See `Server::handle`.
+#[derive(Clone)]
+pub struct ServerHandle(Arc<Shared>);
+
+impl ServerHandle {
+    pub fn take_snapshot_request(&self) -> bool {
+        self.0.snapshot.swap(false, Ordering::SeqCst)
+    }
+
+    pub fn viewers(&self) -> usize {
+        self.0.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
 struct Shared {
     clients: Mutex<Vec<Arc<Client>>>,
     /// Let in, waiting for the session to send them what they missed.
@@ -261,7 +275,13 @@ impl Server {
 
     /// Whether a viewer asked for a snapshot since the last call.
     pub fn take_snapshot_request(&self) -> bool {
-        self.shared.snapshot.swap(false, Ordering::SeqCst)
+        self.handle().take_snapshot_request()
+    }
+
+    /// What a host's thread asks of the server at each step's end without the session's
+    /// lock: whether a snapshot was asked for, and how many viewers there are.
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle(self.shared.clone())
     }
 
     /// Raised when a viewer asks the job to stop (hosts may raise it too, on SIGTERM).
@@ -278,7 +298,12 @@ impl Server {
     }
 
     pub fn viewers(&self) -> usize {
-        self.shared.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.handle().viewers()
+    }
+
+    /// Events dropped because a viewer's queue was full, summed over the viewers here now.
+    pub fn dropped_events(&self) -> u64 {
+        self.shared.clients.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|c| c.outbox().dropped_events).sum()
     }
 
     /// Ends every viewer's stream with the end record (after what is queued), waits a

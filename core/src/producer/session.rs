@@ -16,11 +16,12 @@ use crate::snapshot::model::Frame;
 use crate::snapshot::writer::{save_snapshot_atomic, unique_path};
 use crate::step_config::{Attention, AutocastPolicy, Checkpointing, Mode, Precision};
 use crate::stream::{Control, EngineInfo, Incoming, Knob, KnobChange, OutOfMemory, Report, StepReport};
+use crossbeam_channel::Receiver;
 
 use super::cut::{FrameTables, SnapshotCut};
-use super::raw::{CudaStats, RawEvent, CPU_DEVICE};
+use super::raw::{CudaStats, RawEvent, CPU_DEVICE, RAW_MARK_PHASE, RAW_MARK_STEP_END, RAW_MARK_TAG};
 use super::scopes::Scopes;
-use super::server::{Log, Server};
+use super::server::{Log, Server, ServerHandle};
 use super::tracker::{Backend, Tracker};
 
 /// What the session needs of the capture shim, linked (engine) or loaded (hook).
@@ -29,6 +30,8 @@ pub trait Capture: Send {
     /// Appends every buffered event, oldest first.
     fn drain(&self, out: &mut Vec<RawEvent>);
     fn set_tags(&self, step: u32, phase: Phase);
+    /// Appends one of the host's own records (`RawEvent::mark`) after what is buffered.
+    fn mark(&self, rec: &RawEvent);
     /// The allocator's counters for `device`: read only. Nothing here resets them, so the
     /// job's own `torch.cuda.max_memory_allocated()` stays what it would be without us.
     fn cuda_stats(&self, device: u8) -> Result<CudaStats, String>;
@@ -100,7 +103,11 @@ pub struct Session {
     pub phase: Phase,
     /// Phases entered during the step (its report lists their peaks).
     phases_seen: BTreeSet<Phase>,
-    paused: bool,
+    /// Shared with the host's in-band handle, which skips the step boundary's work while
+    /// nothing is asked of it.
+    paused: Arc<AtomicBool>,
+    /// What the host said of each step whose in-band end is not yet processed.
+    step_ends: Arc<Mutex<VecDeque<StepEnd>>>,
     recent_steps: VecDeque<StepReport>,
     epoch_us_at_zero: i64,
     writers: Vec<JoinHandle<()>>,
@@ -116,9 +123,63 @@ pub struct Session {
     devices: DeviceFollow,
     others: BTreeMap<u8, Tracker>,
     other_raw: Vec<RawEvent>,
+    followed_raw: Vec<RawEvent>,
     /// The shim's dropped-event count last said.
     dropped_said: u64,
     snapshot_trace_from_step: Option<u64>,
+}
+
+/// What a host's own thread says during a step (a phase begins, a tensor is named, the step
+/// ends) without waiting for the tracker: each goes into the shim's buffer as a record
+/// among the allocator's events, in order, and the thread that drains next (the flusher,
+/// every `FLUSH_EVERY`) processes it where it falls. The job's thread neither runs the
+/// allocator model nor waits for the session's lock while the flusher holds it (issue 35:
+/// at each boundary the job's thread once drained and modelled the events itself, 20 µs of
+/// CPU and as much again waiting, ten times a step).
+pub struct InBand {
+    capture: Box<dyn Capture>,
+    step_ends: Arc<Mutex<VecDeque<StepEnd>>>,
+    server: ServerHandle,
+    controls: Receiver<Control>,
+    paused: Arc<AtomicBool>,
+}
+
+impl InBand {
+    fn new(capture: Box<dyn Capture>, step_ends: Arc<Mutex<VecDeque<StepEnd>>>, server: ServerHandle, controls: Receiver<Control>, paused: Arc<AtomicBool>) -> InBand {
+        InBand { capture, step_ends, server, controls, paused }
+    }
+
+    /// Step `step`'s phase `phase` begins; what the shim records next is stamped with it.
+    pub fn phase(&self, step: u64, phase: Phase) {
+        self.capture.mark(&RawEvent::mark(RAW_MARK_PHASE, step as u32, phase as u8, 0, 0));
+    }
+
+    /// The allocation at raw address `key` holds `category`, called `scope` (0: keep its own).
+    pub fn tag(&self, key: u64, category: Category, scope: u32) {
+        self.capture.mark(&RawEvent::mark(RAW_MARK_TAG, 0, category as u8, key, scope));
+    }
+
+    /// Step `step` ends as `end` says (its report goes out once processed).
+    pub fn step_end(&self, step: u64, end: StepEnd) {
+        self.phase(step, Phase::Other);
+        // Queued before its record, so the record always finds it.
+        self.step_ends.lock().unwrap_or_else(|e| e.into_inner()).push_back(end);
+        self.capture.mark(&RawEvent::mark(RAW_MARK_STEP_END, step as u32, Phase::Other as u8, 0, 0));
+    }
+
+    /// Nothing waits at this step's boundary: no control from a viewer, and not paused.
+    /// The host then goes on without the session's lock.
+    pub fn nothing_between(&self) -> bool {
+        self.controls.is_empty() && !self.paused.load(Ordering::Relaxed)
+    }
+
+    pub fn take_snapshot_request(&self) -> bool {
+        self.server.take_snapshot_request()
+    }
+
+    pub fn viewers(&self) -> usize {
+        self.server.viewers()
+    }
 }
 
 pub type Shared = Arc<Mutex<Session>>;
@@ -173,7 +234,8 @@ impl Session {
             step: 0,
             phase: Phase::Other,
             phases_seen: BTreeSet::new(),
-            paused: opts.start_paused,
+            paused: Arc::new(AtomicBool::new(opts.start_paused)),
+            step_ends: Arc::default(),
             recent_steps: VecDeque::new(),
             epoch_us_at_zero,
             writers: Vec::new(),
@@ -186,6 +248,7 @@ impl Session {
             devices: DeviceFollow { followed },
             others: BTreeMap::new(),
             other_raw: Vec::new(),
+            followed_raw: Vec::new(),
             dropped_said: 0,
             snapshot_trace_from_step: opts.snapshot_trace_from_step,
         }
@@ -200,7 +263,15 @@ impl Session {
     }
 
     pub fn paused(&self) -> bool {
-        self.paused
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// The host's way to say phases, names and step ends from its own thread without this
+    /// session's lock: they go in order among the shim's events, and whichever thread
+    /// drains next (the flusher, mostly) processes them. `capture` is a second handle to
+    /// this session's shim.
+    pub fn in_band(&self, capture: Box<dyn Capture>) -> InBand {
+        InBand::new(capture, self.step_ends.clone(), self.server.handle(), self.server.controls.clone(), self.paused.clone())
     }
 
     /// Says the session started (the host knows its parameter count by now).
@@ -212,7 +283,7 @@ impl Session {
         // first step's figures start from what is live now.
         let _ = self.tracker.take_step_stats();
         self.report(Report::Started(self.info.clone()));
-        if self.paused {
+        if self.paused() {
             self.report(Report::Paused(true));
         }
         self.flush();
@@ -230,26 +301,21 @@ impl Session {
         }
     }
 
-    /// Moves what the shim recorded into the tracker.
+    /// Moves what the shim recorded into the tracker, and processes the host's in-band
+    /// records where they fall among the events.
     pub fn drain(&mut self) {
-        self.raw.clear();
-        self.capture.drain(&mut self.raw);
-        if let Backend::Cuda { .. } = self.tracker.backend() {
-            let chosen = self.devices.followed.is_none();
-            let mut other = std::mem::take(&mut self.other_raw);
-            other.clear();
-            self.devices.split(&mut self.raw, &mut other);
-            if let Some(d) = self.devices.followed.filter(|_| chosen) {
-                self.tracker.set_cuda_device(d);
-                self.info.device = format!("cuda:{d}");
-                self.info.pci_bus_id = self.capture.cuda_pci_bus_id(d);
-                self.report(Report::Started(self.info.clone()));
+        let mut raw = std::mem::take(&mut self.raw);
+        raw.clear();
+        self.capture.drain(&mut raw);
+        let mut rest = &raw[..];
+        while !rest.is_empty() {
+            let n = rest.iter().position(RawEvent::is_mark).unwrap_or(rest.len());
+            self.ingest(&rest[..n]);
+            if let Some(m) = rest.get(n) {
+                self.apply_mark(m);
             }
-            self.ingest_other_devices(&other);
-            self.other_raw = other;
+            rest = rest.get(n + 1..).unwrap_or_default();
         }
-        let raw = std::mem::take(&mut self.raw);
-        self.tracker.ingest(&raw);
         self.raw = raw;
         let dropped = self.capture.dropped();
         if dropped > self.dropped_said {
@@ -257,6 +323,49 @@ impl Session {
             self.report(Report::Note(format!(
                 "the job's capture buffer overflowed: {dropped} allocator events lost, so totals from here on miss them"
             )));
+        }
+    }
+
+    fn ingest(&mut self, events: &[RawEvent]) {
+        if events.is_empty() {
+            return;
+        }
+        let Backend::Cuda { .. } = self.tracker.backend() else {
+            self.tracker.ingest(events);
+            return;
+        };
+        let chosen = self.devices.followed.is_none();
+        let (mut mine, mut other) = (std::mem::take(&mut self.followed_raw), std::mem::take(&mut self.other_raw));
+        mine.clear();
+        mine.extend_from_slice(events);
+        other.clear();
+        self.devices.split(&mut mine, &mut other);
+        if let Some(d) = self.devices.followed.filter(|_| chosen) {
+            self.tracker.set_cuda_device(d);
+            self.info.device = format!("cuda:{d}");
+            self.info.pci_bus_id = self.capture.cuda_pci_bus_id(d);
+            self.report(Report::Started(self.info.clone()));
+        }
+        self.ingest_other_devices(&other);
+        self.tracker.ingest(&mine);
+        (self.followed_raw, self.other_raw) = (mine, other);
+    }
+
+    fn apply_mark(&mut self, m: &RawEvent) {
+        match m.action {
+            RAW_MARK_PHASE => {
+                self.step = u64::from(m.step);
+                self.begin_phase(m.t_ns, Phase::from_u8(m.phase));
+            }
+            RAW_MARK_TAG => self.tag_scope(m.addr, Category::from_u8(m.phase), m.scope),
+            RAW_MARK_STEP_END => {
+                let end = self.step_ends.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+                if let Some(end) = end {
+                    self.step = u64::from(m.step);
+                    self.close_step(&end);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -350,7 +459,7 @@ impl Session {
                 items.push((now, Incoming::Batch(Batch { first_seq: t.next_seq() - live.len() as u64, events: live, ..Batch::default() })));
             }
         }
-        if self.paused {
+        if self.paused() {
             items.push((now, Incoming::Report(Report::Paused(true))));
         }
         for c in joining {
@@ -368,15 +477,18 @@ impl Session {
     /// A phase boundary: what was recorded belongs to the phase that ends.
     pub fn set_phase(&mut self, phase: Phase) {
         self.drain();
+        self.capture.set_tags(self.step as u32, phase);
+        self.begin_phase(self.capture.now_ns(), phase);
+    }
+
+    fn begin_phase(&mut self, now: u64, phase: Phase) {
         if let (Backend::Cuda { .. }, Some(device)) = (self.tracker.backend(), self.devices.followed) {
             self.read_cuda_counters(device, self.phase);
         }
-        self.capture.set_tags(self.step as u32, phase);
         self.phase = phase;
         if phase != Phase::Other {
             self.phases_seen.insert(phase);
         }
-        let now = self.capture.now_ns();
         self.tracker.mark(now, self.step as u32, phase);
         for t in self.others.values_mut() {
             t.mark(now, self.step as u32, phase);
@@ -404,6 +516,10 @@ impl Session {
     /// allocation is known), and optionally what it is called.
     pub fn tag(&mut self, key: u64, category: Category, name: Option<&str>) {
         let scope = name.map_or(0, |n| self.scopes.intern(n));
+        self.tag_scope(key, category, scope);
+    }
+
+    fn tag_scope(&mut self, key: u64, category: Category, scope: u32) {
         // Device addresses are unique across devices: the tracker holding it takes it.
         self.tracker.tag(key, category, scope);
         for t in self.others.values_mut() {
@@ -414,6 +530,10 @@ impl Session {
     /// Closes a step: its exact figures go out as a report, one for each device.
     pub fn end_step(&mut self, end: &StepEnd) -> StepReport {
         self.set_phase(Phase::Other);
+        self.close_step(end)
+    }
+
+    fn close_step(&mut self, end: &StepEnd) -> StepReport {
         // The step's events reach viewers before its report.
         self.flush();
         let r = self.step_report(None, end);
@@ -509,8 +629,8 @@ impl Session {
     }
 
     pub fn set_paused(&mut self, p: bool) {
-        if self.paused != p {
-            self.paused = p;
+        if self.paused() != p {
+            self.paused.store(p, Ordering::Relaxed);
             self.report(Report::Paused(p));
         }
     }
@@ -680,7 +800,7 @@ pub fn between_steps(shared: &Shared, apply: &mut dyn FnMut(&str, &str) -> Resul
     let controls = lock(shared).server.controls.clone();
     let mut run_once = false;
     loop {
-        let paused = lock(shared).paused;
+        let paused = lock(shared).paused();
         let msg = if paused && !run_once {
             match controls.recv_timeout(FLUSH_EVERY) {
                 Ok(m) => m,
@@ -700,6 +820,8 @@ pub fn between_steps(shared: &Shared, apply: &mut dyn FnMut(&str, &str) -> Resul
             }
         };
         let mut s = lock(shared);
+        // What the step's in-band end says reaches viewers before the control's answer.
+        s.drain();
         match msg {
             Control::Stop => return Boundary::Stop,
             Control::StepOnce => run_once = true,

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::allocator::config::round_size;
 use crate::allocator::{AllocatorConfig, CachingAllocatorModel, ModelOp};
@@ -99,6 +99,8 @@ pub struct Tracker {
     pub reserved_bytes: u64,
     step_stats: StepStats,
     pending: Batch,
+    /// Addresses `pending` holds retags for.
+    retagged: FxHashSet<u64>,
     ring: VecDeque<MemEvent>,
     ring_cap: usize,
     marks: VecDeque<PhaseMark>,
@@ -127,6 +129,7 @@ impl Tracker {
             reserved_bytes: 0,
             step_stats: StepStats::default(),
             pending: Batch::default(),
+            retagged: FxHashSet::default(),
             ring: VecDeque::new(),
             ring_cap,
             marks: VecDeque::new(),
@@ -266,6 +269,12 @@ impl Tracker {
         if !l.tagged && l.step == e.step && l.phase == phase && l.category != Category::Temporary {
             self.recategorize(&mut l, Category::Temporary, 0);
         }
+        if !self.retagged.is_empty() && self.retagged.remove(&l.addr) {
+            // Moved in the batch not yet shipped, and gone before it ships: a viewer applies
+            // a batch's retags after its events, so this one would land on whatever holds
+            // the address next. Its span keeps the category the viewer saw it made with.
+            self.pending.retags.retain(|r| r.addr != l.addr);
+        }
         self.category_bytes[l.category as usize] -= l.size;
         self.active_bytes -= l.size;
         if let Backend::Cuda { .. } = self.backend {
@@ -294,6 +303,15 @@ impl Tracker {
             ev.category = to;
             ev.scope = l.scope;
         }
+        // Made in the batch not yet shipped: its own event says so, and no retag can
+        // land on a later allocation at the same address.
+        let unshipped = if self.pending.events.is_empty() { None } else { l.seq.checked_sub(self.pending.first_seq) };
+        if let Some(ev) = unshipped.and_then(|i| self.pending.events.get_mut(i as usize)) {
+            ev.category = to;
+            ev.scope = l.scope;
+            return;
+        }
+        self.retagged.insert(l.addr);
         self.pending.retags.push(Retag { addr: l.addr, category: to, scope: if renamed { scope } else { 0 } });
     }
 
@@ -453,6 +471,7 @@ impl Tracker {
 
     pub fn take_batch(&mut self, scopes: Vec<(u32, String)>) -> Batch {
         let mut b = std::mem::take(&mut self.pending);
+        self.retagged.clear();
         b.scopes = scopes;
         b
     }
@@ -545,11 +564,26 @@ mod tests {
         let actions: Vec<Action> = b.events.iter().map(|e| e.action).collect();
         assert_eq!(actions, [Action::FreeRequested, Action::FreeCompleted]);
         assert_eq!(b.events[0].category, Category::Temporary);
-        assert_eq!(b.retags, vec![Retag { addr: b.events[0].addr, category: Category::Temporary, scope: 0 }]);
+        // Gone before its batch ships: no retag, which a viewer would apply after the
+        // batch's events, to whatever then holds the address.
+        assert!(b.retags.is_empty());
         assert_eq!((t.active_bytes, t.allocated_bytes, t.reserved_bytes), (0, 0, 2 * MIB), "the segment stays cached");
         // The ring holds the same stream for snapshots, with the corrected category.
         let ring: Vec<(Action, Category)> = t.trace().map(|e| (e.action, e.category)).collect();
         assert_eq!(ring[1], (Action::Alloc, Category::Temporary));
+        // Made and freed before its batch ships, its address reused at once: the scratch
+        // allocation's own event says temporary, and the newcomer keeps its category.
+        t.ingest(&[
+            raw(RAW_ALLOC, 0x2000, 4096, 1, Phase::Forward, crate::producer::raw::CPU_DEVICE),
+            raw(RAW_FREE, 0x2000, 0, 1, Phase::Forward, crate::producer::raw::CPU_DEVICE),
+            raw(RAW_ALLOC, 0x2000, 4096, 1, Phase::Forward, crate::producer::raw::CPU_DEVICE),
+        ]);
+        let b = t.take_batch(Vec::new());
+        let allocs: Vec<(u64, Category)> = b.events.iter().filter(|e| e.action == Action::Alloc).map(|e| (e.addr, e.category)).collect();
+        assert_eq!(allocs.len(), 2);
+        assert_eq!(allocs[0].0, allocs[1].0, "the model hands the same block out again");
+        assert_eq!((allocs[0].1, allocs[1].1), (Category::Temporary, Category::provisional(Phase::Forward)));
+        assert!(b.retags.is_empty());
     }
 
     #[test]

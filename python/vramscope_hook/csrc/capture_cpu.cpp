@@ -26,6 +26,8 @@ namespace {
 // events are dropped and counted, so a host that stops draining (a forked child, a stuck
 // viewer) never grows the job's memory without bound.
 constexpr size_t kMaxPending = size_t{1} << 20;
+// `vs_mark`'s phase record (the Rust side's RAW_MARK_PHASE).
+constexpr uint8_t kMarkPhase = 0x80;
 
 struct Buffer {
   std::mutex mu;
@@ -199,6 +201,28 @@ void vs_after_fork_in_child() {
 void vs_set_tags(uint32_t step, uint8_t phase) {
   g_step.store(step, std::memory_order_relaxed);
   g_phase.store(phase, std::memory_order_relaxed);
+}
+
+// Appends a record of the host's own (action 0x80 and up: a phase begins, a tensor is named,
+// a step ends) among the allocator's events, so the host's thread never waits while they
+// are processed and they still land in order. Never dropped: a lost boundary would put
+// every later event in the wrong phase. A phase mark also stamps what is recorded next.
+void vs_mark(const VsRawEvent* rec) {
+  VsRawEvent e = *rec;
+  e.t_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now() - g_t0)
+                                     .count());
+  Buffer& b = buffer();
+  std::lock_guard<std::mutex> lock(b.mu);
+  if (e.action == kMarkPhase) {
+    g_step.store(e.step, std::memory_order_relaxed);
+    g_phase.store(e.phase, std::memory_order_relaxed);
+  }
+  try {
+    b.events.push_back(e);
+  } catch (...) {  // bad_alloc: counted like a lost event, never thrown into the job
+    ++b.dropped;
+  }
 }
 
 void vs_set_scope(uint32_t scope) { g_scope.store(scope, std::memory_order_relaxed); }
