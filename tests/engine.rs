@@ -333,7 +333,10 @@ fn fp16_trains_as_bf16_does_plus_the_grad_scalers_tensors() {
     let peaks = |p| {
         let run = run(options(tiny(64, 2, Mode::Train, p, Attention::Naive), 2));
         let names: HashMap<u32, String> = run.batches.iter().flat_map(|b| b.scopes.iter().cloned()).collect();
-        let tagged: Vec<String> = run.batches.iter().flat_map(|b| &b.retags).filter(|r| r.category == Category::OptimizerState).filter_map(|r| names.get(&r.scope).cloned()).collect();
+        // Named after it was shipped (a retag), or before (its own event says so).
+        let retagged = run.batches.iter().flat_map(|b| &b.retags).filter(|r| r.category == Category::OptimizerState).map(|r| r.scope);
+        let made = run.batches.iter().flat_map(|b| &b.events).filter(|e| e.action == Action::Alloc && e.category == Category::OptimizerState).map(|e| e.scope);
+        let tagged: Vec<String> = retagged.chain(made).filter_map(|s| names.get(&s).cloned()).collect();
         (run.steps().last().unwrap().phase_active_peak_bytes.clone(), tagged)
     };
     let (bf16, _) = peaks(Precision::Bf16);

@@ -102,11 +102,12 @@ def install(overrides=None, before_hooks=None):
         hooks = _hooks.Hooks(torch, shim, core)
         hooks.knob_values = lambda name, default: knob(name, default) if name in _state["knobs"] else default
         hooks.on_unhook = _unhook
-        hooks.note = lambda text: core.vsh_note(text.encode())
+        # Through `hooks.core`, which a forked child swaps for an inert one (`_forked`).
+        hooks.note = lambda text: hooks.core.vsh_note(text.encode())
         # `p` works on any job: a precision knob of the hook's own, until the script
         # declares one (then the script chooses).
         core.vsh_declare_knob(b"precision", os.environ.get("VRAMSCOPE_PRECISION", "fp32").encode(), b"str")
-        hooks.precision_knob = lambda: None if "precision" in _state["knobs"] else (core.vsh_knob(b"precision") or b"fp32").decode()
+        hooks.precision_knob = lambda: None if "precision" in _state["knobs"] else (hooks.core.vsh_knob(b"precision") or b"fp32").decode()
         _state.update(hooks=hooks, core=core)
         # CUDA first (at once where the job initialised it), so what `before_hooks` learns
         # of the device's memory lands on the device followed.
