@@ -755,6 +755,35 @@ mod training {
         }
     }
 
+    /// `--profile` (issue 29) says on stderr where the summary's time went, stage by stage,
+    /// and the report itself is the same.
+    #[test]
+    fn summary_profile_names_each_stage_and_leaves_the_report_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = written(TrainingRun::default(), dir.path(), "train.pickle");
+        let plain = vramscope().args(["view", "--summary", "--json"]).arg(&path).output().unwrap();
+        let profiled = vramscope().args(["view", "--summary", "--json", "--profile"]).arg(&path).output().unwrap();
+        assert!(profiled.status.success(), "{}", String::from_utf8_lossy(&profiled.stderr));
+        assert_eq!(plain.stdout, profiled.stdout);
+        let err = String::from_utf8_lossy(&profiled.stderr);
+        let line = err.lines().find_map(|l| l.strip_prefix("vramscope: profile: ")).unwrap_or_else(|| panic!("a profile line: {err}"));
+        let stages: Vec<(&str, f64)> = line
+            .split(" · ")
+            .map(|s| {
+                let (name, secs) = s.strip_suffix(" s").and_then(|s| s.rsplit_once(' ')).unwrap_or_else(|| panic!("{s}"));
+                (name, secs.parse().unwrap())
+            })
+            .collect();
+        let names: Vec<&str> = stages.iter().map(|s| s.0).collect();
+        assert_eq!(names, ["open and map", "pre-scan", "decode", "categories", "timeline", "summary", "JSON", "total"]);
+        let (parts, total) = (stages[..7].iter().map(|s| s.1).sum::<f64>(), stages[7].1);
+        assert!((parts - total).abs() <= 0.004, "the stages add up to the total: {line}");
+        // One snapshot's stages: several files are refused, in one line.
+        let both = vramscope().args(["view", "--summary", "--profile"]).arg(&path).arg(&path).output().unwrap();
+        assert_eq!(both.status.code(), Some(2));
+        assert_eq!(String::from_utf8_lossy(&both.stderr).trim(), "vramscope: --profile times one snapshot's summary: give one file");
+    }
+
     #[test]
     fn diff_of_a_file_with_itself_is_empty_and_across_files_reports_peaks() {
         let dir = tempfile::tempdir().unwrap();

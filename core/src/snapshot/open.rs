@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::model::Snapshot;
-use super::reader::{read_snapshot_file, ReadError};
+use super::reader::{read_snapshot_file_observed, ReadError, ReadProgress};
 use crate::report::frame_rules::{categorize, FrameRules};
 
 #[derive(Debug, thiserror::Error)]
@@ -29,8 +29,13 @@ pub fn pick_device(name: &str, snap: &Snapshot, asked: Option<usize>) -> Result<
 /// Reads the snapshot at `path`, names categories from its frames by `rules` (where it
 /// records none), and picks its device as `pick_device` does.
 pub fn read_device(path: &Path, asked: Option<usize>, rules: &FrameRules) -> Result<(Snapshot, usize), OpenError> {
+    read_device_observed(path, asked, rules, &mut |_| {})
+}
+
+/// `read_device`, showing `observe` the read as `read_snapshot_file_observed` does.
+pub fn read_device_observed(path: &Path, asked: Option<usize>, rules: &FrameRules, observe: &mut dyn FnMut(&ReadProgress<'_>)) -> Result<(Snapshot, usize), OpenError> {
     let shown = crate::input::shown(path);
-    let mut snap = read_snapshot_file(path).map_err(|err| OpenError::Read { shown: shown.clone(), err })?;
+    let mut snap = read_snapshot_file_observed(path, observe).map_err(|err| OpenError::Read { shown: shown.clone(), err })?;
     categorize(&mut snap, rules);
     let device = pick_device(&shown, &snap, asked)?;
     Ok((snap, device))

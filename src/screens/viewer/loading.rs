@@ -10,11 +10,11 @@ use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::data::{default_detail_step, drawn_count, ViewerData};
-use vramscope_core::report::frame_rules::{categorize, FrameRules};
+use vramscope_core::report::frame_rules::FrameRules;
 use vramscope_core::report::snapshot_summary::{segment_stats, SegmentTotals};
 use vramscope_core::snapshot::model::{Action, Snapshot, TraceEntry};
 use vramscope_core::snapshot::timeline::{category_index, DetailView, Timeline, TimelineBuilder};
-use vramscope_core::snapshot::{pick_device, read_snapshot_file_observed, OpenError, ReadPass, ReadProgress};
+use vramscope_core::snapshot::{read_device_observed, ReadPass, ReadProgress};
 
 /// What the reader thread sends: progress with segments, the device and its events
 /// between, then `Done`.
@@ -67,15 +67,7 @@ pub fn spawn_loader(path: PathBuf, device: Option<usize>, rules: Arc<FrameRules>
                     let _ = tx.send(LoadUpdate::Events(events, names.clone()));
                 }
             };
-            let shown = vramscope_core::input::shown(&path);
-            let done = read_snapshot_file_observed(&path, &mut observe)
-                .map(|mut snap| {
-                    categorize(&mut snap, &rules);
-                    snap
-                })
-                .map_err(|err| OpenError::Read { shown: shown.clone(), err })
-                .and_then(|snap| pick_device(&shown, &snap, device).map(|d| (snap, d)))
-                .map_err(anyhow::Error::new);
+            let done = read_device_observed(&path, device, &rules, &mut observe).map_err(anyhow::Error::new);
             let _ = tx.send(LoadUpdate::Done(Box::new(done)));
         })
         .expect("spawning the snapshot reader thread");

@@ -39,6 +39,10 @@ pub struct ViewArgs {
     /// Device whose trace to show (default: the first one with trace entries).
     #[arg(long)]
     pub device: Option<usize>,
+    /// With --summary: say on stderr where the time went (opening and mapping the file,
+    /// the pre-scan, the decode, categories, timeline, summary, output).
+    #[arg(long, requires = "summary")]
+    pub profile: bool,
     /// With --summary: how many of the largest allocations to list.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -130,23 +134,33 @@ fn print_set_summary(args: &ViewArgs, files: &[PathBuf]) -> anyhow::Result<()> {
 /// `view --summary`: the report of `args.file()`'s device on stdout.
 fn print_summary(args: &ViewArgs) -> anyhow::Result<()> {
     if let Some(files) = snapshot_set::snapshot_files(&args.files)? {
+        anyhow::ensure!(!args.profile, "--profile times one snapshot's summary: give one file");
         return print_set_summary(args, &files);
     }
     let (path, picked) = chosen_file(args)?;
     let path = &path;
     let rules = args.rules.load()?;
-    let (mut snap, device) = vramscope_core::snapshot::read_device(path, args.device, &rules)?;
+    let mut stages = Stages::new();
+    let (mut snap, device) = vramscope_core::snapshot::read_device_observed(path, args.device, &rules, &mut |p| stages.saw(p))?;
+    stages.read_returned();
     if let (Some(p), Some(d)) = (snap.profiled.as_mut(), picked) {
         p.picked = Some(d.description);
     }
     let tl = Timeline::from_snapshot(&snap, device);
+    stages.end("timeline");
     let summary = vramscope_core::report::snapshot_summary::summarize(&snap, &tl, device, args.top);
+    stages.end("summary");
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &summary)?;
         std::io::Write::write_all(&mut out, b"\n")?;
     } else {
         vramscope_core::report::snapshot_summary::write_text(&mut out, &vramscope_core::input::title(path), &summary)?;
+    }
+    std::io::Write::flush(&mut out)?;
+    stages.end(if args.json { "JSON" } else { "text" });
+    if args.profile {
+        eprintln!("vramscope: profile: {}", stages.line());
     }
     // The process ends next: freeing millions of records one by one first only costs time.
     std::mem::forget((snap, tl));
@@ -345,4 +359,64 @@ fn screen_loop(
         dirty = true;
     }
     Ok(None)
+}
+
+/// Where `view --summary`'s time goes (`--profile`): the read's passes from its progress
+/// (each pass is shown as it begins, and the decode once more at its end), then each step
+/// after it.
+struct Stages {
+    start: Instant,
+    last: Instant,
+    done: Vec<(&'static str, Duration)>,
+    check_began: Option<Instant>,
+    decode_began: Option<Instant>,
+    decoded: Option<Instant>,
+}
+
+impl Stages {
+    fn new() -> Stages {
+        let now = Instant::now();
+        Stages { start: now, last: now, done: Vec::new(), check_began: None, decode_began: None, decoded: None }
+    }
+
+    fn saw(&mut self, p: &vramscope_core::snapshot::ReadProgress<'_>) {
+        let now = Instant::now();
+        match p.pass {
+            vramscope_core::snapshot::ReadPass::Check => {
+                self.check_began.get_or_insert(now);
+            }
+            vramscope_core::snapshot::ReadPass::Decode => {
+                self.decode_began.get_or_insert(now);
+                if p.done == p.total {
+                    self.decoded = Some(now);
+                }
+            }
+        }
+    }
+
+    /// The read returned, its categories named: a pickle's passes are told apart, any other
+    /// file's read is one stage.
+    fn read_returned(&mut self) {
+        match (self.check_began, self.decode_began, self.decoded) {
+            (Some(check), Some(decode), Some(decoded)) => {
+                self.done.push(("open and map", check - self.start));
+                self.done.push(("pre-scan", decode - check));
+                self.done.push(("decode", decoded - decode));
+                self.last = decoded;
+                self.end("categories");
+            }
+            _ => self.end("read"),
+        }
+    }
+
+    fn end(&mut self, stage: &'static str) {
+        let now = Instant::now();
+        self.done.push((stage, now - self.last));
+        self.last = now;
+    }
+
+    fn line(&self) -> String {
+        let stages: Vec<String> = self.done.iter().map(|(s, d)| format!("{s} {:.3} s", d.as_secs_f64())).collect();
+        format!("{} · total {:.3} s", stages.join(" · "), (self.last - self.start).as_secs_f64())
+    }
 }

@@ -129,7 +129,11 @@ fn decode(
 ) -> Result<Snapshot, ReadError> {
     check_header(bytes)?;
     let mut hooks = Hooks::new(release, observe);
+    // Each pass is shown as it begins, so a caller can time it (`view --summary --profile`).
+    let begins = |pass| ReadProgress { pass, done: 0, total: bytes.len(), segments: None, traces: Vec::new() };
+    (hooks.observe)(&begins(ReadPass::Check));
     let refs = prescan(bytes, &mut hooks)?;
+    (hooks.observe)(&begins(ReadPass::Decode));
     let mut vm = Vm::new(bytes, refs);
     let top = vm.run(&mut hooks)?;
     let mut snap = vm.into_snapshot(top)?;
