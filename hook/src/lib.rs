@@ -794,7 +794,7 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
         };
         let step = c.step;
         c.step += 1;
-        let snapshot_name = format!("{}_rank{}_step{step}.pickle", c.name, c.rank);
+        let snapshot_name = |c: &Core| format!("{}_rank{}_step{step}.pickle", c.name, c.rank);
         let now = std::time::Instant::now();
         match &c.in_band {
             Some(b) => {
@@ -805,7 +805,7 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
                 if b.take_snapshot_request() {
                     let mut s = lock(&c.session);
                     s.drain();
-                    s.snapshot(&snapshot_name);
+                    s.snapshot(&snapshot_name(c));
                 }
                 if b.nothing_between() {
                     return Ok(());
@@ -818,7 +818,7 @@ pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, 
                 }
                 s.end_step(&end);
                 if s.take_snapshot_request() {
-                    s.snapshot(&snapshot_name);
+                    s.snapshot(&snapshot_name(c));
                 }
                 s.step += 1;
             }

@@ -145,10 +145,6 @@ pub struct InBand {
 }
 
 impl InBand {
-    fn new(capture: Box<dyn Capture>, step_ends: Arc<Mutex<VecDeque<StepEnd>>>, server: ServerHandle, controls: Receiver<Control>, paused: Arc<AtomicBool>) -> InBand {
-        InBand { capture, step_ends, server, controls, paused }
-    }
-
     /// Step `step`'s phase `phase` begins; what the shim records next is stamped with it.
     pub fn phase(&self, step: u64, phase: Phase) {
         self.capture.mark(&RawEvent::mark(RAW_MARK_PHASE, step as u32, phase as u8, 0, 0));
@@ -271,7 +267,7 @@ impl Session {
     /// drains next (the flusher, mostly) processes them. `capture` is a second handle to
     /// this session's shim.
     pub fn in_band(&self, capture: Box<dyn Capture>) -> InBand {
-        InBand::new(capture, self.step_ends.clone(), self.server.handle(), self.server.controls.clone(), self.paused.clone())
+        InBand { capture, step_ends: self.step_ends.clone(), server: self.server.handle(), controls: self.server.controls.clone(), paused: self.paused.clone() }
     }
 
     /// Says the session started (the host knows its parameter count by now).
