@@ -257,6 +257,7 @@ mod tests {
         assert_eq!(calls.len(), 2, "one release per pass: {calls:?}");
         assert!(calls.iter().all(|&n| n > TICK));
         let end = (ReadPass::Decode, p.len());
-        assert_eq!(passes, [(ReadPass::Check, calls[0]), (ReadPass::Decode, calls[1]), end]);
+        // Each pass is shown as it begins, then at its tick, and the decode at its end.
+        assert_eq!(passes, [(ReadPass::Check, 0), (ReadPass::Check, calls[0]), (ReadPass::Decode, 0), (ReadPass::Decode, calls[1]), end]);
     }
 }
