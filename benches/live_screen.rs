@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use vramscope_core::channel::dir::ensure_private_dir;
 use vramscope_core::producer::server::{Listen, Log, Server};
+use vramscope_core::source::gauges::host::parse_task_ticks;
 use vramscope_core::stream::{monotonic_ns, EngineInfo, Incoming, Report};
 
 mod common;
@@ -25,11 +26,7 @@ const BATCH_EVERY: Duration = Duration::from_millis(10);
 /// User and system CPU seconds of process `pid`, all its threads.
 fn process_cpu_s(pid: &str) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the screen's /proc stat");
-    // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
-    let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
-    let f: Vec<&str> = rest.split(' ').collect();
-    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    ticks / 100.0
+    parse_task_ticks(&stat).expect("a stat line") as f64 / 100.0
 }
 
 /// The last event index the timeline's title shows ("events A–B").
