@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::metrics::{Feed, Metrics};
+use crate::screens::live::run::start_gauges;
+use vramscope_core::source::gauges::Watched;
 use vramscope_core::record::writer::Recorder;
 use vramscope_core::report::growth::{self, LiveByOrigin};
 use vramscope_core::source::job::JobSource;
@@ -19,15 +21,33 @@ use vramscope_core::stream::{Control, Incoming};
 pub fn headless(source: &JobSource, mut recorder: Option<Recorder>, metrics: Option<&Metrics>, json: bool, check_growth: bool, steps: Option<u64>) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let mut live = LiveByOrigin::default();
-    let mut feed = metrics.map(Feed::new);
+    let feed = std::cell::RefCell::new(metrics.map(Feed::new));
+    // The endpoint serves the device's (or host's) readings too: a headless job on every
+    // node is where Prometheus scrapes them. Without an endpoint nothing reads them.
+    let job = Watched::default();
+    let gauges = metrics.map(|_| start_gauges(job.clone()));
     let mut reported: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
     // Every rank of the job: as many as its ranks say the world has.
     let mut world = 1usize;
     let done = std::cell::Cell::new(false);
-    let items = std::iter::from_fn(|| if done.get() { None } else { source.next() }).inspect(|(rank, i)| {
+    let next = || loop {
+        let Some((_, readings)) = &gauges else { return source.next() };
+        crossbeam_channel::select! {
+            recv(source.receiver()) -> item => return item.ok(),
+            recv(readings) -> g => match (g, feed.borrow_mut().as_mut()) {
+                (Ok(g), Some(f)) => f.ingest(0, &Incoming::Gauges(g)),
+                // The sampler ended: the job's items alone from here.
+                _ => return source.next(),
+            },
+        }
+    };
+    let items = std::iter::from_fn(|| if done.get() { None } else { next() }).inspect(|(rank, i)| {
         use vramscope_core::stream::Report;
         match i {
-            Incoming::Report(Report::Started(info)) => world = world.max(info.world_size.unwrap_or(1) as usize),
+            Incoming::Report(Report::Started(info)) => {
+                world = world.max(info.world_size.unwrap_or(1) as usize);
+                job.add(info.pid);
+            }
             Incoming::Report(Report::Step(_)) => {
                 *reported.entry(*rank).or_default() += 1;
                 done.set(steps.is_some_and(|n| reported.len() >= world && reported.values().all(|&r| r >= n)));
@@ -37,7 +57,7 @@ pub fn headless(source: &JobSource, mut recorder: Option<Recorder>, metrics: Opt
         if let Incoming::Batch(b) = i {
             live.ingest(b);
         }
-        if let Some(f) = &mut feed {
+        if let Some(f) = feed.borrow_mut().as_mut() {
             f.ingest(*rank, i);
         }
     });

@@ -129,11 +129,12 @@ impl Key {
     }
 }
 
-/// A screen's key table: every action of `A` bound to one key, no key bound twice.
+/// A screen's key table: no key bound twice; an action whose default key a user's file
+/// gave to another action has none.
 #[derive(Clone, Debug)]
 pub struct KeyMap<A: Bindable> {
     by_key: HashMap<Key, A>,
-    by_action: Vec<(A, Key)>,
+    by_action: Vec<(A, Option<Key>)>,
 }
 
 #[derive(Deserialize)]
@@ -147,17 +148,17 @@ impl<A: Bindable> Default for KeyMap<A> {
     fn default() -> Self {
         let pairs = A::ALL
             .iter()
-            .map(|a| (*a, Key::parse(a.default_key()).expect("default keys parse")))
+            .map(|a| (*a, Some(Key::parse(a.default_key()).expect("default keys parse"))))
             .collect();
         Self::build(pairs).expect("default keys are unique")
     }
 }
 
 impl<A: Bindable> KeyMap<A> {
-    fn build(by_action: Vec<(A, Key)>) -> Result<Self, KeyError> {
+    fn build(by_action: Vec<(A, Option<Key>)>) -> Result<Self, KeyError> {
         let mut by_key: HashMap<Key, A> = HashMap::new();
-        for (a, k) in &by_action {
-            if let Some(prev) = by_key.insert(*k, *a) {
+        for (a, k) in by_action.iter().filter_map(|(a, k)| Some((a, (*k)?))) {
+            if let Some(prev) = by_key.insert(k, *a) {
                 return Err(KeyError::Duplicate {
                     key: k.label(),
                     first: prev.name().into(),
@@ -177,20 +178,30 @@ impl<A: Bindable> KeyMap<A> {
     }
 
     /// Defaults overridden by a TOML file's `[keys]` table (`toggle_precision = "P"`).
+    /// The file wins: a default that used a key the file binds is let go, so a file written
+    /// before a newer default took its key still loads. Only two of the file's own
+    /// bindings on one key are an error.
     pub fn from_toml(text: &str) -> Result<Self, KeyError> {
         let file: KeyFile = toml::from_str(text).map_err(|e| KeyError::Toml(e.message().to_string()))?;
-        let mut pairs: Vec<(A, Key)> = Self::default().by_action;
         let mut overrides: Vec<_> = file.keys.into_iter().collect();
         overrides.sort();
+        let mut users: Vec<(A, Key)> = Vec::new();
         for (name, key) in overrides {
             let action = A::ALL.iter().find(|a| a.name() == name).ok_or_else(|| {
                 KeyError::UnknownAction(name.clone(), A::ALL.iter().map(|a| a.name()).collect::<Vec<_>>().join(", "))
             })?;
             let k = Key::parse(&key).ok_or(KeyError::BadKey { action: name.clone(), key })?;
-            for p in pairs.iter_mut().filter(|p| p.0 == *action) {
-                p.1 = k;
-            }
+            users.push((*action, k));
         }
+        Self::build(users.iter().map(|(a, k)| (*a, Some(*k))).collect())?;
+        let pairs = Self::default()
+            .by_action
+            .into_iter()
+            .map(|(a, default)| match users.iter().find(|u| u.0 == a) {
+                Some((_, k)) => (a, Some(*k)),
+                None => (a, default.filter(|d| !users.iter().any(|u| u.1 == *d))),
+            })
+            .collect();
         Self::build(pairs)
     }
 
@@ -203,8 +214,13 @@ impl<A: Bindable> KeyMap<A> {
         self.by_key.get(&k).copied()
     }
 
-    pub fn key_of(&self, a: A) -> Key {
-        self.by_action.iter().find(|p| p.0 == a).map(|p| p.1).expect("every action has a key")
+    pub fn key_of(&self, a: A) -> Option<Key> {
+        self.by_action.iter().find(|p| p.0 == a).and_then(|p| p.1)
+    }
+
+    /// How screens name `a`'s key ("unbound" when a user's file took its key).
+    pub fn label_of(&self, a: A) -> String {
+        self.key_of(a).map_or_else(|| "unbound".into(), |k| k.label())
     }
 
     /// (key label, description) for the help overlay, in table order.
@@ -214,7 +230,7 @@ impl<A: Bindable> KeyMap<A> {
 
     /// The help rows `help` gives a text for, in table order.
     pub fn help_rows_with(&self, help: impl Fn(A) -> Option<&'static str>) -> Vec<(String, &'static str)> {
-        self.by_action.iter().filter_map(|(a, k)| Some((k.label(), help(*a)?))).collect()
+        self.by_action.iter().filter_map(|(a, _)| Some((self.label_of(*a), help(*a)?))).collect()
     }
 }
 

@@ -30,7 +30,6 @@ pub struct Options<'a> {
 /// Writes the write-up of `files` into `dir` (made when missing); returns the page to open
 /// first (the index, or the one snapshot's page).
 pub fn write_report(files: &[PathBuf], dir: &Path, o: &Options) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot make {}", dir.display()))?;
     let mut rows = Vec::new();
     let mut pages = Vec::new();
     for path in files {
@@ -66,6 +65,8 @@ fn write_new(dir: &Path, name: &str, data: &[u8]) -> anyhow::Result<PathBuf> {
 /// One snapshot's images, text report and page.
 fn write_one(path: &Path, dir: &Path, o: &Options) -> anyhow::Result<(SnapshotSummary, PathBuf)> {
     let (snap, device) = vramscope_core::snapshot::read_device(path, o.device, o.rules)?;
+    // Made once a file is read: a file or device that is not there leaves nothing behind.
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot make {}", dir.display()))?;
     let tl = Timeline::from_snapshot(&snap, device);
     let summary = summarize(&snap, &tl, device, 10);
     let f = findings(&snap, &tl, device, &summary);

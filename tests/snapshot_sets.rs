@@ -105,3 +105,32 @@ fn a_real_snapshots_report_names_its_findings() {
         assert!(text.contains(want), "{want}: {text}");
     }
 }
+
+/// Every command that takes a snapshot's `--device` refuses one the file lacks: one line
+/// naming the devices it has, exit 2, nothing written (issue 34: `export --device 9` wrote
+/// an empty SVG and exited 0; `report` left its folder behind).
+#[test]
+fn a_device_the_file_lacks_is_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("one.pickle");
+    training_snapshot::write(TrainingRun::default(), &snap);
+    let out = dir.path().join("out");
+    let s = snap.to_str().unwrap();
+    let o = out.to_str().unwrap();
+    for args in [
+        vec!["export", s, "--device", "9", "-o", &format!("{o}.svg")],
+        vec!["report", s, "--device", "9", "-o", o],
+        vec!["view", "--summary", s, "--device", "9"],
+        vec!["diff", s, s, "--device", "9"],
+        vec!["whatif", s, "--device", "9"],
+        vec!["replay", "--headless", s, "--device", "9"],
+    ] {
+        let r = common::vramscope().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim(), format!("vramscope: {s}: no device 9 (the file has device 0 only)"), "{args:?}");
+        assert!(r.stdout.is_empty(), "{args:?} printed {}", String::from_utf8_lossy(&r.stdout));
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, [std::ffi::OsString::from("one.pickle")], "{args:?} wrote something");
+    }
+}

@@ -13,7 +13,9 @@ pub fn key_hints<A: Bindable>(keys: &KeyMap<A>, items: &[(A, &str)], theme: &The
     Line::from(
         items
             .iter()
-            .flat_map(|(a, w)| [Span::styled(keys.key_of(*a).label(), key), Span::styled(format!(" {w}  "), what)])
+            // An action a user's key file left without a key has no hint to give.
+            .filter_map(|(a, w)| Some([Span::styled(keys.key_of(*a)?.label(), key), Span::styled(format!(" {w}  "), what)]))
+            .flatten()
             .collect::<Vec<_>>(),
     )
 }

@@ -11,8 +11,17 @@ use crate::report::frame_rules::{categorize, FrameRules};
 pub enum OpenError {
     #[error("{shown}: {err}")]
     Read { shown: String, err: ReadError },
-    #[error("{name}: no device {device} (the file has {devices}: 0 to {})", devices.saturating_sub(1))]
+    #[error("{name}: no device {device} ({})", has_devices(*devices))]
     NoDevice { name: String, device: usize, devices: usize },
+}
+
+/// The devices a file has, in words.
+fn has_devices(n: usize) -> String {
+    match n {
+        0 => "the file has no device".into(),
+        1 => "the file has device 0 only".into(),
+        n => format!("the file has devices 0 to {}", n - 1),
+    }
 }
 
 /// The device to show of `snap`: the one asked for, if the file has it, else the snapshot's
@@ -50,8 +59,10 @@ mod tests {
         let snap = Snapshot { device_traces: vec![Vec::new(), Vec::new()], ..Snapshot::default() };
         assert_eq!(pick_device("f", &snap, Some(1)).unwrap(), 1);
         let err = pick_device("f.pickle", &snap, Some(2)).unwrap_err().to_string();
-        assert_eq!(err, "f.pickle: no device 2 (the file has 2: 0 to 1)");
+        assert_eq!(err, "f.pickle: no device 2 (the file has devices 0 to 1)");
         assert_eq!(pick_device("f", &snap, None).unwrap(), 0, "no device has entries: the first");
+        let one = Snapshot { device_traces: vec![Vec::new()], ..Snapshot::default() };
+        assert_eq!(pick_device("f", &one, Some(9)).unwrap_err().to_string(), "f: no device 9 (the file has device 0 only)");
     }
 
     #[test]

@@ -96,9 +96,17 @@ mod tests {
         let k = KeyMap::<LiveKey>::from_toml("[keys]\ntoggle_precision = \"P\"\n").unwrap();
         assert_eq!(k.action(&press(KeyCode::Char('P'))), Some(LiveKey::TogglePrecision));
         assert_eq!(k.action(&press(KeyCode::Char('p'))), None);
-        let e = KeyMap::<LiveKey>::from_toml("[keys]\nsnapshot = \"q\"\n").unwrap_err();
+        // The file wins over a default on the same key (issue 34: such a file failed to
+        // load): q saves a snapshot, quit has no key but ctrl-c, and the help says so.
+        let k = KeyMap::<LiveKey>::from_toml("[keys]\nsnapshot = \"q\"\n").unwrap();
+        assert_eq!(k.action(&press(KeyCode::Char('q'))), Some(LiveKey::Snapshot));
+        assert_eq!(k.action(&press(KeyCode::Char('s'))), None);
+        assert_eq!(k.key_of(LiveKey::Quit), None);
+        assert!(k.help_rows().contains(&("unbound".to_string(), LiveKey::Quit.help())));
+        // Only two of the file's own bindings on one key are an error.
+        let e = KeyMap::<LiveKey>::from_toml("[keys]\nsnapshot = \"x\"\nhelp = \"x\"\n").unwrap_err();
         assert!(matches!(e, KeyError::Duplicate { .. }), "{e}");
-        assert!(e.to_string().contains("'q' is bound to both"), "{e}");
+        assert!(e.to_string().contains("'x' is bound to both help and snapshot"), "{e}");
         let e = KeyMap::<LiveKey>::from_toml("[keys]\nfly = \"x\"\n").unwrap_err();
         assert!(e.to_string().contains("unknown action 'fly'"));
         let e = KeyMap::<LiveKey>::from_toml("[keys]\nquit = \"xyz\"\n").unwrap_err();

@@ -663,7 +663,7 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap<LiveKe
         Some(l) => {
             let mut spans = log_spans(l, theme);
             if store.log.len() > 1 {
-                let more = format!("  ({} the whole log)", keys.key_of(LiveKey::EventLog).label());
+                let more = format!("  ({} the whole log)", keys.label_of(LiveKey::EventLog));
                 let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
                 if used + more.chars().count() <= area.width as usize {
                     spans.push(Span::styled(more, Style::default().fg(theme.ui.dim)));

@@ -43,7 +43,9 @@ mod tests {
         assert_eq!(k.action(&press(KeyCode::Char(']'))), Some(ViewerKey::DetailMore));
         assert_eq!(k.action(&press(KeyCode::Enter)), Some(ViewerKey::Inspect));
         assert_eq!(k.action(&KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(ViewerKey::Quit));
-        let e = KeyMap::<ViewerKey>::from_toml("[keys]\nsort = \"q\"\n").unwrap_err();
+        let k = KeyMap::<ViewerKey>::from_toml("[keys]\nsort = \"q\"\n").unwrap();
+        assert_eq!(k.action(&press(KeyCode::Char('q'))), Some(ViewerKey::Sort));
+        let e = KeyMap::<ViewerKey>::from_toml("[keys]\nsort = \"z\"\nquit = \"z\"\n").unwrap_err();
         assert!(matches!(e, KeyError::Duplicate { .. }), "{e}");
     }
 }

@@ -151,7 +151,7 @@ fn rel_seconds(data: &ViewerData, event: usize) -> Option<f64> {
 
 pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, theme: &Theme) {
     let tl = &data.tl;
-    let toggle = keys.key_of(ViewerKey::ColourBy).label();
+    let toggle = keys.label_of(ViewerKey::ColourBy);
     let (colouring, why) = match (ui.by_category, has_categories(tl)) {
         (true, _) => ("by category", format!(" ({toggle}: by allocation)")),
         (false, true) => ("by allocation", format!(" ({toggle}: by category)")),
@@ -182,7 +182,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         if let Some(d) = other {
             let name = s.device_name(d);
             let name = name[..1].to_uppercase() + &name[1..];
-            msg += &format!(". {name} has {} trace entries: {} shows the next device.", s.trace(d).len(), keys.key_of(ViewerKey::NextDevice).label());
+            msg += &format!(". {name} has {} trace entries: {} shows the next device.", s.trace(d).len(), keys.label_of(ViewerKey::NextDevice));
         }
         f.render_widget(Paragraph::new(msg).style(dim).wrap(Wrap { trim: true }), plot);
         return;
@@ -522,7 +522,7 @@ pub fn render_inspector(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewe
     let scroll = ui.inspector_scroll.min(total.saturating_sub(rows));
     // Taller than its box: the title says which rows show and how to see the rest.
     let title = if total > rows {
-        let (up, down) = (keys.key_of(ViewerKey::InspectorUp).label(), keys.key_of(ViewerKey::InspectorDown).label());
+        let (up, down) = (keys.label_of(ViewerKey::InspectorUp), keys.label_of(ViewerKey::InspectorDown));
         format!(" allocation {}–{}/{total} ({up}/{down}) ", scroll + 1, (scroll + rows).min(total))
     } else {
         " allocation ".to_string()
@@ -542,7 +542,7 @@ fn inspector_lines(data: &ViewerData, ui: &ViewerUi, keys: &KeyMap<ViewerKey>, t
     let a = allocation_info(&data.snap, &data.tl, data.device, id, ui.all_frames);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<11}"), dim), Span::styled(v, val)]);
     let secs = |e: Option<usize>| e.and_then(|e| rel_seconds(data, e));
-    let all = keys.key_of(ViewerKey::AllFrames).label();
+    let all = keys.label_of(ViewerKey::AllFrames);
     let time = match (secs(a.start_event), secs(a.end_event)) {
         (Some(s), Some(e)) => format!("t+{s:.3}–{e:.3} s ({})", duration(e - s)),
         (Some(s), None) => format!("t+{s:.3} s – end"),
@@ -627,12 +627,12 @@ pub fn render_footer(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
 /// Why the device ran out of memory: the request, what was free, reserved against
 /// allocated then, the verdict, and what was alive by call site and category.
 pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewerKey>, theme: &Theme) {
-    let close = keys.key_of(ViewerKey::OomReport).label();
+    let close = keys.label_of(ViewerKey::OomReport);
     let title = format!(" out of memory · device {} ({close} closes) ", data.device);
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let kv = |k: &str, v: String| Line::from(vec![Span::styled(format!("{k:<22}"), dim), Span::styled(v, val)]);
-    let whatif = keys.key_of(ViewerKey::WhatIf).label();
+    let whatif = keys.label_of(ViewerKey::WhatIf);
     let Some(reports) = data.oom_reports().ready() else {
         let inner = chrome::overlay::panel(f, area, (80, 3), title, theme);
         f.render_widget(Paragraph::new(format!("replaying the trace up to the OOM: {}", data.oom_reports().waiting_text())).style(dim), inner);
@@ -673,7 +673,7 @@ pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &Key
 /// The trace replayed under other allocator settings: a row per setting, the recorded
 /// one first with its self-check.
 pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &KeyMap<ViewerKey>, theme: &Theme) {
-    let close = keys.key_of(ViewerKey::WhatIf).label();
+    let close = keys.label_of(ViewerKey::WhatIf);
     let title = format!(" what if · device {}: the trace under other allocator settings ({close} closes) ", data.device);
     let dim = Style::default().fg(theme.ui.dim);
     if data.tl.total_events == 0 {
