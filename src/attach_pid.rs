@@ -231,6 +231,7 @@ pub fn trainers(pid: u32) -> Vec<u32> {
 /// Gets the hook into process `pid` (each worker rank where it is torchrun's launcher)
 /// and returns the name its sessions serve viewers under.
 pub fn attach(pid: u32, snapshot_dir: &Path) -> anyhow::Result<String> {
+    crate::job_env::check_snapshot_dir(snapshot_dir)?;
     // Each process attached to is checked there (a PID that is no process gives itself).
     let ranks = trainers(pid);
     anyhow::ensure!(!ranks.is_empty(), "process {pid} is torchrun's launcher, and none of its workers has started yet");

@@ -107,6 +107,7 @@ pub fn hook_env(cmd: &mut Command, python: &Path, a: &HookSettings) -> anyhow::R
         path.extend(std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default());
         cmd.env("PATH", std::env::join_paths(path)?);
     }
+    check_snapshot_dir(a.snapshot_dir)?;
     let dir = std::path::absolute(a.snapshot_dir)?;
     cmd.env("VRAMSCOPE_SNAPSHOT_DIR", dir);
     if let Some(d) = a.device {
@@ -120,3 +121,8 @@ pub fn hook_env(cmd: &mut Command, python: &Path, a: &HookSettings) -> anyhow::R
     Ok(())
 }
 
+/// `--snapshot-dir` checked before a job starts: a run that trained for hours and then
+/// could not save its snapshot would lose what `s` was pressed for.
+pub fn check_snapshot_dir(dir: &Path) -> anyhow::Result<()> {
+    vramscope_core::snapshot::writer::check_writable_dir(dir).map_err(|e| anyhow::anyhow!("--snapshot-dir {}: {e}", dir.display()))
+}

@@ -338,9 +338,11 @@ struct ExportArgs {
     /// The image to write: a .svg or .png path (never overwritten).
     #[arg(short, long)]
     output: PathBuf,
-    #[arg(long, default_value_t = 1200)]
+    /// Image width in pixels (64 to 8192).
+    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(64..=8192))]
     width: u32,
-    #[arg(long, default_value_t = 600)]
+    /// Image height in pixels (64 to 8192).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(64..=8192))]
     height: u32,
     /// Which device's trace to draw (default: the first one with trace entries).
     #[arg(long)]
@@ -449,6 +451,7 @@ impl RunArgs {
         o.steps = self.steps.or(default_steps);
         o.seed = self.seed;
         o.snapshot_at = self.snapshot_at.clone();
+        vramscope::job_env::check_snapshot_dir(&self.snapshot_dir)?;
         o.snapshot_dir = self.snapshot_dir.clone();
         o.leak_bytes_per_step = self.inject_leak_bytes;
         o.alloc_conf = self.alloc.resolve()?;

@@ -38,7 +38,7 @@ fn settings_come_from_the_environment_and_are_recorded_as_pytorch_records_them()
     assert_eq!(AllocatorConfig::from_env().unwrap().max_split_size, Some(128 << 20));
 
     std::env::set_var(ANY, "garbage_collection_threshold:2");
-    let e = AllocatorConfig::from_env().unwrap_err().to_string();
-    assert_eq!(e, "PYTORCH_CUDA_ALLOC_CONF: bad value `2` for garbage_collection_threshold: must be between 0.0 and 1.0");
+    let e = AllocatorConfig::from_env().unwrap_err();
+    assert_eq!(e, "PYTORCH_ALLOC_CONF: bad value `2` for garbage_collection_threshold: must be between 0.0 and 1.0");
     std::env::remove_var(ANY);
 }

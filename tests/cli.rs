@@ -118,3 +118,66 @@ fn snapshots_at_chosen_steps_open_in_pytorchs_tools() {
         }
     }
 }
+
+/// Issue 34, item 7: each bad output or setting is one line that names it, said before any
+/// training (a run with an unwritable --snapshot-dir trained fully, then failed).
+#[test]
+fn outputs_and_settings_that_cannot_work_are_said_once_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("s.pickle");
+    vramscope().args(["run", "--headless", "--steps", "1", "--ctx", "16", "--batch", "1", "--snapshot-at", "0", "--snapshot-dir"]).arg(dir.path()).assert().success();
+    std::fs::rename(std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path(), &snap).unwrap();
+    let blocker = dir.path().join("a-file");
+    std::fs::write(&blocker, "").unwrap();
+    let s = snap.to_str().unwrap();
+    let cases: Vec<(Vec<String>, Vec<(&str, &str)>, String)> = vec![
+        (
+            vec!["run", "--headless", "--steps", "1", "--snapshot-dir", &format!("{}/snaps", blocker.display())].into_iter().map(String::from).collect(),
+            vec![],
+            format!("vramscope: --snapshot-dir {0}/snaps: cannot create directory {0}/snaps: Not a directory (os error 20)", blocker.display()),
+        ),
+        (
+            vec!["run", "--headless", "--steps", "1", "--record", &format!("{}/x.vsrec", blocker.display())].into_iter().map(String::from).collect(),
+            vec![],
+            format!("vramscope: {}/x.vsrec: Not a directory (os error 20)", blocker.display()),
+        ),
+        (
+            vec!["export", s, "-o", &format!("{}/x.svg", blocker.display())].into_iter().map(String::from).collect(),
+            vec![],
+            format!("vramscope: cannot create directory {}: File exists (os error 17)", blocker.display()),
+        ),
+        (
+            vec!["run", "--headless", "--steps", "1"].into_iter().map(String::from).collect(),
+            vec![("PYTORCH_CUDA_ALLOC_CONF", "bogus:1")],
+            "vramscope: PYTORCH_CUDA_ALLOC_CONF: unknown option `bogus`".into(),
+        ),
+        (
+            vec!["run", "--headless", "--steps", "1", "--alloc-conf", "bogus:1"].into_iter().map(String::from).collect(),
+            vec![],
+            "vramscope: --alloc-conf: unknown option `bogus`".into(),
+        ),
+    ];
+    for (args, env, want) in cases {
+        let r = vramscope().args(&args).envs(env).output().unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim(), want, "{args:?}");
+        assert!(r.stdout.is_empty(), "{args:?} ran: {}", String::from_utf8_lossy(&r.stdout));
+    }
+    // A directory the check had to make is not left behind.
+    let fresh = dir.path().join("new/snaps");
+    vramscope().args(["run", "--headless", "--steps", "1", "--ctx", "16", "--batch", "1", "--snapshot-dir"]).arg(&fresh).assert().success();
+    assert!(!dir.path().join("new").exists());
+    // An image too large to draw is a bad flag, not an abort.
+    let r = vramscope().args(["export", s, "--width", "100000", "--height", "100000", "-o"]).arg(dir.path().join("big.png")).output().unwrap();
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("100000 is not in 64..=8192"));
+    // An unwritable file is named as the file, not as "snapshot".
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o500)).unwrap();
+    if std::fs::write(ro.join("probe"), "").is_err() {
+        let r = vramscope().args(["export", s, "-o"]).arg(ro.join("x.svg")).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&r.stderr).trim(), format!("vramscope: cannot write {}/x.svg: Permission denied (os error 13)", ro.display()));
+    }
+}

@@ -57,6 +57,25 @@ fn names(items: &[Incoming]) -> BTreeSet<String> {
     batches(items).flat_map(|b| b.scopes.iter().map(|(_, n)| n.clone())).collect()
 }
 
+/// Issue 34: a job killed outright cannot remove its socket; the vramscope that started it
+/// does, and says how it ended rather than that it "sent a broken stream".
+#[test]
+fn a_killed_job_leaves_no_socket_behind_and_is_said_to_be_killed() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = sockets(&t);
+    let out = vramscope()
+        .env("VRAMSCOPE_SOCKET_DIR", &dir)
+        .args(["py", "--headless", "--"])
+        .arg(python())
+        .args(["-c", "import os, signal, torch; torch.ones(8); os.kill(os.getpid(), signal.SIGKILL)"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("was killed by signal 9 (SIGKILL)") && !err.contains("broken stream"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 #[test]
 fn a_users_transformer_streams_exact_totals_its_own_names_and_phases_in_order() {
     let t = tempfile::tempdir().unwrap();

@@ -214,9 +214,29 @@ fn over_tcp_nothing_is_sent_or_accepted_without_the_token() {
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let loose = common::vramscope().args(["attach", &addr.to_string(), "--headless", "--token-file"]).arg(&token_file).output().unwrap();
     assert!(String::from_utf8_lossy(&loose.stderr).contains("a token file must be 600"), "{}", String::from_utf8_lossy(&loose.stderr));
+    // A wrong token is said as one (issue 34: it read "sent a broken stream … 'VSREC'").
+    let wrong = common::vramscope().args(["attach", &addr.to_string(), "--headless", "--token", &"1".repeat(64)]).output().unwrap();
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(said.contains("refused the token") && !said.contains("VSREC"), "{said}");
+    assert_eq!(wrong.status.code(), Some(2), "{said}");
     stop(job);
     let err = later_stderr();
     assert_eq!(err.lines().filter(|l| l.contains("wrong or missing token")).count(), 1, "{err}");
+}
+
+/// Issue 34: a TCP job that ended normally left its `.token` file behind.
+#[test]
+fn a_tcp_job_that_ends_takes_its_token_file_with_it() {
+    let t = tempfile::tempdir().unwrap();
+    let mut job = start_engine(&t.path().join("sockets"), "tcpend", &t.path().join("snaps"), Some("127.0.0.1:0"));
+    let (addr, token_file, _) = tcp_endpoint(&mut job);
+    let token = std::fs::read_to_string(&token_file).unwrap().trim().to_string();
+    let source = JobSource::attach("tcpend".into(), &[(0, Endpoint::Tcp(addr))], Some(&token)).unwrap();
+    assert!(started(&source));
+    source.send(&Control::Stop);
+    wait_for("the job to end", 60, || job.try_wait().unwrap().is_some());
+    assert!(job.try_wait().unwrap().unwrap().success());
+    assert!(!token_file.exists(), "{} left behind", token_file.display());
 }
 
 #[test]

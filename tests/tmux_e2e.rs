@@ -224,3 +224,51 @@ fn a_dense_job_watched_live_loses_no_event() {
     wait_file(&dir.path().join("exit"), 60);
     s.assert_terminal_restored();
 }
+
+/// The socket directory's files named for a launched job (`<job>-r<rank>.sock` / `.token`).
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir).map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".sock") || n.ends_with(".token")).collect()).unwrap_or_default()
+}
+
+/// Issue 34: a paused `py` job. `d` left it paused at 0% CPU until someone attached, and `q`
+/// showed nothing for 10 s before a SIGTERM. Now `d` resumes it (the job runs to its end
+/// unwatched) and `q` says it is stopping the job and stops it within seconds; neither
+/// leaves a socket behind.
+#[test]
+fn a_paused_job_is_resumed_when_left_and_stopped_promptly_on_q() {
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let script = common::repo_root().join("tests/py/train_transformer.py");
+    for key in ["d", "q"] {
+        let dir = tempfile::tempdir().unwrap();
+        let sockets = dir.path().join("sockets");
+        let d = dir.path().display();
+        let cmd = format!(
+            "VRAMSCOPE_SOCKET_DIR={} {bin} py {} --steps 40 --sleep 0.05 --out {d}/out.json; echo $? > {d}/exit",
+            sockets.display(),
+            script.display()
+        );
+        let s = Session::start(&format!("vramscope-e2e-paused-{key}"), &cmd);
+        s.wait_for("a step", 180, |sc| shown_step(sc).is_some_and(|n| n >= 1));
+        s.keys("Space");
+        s.wait_for("PAUSED", 30, |sc| sc.contains("PAUSED"));
+        let left = std::time::Instant::now();
+        s.keys(key);
+        assert_eq!(wait_file(&dir.path().join("exit"), 30).trim(), "0", "{key}: exit code");
+        s.assert_terminal_restored();
+        if key == "d" {
+            s.wait_for("the resumed job's word", 10, |sc| sc.contains("the job runs on (it was paused: resumed)"));
+            // Resumed, the job trains its 40 steps unwatched and writes its figures.
+            wait_file(&dir.path().join("out.json"), 120);
+        } else {
+            let sc = s.wait_for("the stop said", 10, |sc| sc.contains("vramscope: the job "));
+            assert!(sc.contains("stopping the job…"), "{sc}");
+            assert!(left.elapsed() < Duration::from_secs(8), "q on a paused job took {:?}", left.elapsed());
+            assert!(!dir.path().join("out.json").exists(), "q stopped the job before its end");
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !leftovers(&sockets).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(leftovers(&sockets), Vec::<String>::new(), "{key}: the job's files are gone");
+    }
+}

@@ -75,8 +75,8 @@ struct Config {
 fn model_config(conf: &str, cuda_available: bool) -> Result<(AllocatorConfig, Option<String>), String> {
     match AllocatorConfig::parse_conf(conf) {
         Ok(c) => Ok((c, None)),
-        Err(e) if cuda_available => Ok((AllocatorConfig::default(), Some(format!("{e}: the CPU tensors before CUDA starts are modelled with PyTorch's default settings")))),
-        Err(e) => Err(e.to_string()),
+        Err(e) if cuda_available => Ok((AllocatorConfig::default(), Some(format!("PYTORCH_CUDA_ALLOC_CONF: {e}: the CPU tensors before CUDA starts are modelled with PyTorch's default settings")))),
+        Err(e) => Err(format!("PYTORCH_CUDA_ALLOC_CONF: {e}")),
     }
 }
 

@@ -21,15 +21,15 @@ pub const ROUNDUP_INTERVALS: usize = 16;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfError {
-    #[error("PYTORCH_CUDA_ALLOC_CONF: unknown option `{0}`")]
+    #[error("unknown option `{0}`")]
     UnknownOption(String),
-    #[error("PYTORCH_CUDA_ALLOC_CONF: expected `{expected}` after `{after}`, found `{found}`")]
+    #[error("expected `{expected}` after `{after}`, found `{found}`")]
     Syntax {
         after: String,
         expected: &'static str,
         found: String,
     },
-    #[error("PYTORCH_CUDA_ALLOC_CONF: bad value `{value}` for {key}: {why}")]
+    #[error("bad value `{value}` for {key}: {why}")]
     BadValue {
         key: &'static str,
         value: String,
@@ -177,11 +177,12 @@ impl AllocatorConfig {
 
     /// The settings PyTorch would use in this process: `PYTORCH_CUDA_ALLOC_CONF`, else
     /// `PYTORCH_ALLOC_CONF` (PyTorch's order), else the defaults.
-    pub fn from_env() -> Result<Self, ConfError> {
+    /// Errors name the variable the settings came from.
+    pub fn from_env() -> Result<Self, String> {
         let conf = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
             .iter()
-            .find_map(|k| std::env::var(k).ok());
-        conf.map_or_else(|| Ok(Self::default()), |c| Self::parse_conf(&c))
+            .find_map(|k| Some((k, std::env::var(k).ok()?)));
+        conf.map_or_else(|| Ok(Self::default()), |(k, c)| Self::parse_conf(&c).map_err(|e| format!("{k}: {e}")))
     }
 
     /// These settings written as a configuration string that parses back to them.
@@ -617,12 +618,12 @@ mod tests {
         let e = AllocatorConfig::parse_conf("per_process_memory_fraction:1.5").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "PYTORCH_CUDA_ALLOC_CONF: bad value `1.5` for per_process_memory_fraction: must be between 0.0 and 1.0"
+            "bad value `1.5` for per_process_memory_fraction: must be between 0.0 and 1.0"
         );
         let e = AllocatorConfig::parse_conf("expandable_segments:yes").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "PYTORCH_CUDA_ALLOC_CONF: expected `True or False` after `expandable_segments`, found `yes`"
+            "expected `True or False` after `expandable_segments`, found `yes`"
         );
     }
 }

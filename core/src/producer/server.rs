@@ -176,6 +176,8 @@ pub struct Server {
     pub controls: Receiver<Control>,
     acceptor: Option<JoinHandle<()>>,
     socket_path: Option<PathBuf>,
+    /// A TCP job's token file, removed when it ends as its socket would be.
+    token_path: Option<PathBuf>,
 }
 
 enum Listener {
@@ -223,17 +225,18 @@ impl Server {
         });
         let s2 = shared.clone();
         let acceptor = std::thread::Builder::new().name("vramscope-accept".into()).spawn(move || accept_loop(listener, s2))?;
-        Ok(Server { shared, endpoint, controls: ctl_rx, acceptor: Some(acceptor), socket_path })
+        Ok(Server { shared, endpoint, controls: ctl_rx, acceptor: Some(acceptor), socket_path, token_path: None })
     }
 
     /// Binds for rank `rank` of `job` and, on TCP, tells the job's owner how to attach: the
     /// address and token on the job's stderr, and the token in a file only they can read.
     pub fn bind_job(listen: &Listen, job: &str, rank: u32, queue_batches: usize, log: Log) -> Result<Server, ChannelError> {
-        let server = Server::bind(listen, queue_batches, log.clone())?;
+        let mut server = Server::bind(listen, queue_batches, log.clone())?;
         if let Listen::Tcp { token, .. } = listen {
             let file = channel::dir::socket_dir()?.join(format!("{job}-r{rank}.token"));
             let _ = std::fs::remove_file(&file);
             token::write_token_file(&file, token)?;
+            server.token_path = Some(file.clone());
             log(&format!(
                 "vramscope: rank {rank} listening on {ep}; attach with: vramscope attach {ep} --token-file {} (token {token})",
                 file.display(),
@@ -316,7 +319,7 @@ impl Server {
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
         }
-        if let Some(p) = self.socket_path.take() {
+        for p in [self.socket_path.take(), self.token_path.take()].into_iter().flatten() {
             let _ = std::fs::remove_file(p);
         }
         // A job's last reports must reach its viewers before the process exits; a viewer

@@ -17,8 +17,9 @@ use crate::stream::codec::EncodeError;
 pub enum RecordError {
     #[error("{0} already exists; recordings never overwrite a file")]
     Exists(PathBuf),
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    // Not a `source`: a chain would print the io error twice.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("{0}: not a vramscope recording (expected the bytes 89 'VSREC' CR LF) nor a memory snapshot pickle")]
     NotARecording(String),
     #[error("{name}: {source}")]
@@ -38,6 +39,6 @@ pub enum RecordError {
 impl RecordError {
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> RecordError {
         let path = path.into();
-        move |source| RecordError::Io { path, source }
+        move |err| RecordError::Io { path, err }
     }
 }

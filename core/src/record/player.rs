@@ -148,7 +148,7 @@ impl Script {
             // A snapshot pickle, read as `view` reads it.
             _ => {
                 let snap = crate::snapshot::reader::read_snapshot_opened(opened, path, &mut |_| {}).map_err(|e| match e {
-                    ReadError::Io { path, err } => RecordError::Io { path, source: err },
+                    ReadError::Io { path, err } => RecordError::Io { path, err },
                     e => e.into(),
                 })?;
                 let first = crate::snapshot::pick_device(&name, &snap, device)?;

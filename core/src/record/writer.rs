@@ -45,7 +45,7 @@ impl Recorder {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
                 RecordError::Exists(path.to_path_buf())
             } else {
-                RecordError::Io { path: path.to_path_buf(), source: e }
+                RecordError::Io { path: path.to_path_buf(), err: e }
             }
         })?;
         let h = header();

@@ -27,7 +27,7 @@ pub enum WriteError {
     // The io errors are part of the messages, not `source`s, so chains print them once.
     #[error("cannot create directory {path}: {err}")]
     CreateDir { path: PathBuf, err: io::Error },
-    #[error("cannot write snapshot into {path}: {err}")]
+    #[error("cannot write {path}: {err}")]
     Io { path: PathBuf, err: io::Error },
 }
 
@@ -80,10 +80,7 @@ pub fn save_atomic(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let (tmp, file) = create_temp(&dir, &name).map_err(|err| WriteError::Io {
-        path: dir.clone(),
-        err,
-    })?;
+    let (tmp, file) = create_temp(&dir, &name).map_err(io_err)?;
     let result = (|| {
         let mut w = io::BufWriter::with_capacity(1 << 20, file);
         write(&mut w)?;
@@ -113,6 +110,23 @@ pub fn save_atomic(
         }
         Err(e) => Err(io_err(e)),
     }
+}
+
+/// Checks before a run that files can be written in `dir`, by making it (as a save would)
+/// and a file in it, then taking away what the check made: a run that would train for
+/// hours and then fail to save its snapshot fails now instead.
+pub fn check_writable_dir(dir: &Path) -> Result<(), WriteError> {
+    let missing: Vec<PathBuf> = dir.ancestors().take_while(|a| !a.as_os_str().is_empty() && !a.exists()).map(Path::to_path_buf).collect();
+    fs::create_dir_all(dir).map_err(|err| WriteError::CreateDir { path: dir.to_path_buf(), err })?;
+    let probe = create_temp(dir, "write-check");
+    if let Ok((tmp, _)) = &probe {
+        let _ = fs::remove_file(tmp);
+    }
+    // Innermost first: each is empty once the one inside it is gone.
+    for d in &missing {
+        let _ = fs::remove_dir(d);
+    }
+    probe.map(drop).map_err(|err| WriteError::Io { path: dir.to_path_buf(), err })
 }
 
 fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {

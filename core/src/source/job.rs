@@ -101,6 +101,9 @@ pub struct JobSource {
     threads: Vec<JoinHandle<()>>,
     /// The job's output file (a user's job under the screen), to say where it went.
     pub output: Option<PathBuf>,
+    /// A launched job's socket directory: what its ranks leave there is removed once the
+    /// process has ended (a killed rank cannot remove its own socket or token file).
+    sockets: Option<PathBuf>,
 }
 
 /// One line on how a process ended.
@@ -155,7 +158,8 @@ fn child_exit(child: &ChildSlot, wait: Duration) -> Option<ExitStatus> {
 
 /// Reads one rank's stream to its end; says on that rank how it ended when it was not the
 /// end record.
-fn read_stream(rank: u32, who: String, r: Box<dyn Read + Send>, tx: &Sender<Fed>, child: &ChildSlot, what: &str) {
+/// `token`: one was sent in the hello (TCP).
+fn read_stream(rank: u32, who: String, token: bool, r: Box<dyn Read + Send>, tx: &Sender<Fed>, child: &ChildSlot, what: &str) {
     let outcome: Result<bool, StreamError> = (|| {
         let mut chunks = ChunkReader::new(r)?;
         while let Some(records) = chunks.next_chunk()? {
@@ -186,6 +190,12 @@ fn read_stream(rank: u32, who: String, r: Box<dyn Read + Send>, tx: &Sender<Fed>
             Some(status) if !status.success() => format!("{what} {}", describe_exit(status)),
             _ => format!("{what} stopped sending without saying why ({who})"),
         },
+        // The job closes a viewer it refuses without a byte: over TCP, a wrong token.
+        Err(StreamError::Empty) => match child_exit(child, Duration::from_secs(2)) {
+            Some(status) if !status.success() => format!("{what} {}", describe_exit(status)),
+            _ if token => format!("{who} refused the token: give the one the job printed when it started (--token, or --token-file FILE)"),
+            _ => format!("{what} closed the connection before its stream began ({who})"),
+        },
         Err(StreamError::Io(e)) => format!("{what}: the connection broke ({who}): {e}"),
         Err(e) => format!("{what} sent a broken stream and was dropped ({who}): {e}"),
     };
@@ -203,6 +213,7 @@ impl JobSource {
             name,
             threads: Vec::new(),
             output: None,
+            sockets: None,
         };
         (s, tx)
     }
@@ -210,8 +221,8 @@ impl JobSource {
     fn add_rank(&mut self, rank: u32, endpoint: &Endpoint, token: Option<&str>, tx: &Sender<Fed>, what: &str) -> Result<(), ChannelError> {
         let (r, w) = connect(endpoint, token)?;
         self.controls.lock().unwrap_or_else(|e| e.into_inner()).add(rank, w);
-        let (tx, child, who, what) = (tx.clone(), self.child.clone(), endpoint.to_string(), what.to_string());
-        let t = std::thread::Builder::new().name(format!("vramscope-rank{rank}")).spawn(move || read_stream(rank, who, r, &tx, &child, &what))?;
+        let (tx, child, who, what, token) = (tx.clone(), self.child.clone(), endpoint.to_string(), what.to_string(), token.is_some());
+        let t = std::thread::Builder::new().name(format!("vramscope-rank{rank}")).spawn(move || read_stream(rank, who, token, r, &tx, &child, &what))?;
         self.threads.push(t);
         Ok(())
     }
@@ -250,6 +261,7 @@ impl JobSource {
         }
         let mut child = cmd.spawn().map_err(|e| anyhow::anyhow!("starting {what} ({:?}): {e}", cmd.get_program()))?;
         let (mut s, tx) = JobSource::new(job.to_string());
+        s.sockets = Some(sockets.clone());
         if let Output::Capture = output {
             if let Some(o) = child.stdout.take() {
                 forward_lines(o, tx.clone());
@@ -298,7 +310,7 @@ impl JobSource {
             // SAFETY: a pid of our own child, which we have not reaped.
             unsafe { libc::kill(-pid, sig) };
             unsafe { libc::kill(pid, sig) };
-            if let Some(s) = child_exit(&self.child, wait) {
+            if let Some(s) = self.wait_child(wait) {
                 return Some(s);
             }
         }
@@ -307,7 +319,26 @@ impl JobSource {
 
     /// Waits for a launched job's process to end (it ends by itself after its stream).
     pub fn wait_child(&self, wait: Duration) -> Option<ExitStatus> {
-        child_exit(&self.child, wait)
+        let ended = child_exit(&self.child, wait);
+        if ended.is_some() {
+            self.remove_leftovers();
+        }
+        ended
+    }
+
+    /// Removes the sockets and token files the ended job's ranks left behind.
+    fn remove_leftovers(&self) {
+        let Some(dir) = &self.sockets else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let socket = dir::parse_socket_name(name).is_some_and(|(j, _)| j == self.name);
+            let token = name.strip_suffix(".token").and_then(|stem| stem.rsplit_once("-r")).is_some_and(|(j, r)| j == self.name && r.parse::<u32>().is_ok());
+            if socket || token {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 
     /// Lets go of a launched job: it runs on without a viewer.
@@ -337,7 +368,7 @@ fn discover(dir: &Path, job: &str, what: &str, tx: &Sender<Fed>, child: &ChildSl
                     controls.lock().unwrap_or_else(|e| e.into_inner()).add(rank, w);
                     let (tx, child, who) = (tx.clone(), child.clone(), ep.to_string());
                     let what = if rank == 0 { what.to_string() } else { format!("{what} (rank {rank})") };
-                    if let Ok(t) = std::thread::Builder::new().name(format!("vramscope-rank{rank}")).spawn(move || read_stream(rank, who, r, &tx, &child, &what)) {
+                    if let Ok(t) = std::thread::Builder::new().name(format!("vramscope-rank{rank}")).spawn(move || read_stream(rank, who, false, r, &tx, &child, &what)) {
                         readers.push(t);
                     }
                 }

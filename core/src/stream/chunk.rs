@@ -37,6 +37,9 @@ pub fn has_magic(bytes: &[u8]) -> bool {
 pub enum StreamError {
     #[error("not a vramscope stream (expected the bytes 89 'VSREC' CR LF)")]
     NotAStream,
+    /// Not one byte came: a producer that refused the viewer, or died before its stream.
+    #[error("the connection closed before the stream began")]
+    Empty,
     #[error("format version {0}; this vramscope reads versions 1 to {VERSION}")]
     Version(u16),
     /// Bytes that are there but wrong: nothing past them is decoded.
@@ -131,6 +134,9 @@ impl<R: Read> ChunkReader<R> {
     pub fn new(mut r: R) -> Result<ChunkReader<R>, StreamError> {
         let mut h = [0u8; HEADER_LEN];
         let n = read_full(&mut r, &mut h)?;
+        if n == 0 {
+            return Err(StreamError::Empty);
+        }
         let version = check_header(&h[..n])?;
         Ok(ChunkReader { r, version, offset: HEADER_LEN as u64, chunks: 0, ended: false, packed: Vec::new(), body: Vec::new() })
     }

@@ -99,7 +99,7 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metri
     let incoming = bridge(source.receiver().clone(), Some(gauge_rx));
     let mut ranks = ranks;
     ranks.recording = recorder.as_ref().map(|r| r.path().to_path_buf());
-    let mut controls = JobControls { source: &source, kind, recorder, detached: false, said_knobs: false, job, metrics, published: 0 };
+    let mut controls = JobControls { source: &source, kind, recorder, detached: false, said_knobs: false, job, metrics, published: 0, paused: false };
     let result = {
         let mut session = TerminalSession::enter()?;
         let r = rt.block_on(event_loop(&mut session, incoming, &mut controls, screen, ranks));
@@ -114,6 +114,13 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metri
         eprintln!("vramscope: {line}");
     }
     let mut ended = None;
+    // A paused job left running would wait for a viewer forever, and one being stopped
+    // cannot take the signal until it runs again: resume it either way.
+    let resumed = controls.paused && kind != JobKind::Engine;
+    if resumed {
+        source.send(&Control::Resume);
+    }
+    let was_paused = if resumed { " (it was paused: resumed)" } else { "" };
     match kind {
         JobKind::Engine => {
             source.send(&Control::Stop);
@@ -123,15 +130,18 @@ pub fn watch(source: JobSource, kind: JobKind, recorder: Option<Recorder>, metri
         }
         JobKind::Started if detached => {
             source.detach();
-            eprintln!("vramscope: the job runs on; attach again with: vramscope attach {}", source.name);
+            eprintln!("vramscope: the job runs on{was_paused}; attach again with: vramscope attach {}", source.name);
         }
         JobKind::Started => {
             ended = source.wait_child(Duration::ZERO);
+            if ended.is_none() {
+                eprintln!("vramscope: stopping the job…");
+            }
             if let Some(s) = ended.or_else(|| source.stop_child(Duration::from_secs(10))) {
                 eprintln!("vramscope: the job {}", vramscope_core::source::job::describe_exit(s));
             }
         }
-        JobKind::Attached => eprintln!("vramscope: detached; the job runs on"),
+        JobKind::Attached => eprintln!("vramscope: detached; the job runs on{was_paused}"),
     }
     if let Some(out) = &source.output {
         eprintln!("vramscope: the job's output is in {}", out.display());
@@ -268,6 +278,8 @@ pub struct JobControls<'a> {
     metrics: Option<&'a Metrics>,
     /// The stores' version last published to the metrics endpoint.
     published: u64,
+    /// The job last said it was paused.
+    paused: bool,
 }
 
 impl JobControls<'_> {
@@ -388,8 +400,10 @@ impl Controls for JobControls<'_> {
     }
 
     fn seen(&mut self, rank: u32, item: &Incoming, ranks: &mut Ranks) {
-        if let Incoming::Report(Report::Started(info)) = item {
-            self.job.add(info.pid);
+        match item {
+            Incoming::Report(Report::Started(info)) => self.job.add(info.pid),
+            Incoming::Report(Report::Paused(p)) => self.paused = *p,
+            _ => {}
         }
         if let Some(r) = &mut self.recorder {
             if let Err(e) = r.record(monotonic_ns(), rank, item) {
