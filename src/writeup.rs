@@ -86,7 +86,7 @@ fn write_one(path: &Path, dir: &Path, o: &Options) -> anyhow::Result<(SnapshotSu
     text += &findings_text(&f);
     let _ = writeln!(text, "top {} consumers at the peak, by top frame:", o.top);
     for g in consumers.groups.iter().take(o.top) {
-        let _ = writeln!(text, "  {:>10}  {:>6} allocs  {}", bytes(g.bytes), g.allocations, g.name);
+        let _ = writeln!(text, "  {}", g.row());
     }
     let report = write_new(dir, &format!("{stem}_report.txt"), text.as_bytes())?;
     let (timeline, sizes) = &images[0];

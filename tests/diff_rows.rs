@@ -3,6 +3,9 @@
 //! merging them loses no bytes.
 
 mod common;
+#[allow(dead_code)]
+#[path = "common/training_snapshot.rs"]
+mod training_snapshot;
 
 use common::vramscope;
 
@@ -35,4 +38,19 @@ fn no_two_rows_look_the_same_and_no_bytes_are_lost() {
         // The rows and the groups count the same allocations alive at each peak.
         assert_eq!(sum("grew") + sum("shrank"), sum("groups"), "{a} → {b}");
     }
+}
+
+/// Issue 34: `diff A A` printed a heading with nothing under it and never said which device
+/// it compared.
+#[test]
+fn a_file_against_itself_names_its_device_and_says_nothing_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("a.pickle");
+    training_snapshot::write(training_snapshot::TrainingRun::default(), &f);
+    let out = vramscope().arg("diff").arg(&f).arg(&f).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("A = a.pickle (device 0)\nB = a.pickle (device 0)\n"), "{text}");
+    let sections: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("at the peak")).collect();
+    assert_eq!(sections[1], "  no change", "{text}");
+    assert_eq!(text.matches("  nothing").count(), 2, "{text}");
 }

@@ -214,6 +214,21 @@ fn live_screen_200x60_on_a_gpu() {
     insta::assert_snapshot!(screen);
 }
 
+/// Issue 34: a finished run's host gauges read `process RSS 0 B`, as if the job held no
+/// memory; its processes are gone, and the panel says so.
+#[test]
+fn a_finished_jobs_rss_says_it_exited() {
+    let mut store = with_host(session());
+    store.ingest_gauges(GaugeBatch {
+        first_seq: 1,
+        status: None,
+        samples: vec![GaugeSample { t_ns: 1, gauges: Gauges::Host(HostSample { rss_bytes: 0, mem_total: 24 << 30, mem_used: 6 << 30, cpu_percent: Some(3.0), self_cpu_percent: Some(1.0), cpu_count: 2 }) }],
+    });
+    store.finished = true;
+    let screen = text(&store, &whole(&store), 200, 60);
+    assert!(screen.contains("process RSS  – (the job exited)"), "{screen}");
+}
+
 #[test]
 fn help_overlay_is_generated_from_the_key_table() {
     let store = with_host(session());

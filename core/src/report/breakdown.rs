@@ -16,6 +16,14 @@ pub struct GroupBytes {
     pub allocations: usize,
 }
 
+impl GroupBytes {
+    /// The group as a row of a text table: bytes, allocations, name.
+    pub fn row(&self) -> String {
+        let noun = if self.allocations == 1 { "alloc " } else { "allocs" };
+        format!("{:>10}  {:>6} {noun}  {}", crate::format::bytes(self.bytes), self.allocations, self.name)
+    }
+}
+
 /// Bytes alive at the peak, grouped by category or by top frame; largest first.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Breakdown {
@@ -57,4 +65,16 @@ pub fn breakdown_of<'a>(snap: &Snapshot, tl: &Timeline, allocations: impl Iterat
     let mut groups: Vec<GroupBytes> = groups.into_iter().map(|(name, (bytes, allocations))| GroupBytes { name, bytes, allocations }).collect();
     groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
     Breakdown { by: if by_category { "category" } else { "top_frame" }, at_event, groups }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_counts_one_allocation_in_the_singular() {
+        let g = |allocations| GroupBytes { name: "optimizer_state".into(), bytes: 2048, allocations };
+        assert_eq!(g(1).row(), "  2.00 KiB       1 alloc   optimizer_state");
+        assert_eq!(g(3).row(), "  2.00 KiB       3 allocs  optimizer_state");
+    }
 }

@@ -41,6 +41,9 @@ pub struct AllocationChange {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SnapshotDiff {
+    /// The device compared in each file.
+    pub device_a: usize,
+    pub device_b: usize,
     pub peak_active_bytes: Change,
     pub peak_reserved_bytes: Change,
     pub allocations: Change,
@@ -113,6 +116,8 @@ pub fn diff(a: (&Snapshot, &Timeline, usize), b: (&Snapshot, &Timeline, usize), 
     grew.truncate(top);
     shrank.truncate(top);
     SnapshotDiff {
+        device_a: da,
+        device_b: db,
         peak_active_bytes: Change::new(ta.peak_bytes, tb.peak_bytes),
         peak_reserved_bytes: Change::new(peak_reserved(sa, ta, da), peak_reserved(sb, tb, db)),
         allocations: Change::new(ta.allocations.len() as u64, tb.allocations.len() as u64),
@@ -129,13 +134,17 @@ pub fn write_text(out: &mut impl std::io::Write, a: &str, b: &str, d: &SnapshotD
     use crate::format::bytes;
     let signed = |v: i64| if v < 0 { format!("-{}", bytes(v.unsigned_abs())) } else { format!("+{}", bytes(v as u64)) };
     let line = |out: &mut dyn std::io::Write, what: &str, c: &Change| writeln!(out, "{what:<16} {:>10} → {:>10}  ({})", bytes(c.a), bytes(c.b), signed(c.delta));
-    writeln!(out, "A = {a}\nB = {b}")?;
+    writeln!(out, "A = {a} (device {})\nB = {b} (device {})", d.device_a, d.device_b)?;
     line(out, "peak active", &d.peak_active_bytes)?;
     line(out, "peak reserved", &d.peak_reserved_bytes)?;
     writeln!(out, "{:<16} {:>10} → {:>10}", "allocations", d.allocations.a, d.allocations.b)?;
     writeln!(out, "{:<16} {:>10} → {:>10}", "trace entries", d.trace_entries.a, d.trace_entries.b)?;
     writeln!(out, "at the peak, by {}:", d.breakdown_by.replace('_', " "))?;
-    for g in d.groups.iter().filter(|g| g.bytes.delta != 0).take(10) {
+    let changed: Vec<&GroupChange> = d.groups.iter().filter(|g| g.bytes.delta != 0).take(10).collect();
+    if changed.is_empty() {
+        writeln!(out, "  no change")?;
+    }
+    for g in changed {
         writeln!(out, "  {:>11}  {}", signed(g.bytes.delta), g.name)?;
     }
     for (title, list) in [("grew", &d.grew), ("shrank", &d.shrank)] {

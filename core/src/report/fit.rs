@@ -118,10 +118,14 @@ struct Point {
     categories: BTreeMap<String, u64>,
 }
 
+/// What two points say of a curve: nothing (a line fits any two exactly).
+const TOO_FEW: &str = "too few points to tell (3 values needed)";
+
 /// "quadratic" when the x² term of a parabola through the points carries more than
-/// `QUADRATIC_SHARE` of the value at the largest x, else "linear".
+/// `QUADRATIC_SHARE` of the value at the largest x, else "linear"; `TOO_FEW` when no
+/// parabola can be told from a line.
 fn verdict(xs: &[f64], quadratic: Option<&Poly>) -> &'static str {
-    let (Some(&xmax), Some(q)) = (xs.last(), quadratic) else { return "linear" };
+    let (Some(&xmax), Some(q)) = (xs.last(), quadratic) else { return TOO_FEW };
     let share = q.coeffs[2] * xmax * xmax / q.at(xmax).max(1.0);
     if share > QUADRATIC_SHARE {
         "quadratic"
@@ -192,14 +196,15 @@ pub fn render(fits: &[Scaling]) -> String {
     for f in fits {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.4} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             match f.knob {
                 Knob::Batch => "batch",
                 Knob::Ctx => "ctx",
             },
             f.group,
             f.points.len(),
-            f.linear.r2,
+            // Any two points lie on a line: an R² of 1 there would claim a fit.
+            if f.quadratic.is_some() { format!("{:.4}", f.linear.r2) } else { "–".to_string() },
             f.quadratic.as_ref().map_or("–".to_string(), |q| format!("{:.4}", q.r2)),
             f.verdict,
             f.bytes_per_token.map_or("–".to_string(), |b| bytes(b.max(0.0).round() as u64))
@@ -263,5 +268,10 @@ mod tests {
         assert_eq!(quad.verdict, "quadratic");
         assert_eq!(quad.categories[0].verdict, "quadratic", "the category that holds the x² term");
         assert_eq!(quad.bytes_per_token, None);
+        // Two points (issue 34: "linear, R² 1.0"): any line fits them, so nothing is claimed.
+        let two = scaling("g".into(), Knob::Batch, vec![point(1, 1_000, None, &[("activation", 100)]), point(2, 2_000, None, &[("activation", 200)])], 32).unwrap();
+        assert_eq!((two.verdict, two.categories[0].verdict), (TOO_FEW, TOO_FEW));
+        let table = render(&[two]);
+        assert!(table.contains("| batch | g | 2 | – | – | too few points to tell (3 values needed) |"), "{table}");
     }
 }

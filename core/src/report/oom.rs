@@ -185,7 +185,7 @@ pub fn write_text(out: &mut impl std::io::Write, r: &OomReport, groups: usize) -
     for b in std::iter::once(&r.by_top_frame).chain(&r.by_category) {
         writeln!(out, "  alive by {}:", b.by.replace('_', " "))?;
         for g in b.groups.iter().take(groups) {
-            writeln!(out, "    {:>10}  {:>6} allocs  {}", bytes(g.bytes), g.allocations, g.name)?;
+            writeln!(out, "    {}", g.row())?;
         }
     }
     Ok(())

@@ -562,7 +562,7 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
     }
     writeln!(out, "at the peak, by {}:", s.breakdown.by.replace('_', " "))?;
     for g in s.breakdown.groups.iter().take(10) {
-        writeln!(out, "  {:>10}  {:>6} allocs  {}", bytes(g.bytes), g.allocations, g.name)?;
+        writeln!(out, "  {}", g.row())?;
     }
     if let Some(g) = &s.growth {
         writeln!(out, "growth across the profiled steps:")?;

@@ -477,6 +477,11 @@ impl Store {
         }
     }
 
+    /// Markers made so far, of every kind: a new one means a new marked log line.
+    pub fn marks_made(&self) -> u64 {
+        self.marks_made.iter().map(|n| u64::from(*n)).sum()
+    }
+
     pub fn log_line(&mut self, kind: LogKind, text: String) {
         self.push_log(LogLine { kind, text, step: self.step_now(), tag: None });
     }

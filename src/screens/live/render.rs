@@ -58,7 +58,7 @@ pub fn render_live(f: &mut Frame, store: &Store, ranks: &RankSummary, view: &Vie
     render_timeline(f, timeline, store, view, theme);
     render_side(f, side, store, view, theme);
     render_table(f, table, store, view, theme);
-    render_log(f, log, store, keys, theme);
+    render_log(f, log, store, view, keys, theme);
     if view.inspect {
         render_inspector(f, area, store, view, theme);
     }
@@ -573,7 +573,12 @@ fn gauge_lines<'a>(store: &Store, theme: &Theme) -> Vec<Line<'a>> {
     match store.gauges.latest_host() {
         Some(h) => vec![
             Line::from(Span::styled("host (no NVML)", dim)),
-            kv("process RSS", bytes(h.rss_bytes)),
+            // No resident bytes: the job's processes are gone (or not yet known).
+            kv("process RSS", match h.rss_bytes {
+                0 if store.finished || store.exited.is_some() => "– (the job exited)".into(),
+                0 => "–".into(),
+                b => bytes(b),
+            }),
             kv("system mem", format!("{} / {}", bytes(h.mem_used), bytes(h.mem_total))),
             kv("cpu", h.cpu_percent.map(|c| format!("{c:.0}% of {}", h.cpu_count)).unwrap_or_else(|| "–".into())),
         ],
@@ -658,8 +663,8 @@ fn log_spans(l: &LogLine, theme: &Theme) -> Vec<Span<'static>> {
     spans
 }
 
-pub fn render_log(f: &mut Frame, area: Rect, store: &Store, keys: &KeyMap<LiveKey>, theme: &Theme) {
-    let line = match store.log.back() {
+pub fn render_log(f: &mut Frame, area: Rect, store: &Store, view: &View, keys: &KeyMap<LiveKey>, theme: &Theme) {
+    let line = match view.held_log.as_ref().map(|(l, _)| l).or(store.log.back()) {
         Some(l) => {
             let mut spans = log_spans(l, theme);
             if store.log.len() > 1 {

@@ -198,6 +198,7 @@ pub async fn event_loop(
                 controls.tick(&mut ranks);
                 let version = ranks.version();
                 let shown = ranks.shown();
+                view.hold_marked_line(shown, std::time::Instant::now());
                 view.fit_steps(shown.newest_steps_start(super::view::FIT_STEPS), shown.history.end());
                 if drawn.as_ref().is_none_or(|(v, w)| *v != version || *w != view) {
                     let theme = &screen.themes[view.theme % screen.themes.len()];

@@ -1,6 +1,13 @@
 //! View state of the live screen (zoom, pan, freeze, focus, overlays): everything the
 //! keys change on the UI side. Pure data; the screen is a function of (store, view, theme).
 
+use std::time::{Duration, Instant};
+
+use vramscope_core::store::{LogLine, Store};
+
+/// How long the footer keeps a marked line over the job's output.
+const HOLD_MARKED_LINE: Duration = Duration::from_secs(4);
+
 /// Narrowest window, in history entries.
 const MIN_WINDOW: u64 = 64;
 /// A pan moves this fraction of the window, so what was on screen stays in sight.
@@ -35,6 +42,11 @@ pub struct View {
     pub log: Option<usize>,
     pub help: bool,
     pub theme: usize,
+    /// A marked line (a snapshot saved, a knob changed, an out-of-memory) the footer keeps
+    /// until the instant given, so a job's own output does not push it off at once.
+    pub held_log: Option<(LogLine, Instant)>,
+    /// The shown store's markers when last looked at.
+    pub marks_seen: u64,
 }
 
 impl Default for View {
@@ -53,11 +65,24 @@ impl Default for View {
             log: None,
             help: false,
             theme: 0,
+            held_log: None,
+            marks_seen: 0,
         }
     }
 }
 
 impl View {
+    /// After the store makes a marker, its line holds the footer for `HOLD_MARKED_LINE`;
+    /// then the newest line shows again.
+    pub fn hold_marked_line(&mut self, store: &Store, now: Instant) {
+        if store.marks_made() != self.marks_seen {
+            self.marks_seen = store.marks_made();
+            self.held_log = store.log.iter().rev().find(|l| l.tag.is_some()).map(|l| (l.clone(), now + HOLD_MARKED_LINE));
+        } else if self.held_log.as_ref().is_some_and(|(_, until)| now >= *until) {
+            self.held_log = None;
+        }
+    }
+
     /// The [from, to) history range on screen, given what the store holds.
     pub fn range(&self, start: u64, end: u64) -> (u64, u64) {
         let to = self.right.unwrap_or(end).clamp(start, end);
@@ -148,6 +173,26 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vramscope_core::stream::{Incoming, Report};
+
+    /// Issue 34: `py`'s "snapshot saved" was pushed off the footer at once by the job's output.
+    #[test]
+    fn a_marked_line_holds_the_footer_for_a_while_over_the_jobs_output() {
+        let mut store = Store::new(1 << 10);
+        let mut v = View::default();
+        let t0 = Instant::now();
+        store.ingest(Incoming::Report(Report::SnapshotSaved { step: 3, path: "s.pickle".into() }));
+        store.ingest(Incoming::Report(Report::Note("loss 2.31".into())));
+        v.hold_marked_line(&store, t0);
+        assert_eq!(v.held_log.as_ref().map(|(l, _)| l.text.as_str()), Some("snapshot of step 3 saved: s.pickle"));
+        store.ingest(Incoming::Report(Report::Note("loss 2.30".into())));
+        v.hold_marked_line(&store, t0 + Duration::from_secs(3));
+        assert!(v.held_log.is_some(), "still held after 3 s");
+        v.hold_marked_line(&store, t0 + HOLD_MARKED_LINE);
+        assert!(v.held_log.is_none(), "the newest line shows again");
+        v.hold_marked_line(&store, t0 + Duration::from_secs(9));
+        assert!(v.held_log.is_none(), "held once per marker");
+    }
 
     #[test]
     fn follow_pan_and_freeze() {
