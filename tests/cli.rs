@@ -130,7 +130,9 @@ fn outputs_and_settings_that_cannot_work_are_said_once_before_anything_runs() {
     let blocker = dir.path().join("a-file");
     std::fs::write(&blocker, "").unwrap();
     let s = snap.to_str().unwrap();
-    let cases: Vec<(Vec<String>, Vec<(&str, &str)>, String)> = vec![
+    // (arguments, environment, the one line said)
+    type Case<'a> = (Vec<String>, Vec<(&'a str, &'a str)>, String);
+    let cases: Vec<Case> = vec![
         (
             vec!["run", "--headless", "--steps", "1", "--snapshot-dir", &format!("{}/snaps", blocker.display())].into_iter().map(String::from).collect(),
             vec![],

@@ -204,6 +204,48 @@ fn live_screen_80x24() {
     insta::assert_snapshot!(screen);
 }
 
+/// Issue 34: every state of the live screen (and a replay's) reads at 80×24 and 120×36: the
+/// header gives way field by field, never mid-word or mid-number, and an out-of-memory, a
+/// pause or lost events never fall off.
+#[test]
+fn every_state_reads_at_80x24_and_120x36() {
+    let mut oom = with_host(session());
+    oom.ingest_report(Report::Oom(OutOfMemory { step: 2, phase: Phase::Backward, message: "CUDA out of memory. Tried to allocate 20.00 GiB".into(), snapshot: None }));
+    oom.ingest_report(Report::Paused(true));
+    let mut paused = with_gpu(session());
+    paused.ingest_report(Report::Paused(true));
+    let mut dropping = with_host(session());
+    let mut gap = Batch { first_seq: 1_000_000, ..Batch::default() };
+    gap.events.push(MemEvent { t_ns: 9_000_000, addr: 0xdead_0000, size: 512 * 1024, stream: 0, step: 2, scope: 0, action: Act::Alloc, phase: Phase::Other, device: 0, category: Category::Input });
+    dropping.ingest_batch(gap);
+    let mut replay = with_host(session());
+    replay.title = Some("replay of fp32-to-bf16-then-double-ctx.vsrec".into());
+    let states: [(&str, Store, &[&str]); 5] = [
+        ("running", with_host(session()), &["step 2", "bf16", "ctx 256", "batch 4"]),
+        ("oom", oom, &["OUT OF MEMORY", "step 2"]),
+        ("paused_on_a_gpu", paused, &["PAUSED", "step 2"]),
+        ("dropping", dropping, &["events lost", "step 2"]),
+        ("replay", replay, &["step 2", "replay of"]),
+    ];
+    for (name, store, wants) in states {
+        for (w, h) in [(80u16, 24u16), (120, 36)] {
+            let screen = text(&store, &whole(&store), w, h);
+            let header: Vec<&str> = screen.lines().take(2).collect();
+            for want in wants {
+                assert!(header.iter().any(|l| l.contains(want)), "{name} at {w}×{h}: '{want}' not in the header:\n{screen}");
+            }
+            for l in &header {
+                assert!(l.chars().count() <= w as usize && !l.contains('…'), "{name} at {w}×{h}: a cut header line: {l}");
+                // Every field whole: the header's fields end at a separator or the line's end.
+                for field in l.split(" · ") {
+                    assert!(!field.ends_with(' ') && !field.is_empty(), "{name} at {w}×{h}: '{field}' in {l}");
+                }
+            }
+            insta::assert_snapshot!(format!("live_{name}_{w}x{h}"), screen);
+        }
+    }
+}
+
 #[test]
 fn live_screen_200x60_on_a_gpu() {
     let store = with_gpu(session());

@@ -212,3 +212,18 @@ fn before_the_first_sample_the_screen_waits() {
     let state = WatchState::new(GaugeHistory::new(10, 0), Duration::from_millis(250));
     assert!(screen_text(&draw(&state, 80, 20)).contains("Waiting for the first sample"));
 }
+
+/// Issue 34: `watch` at the sizes users have, one GPU and eight: no cell cut mid-number.
+#[test]
+fn watch_reads_at_80x24_and_120x36() {
+    for (gpus, name) in [(1, "one_gpu"), (8, "eight_gpus")] {
+        for (w, h) in [(80u16, 24u16), (120, 36)] {
+            let text = screen_text(&draw(&nvml_state(gpus, 0), w, h));
+            assert!(text.contains("vramscope watch") && !text.contains("too small"), "{name} at {w}×{h}:\n{text}");
+            for l in text.lines() {
+                assert!(!l.contains("…") || !l.chars().rev().nth(1).is_some_and(|c| c.is_ascii_digit()), "{name} at {w}×{h}: a number cut: {l}");
+            }
+            insta::assert_snapshot!(format!("watch_{name}_{w}x{h}"), text);
+        }
+    }
+}

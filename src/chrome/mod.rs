@@ -2,6 +2,7 @@
 //! "terminal too small" message, the footer of key hints, the help overlay, boxes over
 //! the screen.
 
+pub mod fields;
 pub mod footer;
 pub mod help;
 pub mod overlay;

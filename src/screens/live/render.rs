@@ -12,6 +12,7 @@ use vramscope_core::source::gauges::history::Metric;
 use vramscope_core::source::gauges::sample::SourceKind;
 use crate::draw::axis::ByteAxis;
 use vramscope_core::format::seconds;
+use crate::chrome::fields::{fit_line, Field, Keep};
 use crate::draw::text::fit;
 use vramscope_core::format::bytes;
 use vramscope_core::store::ranks::RankSummary;
@@ -76,122 +77,120 @@ fn is_replay(store: &Store) -> bool {
     store.title.is_some()
 }
 
-/// What the job is and runs with: vramscope's model and its knobs, or a user's script, its
-/// rank and the knobs it declared.
-fn job_facts(info: &vramscope_core::stream::EngineInfo, wide: bool) -> (String, Vec<String>) {
+/// What the job is and runs with, as header fields: vramscope's model and its knobs, or a
+/// user's script, the knobs it declared, and the allocator settings.
+fn job_fields(info: &vramscope_core::stream::EngineInfo, val: Style, title: Style) -> Vec<Field> {
     let params = format!("{:.1}M params", info.parameters as f64 / 1e6);
     // bf16 says whose autocast op lists it follows: a modelled GPU can follow either.
-    let precision = |p: &str| match (p.parse::<vramscope_core::step_config::Precision>(), wide) {
-        (Ok(p), true) => p.label(info.autocast),
-        _ => p.to_string(),
+    let precision = |keep, prefix: &str, p: &str| {
+        let short = format!("{prefix}{p}");
+        match p.parse::<vramscope_core::step_config::Precision>() {
+            Ok(parsed) => Field::text(keep, format!("{prefix}{}", parsed.label(info.autocast)), val).or_text_losing(Keep::Low, short),
+            Err(_) => Field::text(keep, short, val),
+        }
     };
-    let mut facts = Vec::new();
-    let name = match &info.config {
+    let name = info.config.as_ref().map_or(&info.name, |c| &c.model_name);
+    let mut fields = vec![Field::new(Keep::Must, vec![Span::styled("vramscope ", title), Span::styled(format!("{name} ({params})"), val)])
+        .or_losing(Keep::Least, vec![Span::styled(format!("{name} ({params})"), val)])
+        .or_losing(Keep::Low, vec![Span::styled(name.clone(), val)])];
+    match &info.config {
         Some(c) => {
-            facts.extend([precision(c.precision.as_str()), format!("ctx {}", c.ctx), format!("batch {}", c.batch), c.mode.to_string(), c.attention.to_string(), format!("{} AdamW", c.optimizer)]);
+            fields.push(precision(Keep::High, "", c.precision.as_str()));
+            fields.push(Field::text(Keep::High, format!("ctx {}", c.ctx), val));
+            fields.push(Field::text(Keep::High, format!("batch {}", c.batch), val));
+            fields.push(Field::text(Keep::Mid, c.mode.to_string(), val));
+            fields.push(Field::text(Keep::Low, c.attention.to_string(), val));
+            fields.push(Field::text(Keep::Least, format!("{} AdamW", c.optimizer), val));
             if c.checkpointing != vramscope_core::step_config::Checkpointing::None {
-                facts.push(c.checkpointing.label());
+                fields.push(Field::text(Keep::Low, c.checkpointing.label(), val));
             }
-            c.model_name.clone()
         }
-        None => {
-            facts.extend(info.knobs.iter().map(|k| match k.name.as_str() {
-                "precision" => format!("precision {}", precision(&k.value)),
-                _ => format!("{} {}", k.name, k.value),
-            }));
-            info.name.clone()
-        }
-    };
-    if !info.alloc_conf.is_empty() {
-        facts.push(info.alloc_conf.clone());
+        None => fields.extend(info.knobs.iter().map(|k| match k.name.as_str() {
+            "precision" => precision(Keep::High, "precision ", &k.value),
+            _ => Field::text(Keep::Mid, format!("{} {}", k.name, k.value), val),
+        })),
     }
-    (if wide { format!("{name} ({params})") } else { name }, facts)
+    if !info.alloc_conf.is_empty() {
+        fields.push(Field::text(Keep::Least, info.alloc_conf.clone(), val));
+    }
+    fields
 }
 
 pub fn render_header(f: &mut Frame, area: Rect, store: &Store, ranks: &RankSummary, theme: &Theme) {
     let dim = Style::default().fg(theme.ui.dim);
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
+    let accent = Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD);
+    let width = area.width as usize;
+    let devices = (ranks.devices.len() > 1).then(|| {
+        Field::text(Keep::High, format!("device {} of {} ({})", ranks.device_shown + 1, ranks.devices.len(), ranks.devices.join(" ")), accent)
+            .or_text_losing(Keep::Low, format!("device {} of {}", ranks.device_shown + 1, ranks.devices.len()))
+    });
     let Some(info) = &store.info else {
         let what = store.title.as_deref().unwrap_or("starting the job…");
-        let mut line = format!("vramscope · {what}");
-        if ranks.devices.len() > 1 {
-            line += &format!(" · device {} of {} ({})", ranks.device_shown + 1, ranks.devices.len(), ranks.devices.join(" "));
-        }
-        f.render_widget(Paragraph::new(line).style(dim), area);
+        let fields = [Some(Field::text(Keep::Must, format!("vramscope · {what}"), dim)), devices].into_iter().flatten().collect();
+        f.render_widget(Paragraph::new(fit_line(fields, width, Span::styled(" · ", dim))), area);
         return;
     };
-    let sep = || Span::styled(" · ", dim);
-    // Narrow terminals get the same facts in fewer words.
-    let wide = area.width >= 100;
-    let device = match (info.cuda, wide) {
-        (true, _) => info.device.clone(),
-        (false, true) => format!("{} (GPU modelled)", info.device),
-        (false, false) => format!("{} (modelled)", info.device),
+    let device = match info.cuda {
+        true => Field::text(Keep::Must, info.device.clone(), val),
+        false => Field::text(Keep::Must, format!("{} (GPU modelled)", info.device), val)
+            .or_losing(Keep::Least, vec![Span::styled(format!("{} (modelled)", info.device), val)])
+            .or_losing(Keep::Mid, vec![Span::styled(info.device.clone(), val)]),
     };
-    let (model, facts) = job_facts(info, wide);
-    let mut line1 = vec![
-        Span::styled(if wide { "vramscope " } else { "" }, Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
-        Span::styled(model, val),
-        sep(),
-        Span::styled(device, val),
-    ];
-    for fact in facts {
-        line1.extend([sep(), Span::styled(fact, val)]);
-    }
-    if ranks.devices.len() > 1 {
-        let which = format!("device {} of {} ({})", ranks.device_shown + 1, ranks.devices.len(), ranks.devices.join(" "));
-        line1.extend([sep(), Span::styled(which, Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD))]);
-    }
+    let mut line1 = job_fields(info, val, Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD));
+    line1.insert(1, device);
+    line1.extend(devices);
     if ranks.count > 1 {
-        line1.extend([sep(), Span::styled(format!("rank {} of {}", ranks.shown, ranks.count), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD))]);
+        line1.push(Field::text(Keep::Must, format!("rank {} of {}", ranks.shown, ranks.count), accent));
         let peaks: Vec<String> = ranks.peaks.iter().map(|p| format!("r{} {}", p.rank, bytes(p.peak))).collect();
-        line1.extend([sep(), Span::styled(format!("peaks {}", peaks.join(" ")), val)]);
+        line1.push(Field::text(Keep::Least, format!("peaks {}", peaks.join(" ")), val));
         if let Some(skew) = ranks.skew {
-            line1.extend([sep(), Span::styled(format!("skew {skew:.2}×"), if skew > 1.1 { Style::default().fg(theme.ui.warning) } else { val })]);
+            line1.push(Field::text(Keep::Mid, format!("skew {skew:.2}×"), if skew > 1.1 { Style::default().fg(theme.ui.warning) } else { val }));
         }
     }
     let last = store.last_step();
-    let mut spans = Vec::new();
+    let mut line2 = Vec::new();
     // Recording stays in sight, first on the line, for as long as it lasts.
     if let Some(p) = &ranks.recording {
-        spans.extend([Span::styled(format!("● REC {}", p.display()), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD)), sep()]);
+        let rec = Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD);
+        line2.push(Field::text(Keep::Must, format!("● REC {}", p.display()), rec).or_text_losing(Keep::Low, "● REC"));
     }
-    spans.extend([
-        Span::styled(format!("step {}", store.step_now()), val),
-        sep(),
-        Span::styled("phase ", dim),
-        phase_span(store.current_phase(), theme),
-    ]);
+    line2.push(Field::text(Keep::Must, format!("step {}", store.step_now()), val));
+    line2.push(Field::new(Keep::High, vec![Span::styled("phase ", dim), phase_span(store.current_phase(), theme)]).or_losing(Keep::Least, vec![phase_span(store.current_phase(), theme)]));
     if let Some(s) = last {
-        spans.extend([
-            sep(),
-            Span::styled(format!("{:.2} s/step", s.step_time_s), val),
-            sep(),
-            Span::styled(s.throughput(), val),
-        ]);
+        line2.push(Field::text(Keep::Mid, format!("{:.2} s/step", s.step_time_s), val));
+        line2.push(Field::text(Keep::Low, s.throughput(), val));
     }
     let dropped = last.map(|s| s.dropped_events).unwrap_or(0) + store.lost_events;
-    spans.push(sep());
     if dropped > 0 {
         // The step reports' figures stay exact; what the events draw (the timeline, the
         // table) misses what was lost.
-        spans.push(Span::styled(format!("capture dropping: {dropped} events lost (figures at step end exact; timeline and table incomplete)"), Style::default().fg(theme.ui.warning)));
+        let warn = Style::default().fg(theme.ui.warning);
+        line2.push(
+            Field::text(Keep::High, format!("capture dropping: {dropped} events lost (figures at step end exact; timeline and table incomplete)"), warn)
+                .or_text_losing(Keep::Low, format!("capture dropping: {dropped} events lost"))
+                .or_text_losing(Keep::Mid, format!("{dropped} events lost")),
+        );
     } else {
-        spans.push(Span::styled("capture ok", dim));
+        line2.push(Field::text(Keep::Least, "capture ok", dim));
     }
     if let Some(t) = &store.title {
-        spans.extend([sep(), Span::styled(t.clone(), Style::default().fg(theme.ui.accent))]);
+        line2.push(Field::text(Keep::Mid, t.clone(), Style::default().fg(theme.ui.accent)));
     }
-    if store.oom.is_some() {
-        spans.extend([sep(), Span::styled("OUT OF MEMORY", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
+    let state = if store.oom.is_some() {
+        Some(Field::text(Keep::Must, "OUT OF MEMORY", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD)).or_text_losing(Keep::Low, "OOM"))
     } else if store.paused {
-        spans.extend([sep(), Span::styled("PAUSED", Style::default().fg(theme.ui.warning).add_modifier(Modifier::BOLD))]);
+        Some(Field::text(Keep::Must, "PAUSED", Style::default().fg(theme.ui.warning).add_modifier(Modifier::BOLD)))
     } else if let Some((how, false)) = &store.exited {
-        spans.extend([sep(), Span::styled(format!("CRASHED ({how})"), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
+        Some(Field::text(Keep::Must, format!("CRASHED ({how})"), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD)).or_text_losing(Keep::Mid, "CRASHED"))
     } else if store.finished {
-        spans.extend([sep(), Span::styled("finished", Style::default().fg(theme.ui.dim))]);
-    }
-    f.render_widget(Paragraph::new(vec![Line::from(line1), Line::from(spans)]), area);
+        Some(Field::text(Keep::High, "finished", dim))
+    } else {
+        None
+    };
+    line2.extend(state);
+    let sep = || Span::styled(" · ", dim);
+    f.render_widget(Paragraph::new(vec![fit_line(line1, width, sep()), fit_line(line2, width, sep())]), area);
 }
 
 /// A phase's name on its own shade, as the phase row draws it.
@@ -703,7 +702,7 @@ pub fn render_log(f: &mut Frame, area: Rect, store: &Store, view: &View, keys: &
             (LiveKey::Quit, "quit"),
         ]
     };
-    let hints = key_hints(keys, items, theme);
+    let hints = key_hints(keys, items, theme, area.width);
     f.render_widget(Paragraph::new(vec![line, hints]), area);
 }
 

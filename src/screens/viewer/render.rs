@@ -25,6 +25,7 @@ use vramscope_core::snapshot::model::TraceForm;
 use vramscope_core::snapshot::ReadPass;
 
 use crate::chrome;
+use crate::chrome::fields::{fit_line, keep_columns, Column, Field, Keep};
 use crate::chrome::footer::key_hints;
 use crate::chrome::help::render_help;
 
@@ -79,30 +80,30 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
     let val = Style::default().fg(theme.ui.text).add_modifier(Modifier::BOLD);
     let sep = || Span::styled(" · ", dim);
     let s = &data.snap;
-    let mut line1 = Line::from(vec![
-        Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
-        Span::styled(data.name.clone(), val),
-        sep(),
-        Span::styled(format!("{} of {}", s.device_name(data.device), s.device_count()), val),
-        sep(),
-        // A torch.profiler trace has no segments: what it covers is what to know.
-        Span::styled(
-            match &s.profiled {
-                Some(p) if p.form == TraceForm::MemoryTimeline => format!("memory timeline, category totals, {} changes", s.trace_entry_count()),
-                Some(p) if p.form == TraceForm::MemoryTimelineRaw => format!("memory timeline, {} tensor events", s.trace_entry_count()),
-                Some(p) => format!(
-                    "torch.profiler trace, profiled window only ({} step{}), {} memory events",
-                    p.steps.len(),
-                    if p.steps.len() == 1 { "" } else { "s" },
-                    s.trace_entry_count()
-                ),
-                None => format!("{} segments, {} blocks, {} trace entries", s.segments.len(), s.block_count(), s.trace_entry_count()),
-            },
-            dim,
-        ),
-    ]);
+    let d = data.device;
+    let entries = s.trace(d).len();
+    let name = Span::styled(data.name.clone(), val);
+    let mut line1 = vec![
+        Field::new(Keep::Must, vec![Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)), name.clone()])
+            .or_losing(Keep::Least, vec![name]),
+        Field::text(Keep::High, format!("{} of {}", s.device_name(d), s.device_count()), val),
+    ];
+    // What the shown device holds (the other devices' are a key away). A torch.profiler
+    // trace has no segments: what it covers is what to know.
+    line1.push(match &s.profiled {
+        Some(p) if p.form == TraceForm::MemoryTimeline => Field::text(Keep::Low, format!("memory timeline, category totals, {entries} changes"), dim).or_text(format!("{entries} changes")),
+        Some(p) if p.form == TraceForm::MemoryTimelineRaw => Field::text(Keep::Low, format!("memory timeline, {entries} tensor events"), dim).or_text(format!("{entries} tensor events")),
+        Some(p) => Field::text(Keep::Low, format!("torch.profiler trace, profiled window only ({} step{}), {entries} memory events", p.steps.len(), if p.steps.len() == 1 { "" } else { "s" }), dim)
+            .or_text(format!("profiled window only, {entries} memory events")),
+        None => {
+            let segments = s.device_segments(d).count();
+            let blocks: usize = s.device_segments(d).map(|g| g.blocks.len()).sum();
+            Field::text(Keep::Low, format!("{segments} segments, {blocks} blocks, {entries} trace entries"), dim).or_text(format!("{segments} segments, {entries} entries"))
+        }
+    });
     if let Some(&(_, action)) = data.ooms().first() {
-        line1.spans.extend([sep(), Span::styled(format!("OUT OF MEMORY at action {action}"), Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD))]);
+        let oom = Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD);
+        line1.push(Field::text(Keep::Must, format!("OUT OF MEMORY at action {action}"), oom).or_text_losing(Keep::Mid, format!("OOM at action {action}")));
     }
     let mut tabs: Vec<Span> = Vec::new();
     for t in Tab::ALL {
@@ -112,21 +113,23 @@ pub fn render_header(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         tabs.push(Span::styled(format!(" {title} "), style));
         tabs.push(Span::raw(" "));
     }
-    tabs.extend([
-        Span::styled("peak active ", dim),
-        Span::styled(bytes(data.tl.peak_bytes), Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD)),
-        sep(),
-        Span::styled("peak reserved ", dim),
-        match s.profiled.as_ref().map(|p| p.peak_reserved(data.device)) {
-            Some(None) => Span::styled("not in the file", dim),
-            Some(Some(r)) => Span::styled(bytes(r), val),
-            None => Span::styled(bytes(data.reserved().0), val),
-        },
-    ]);
-    let mut lines = vec![line1, Line::from(tabs)];
+    tabs.pop();
+    let peak = Span::styled(bytes(data.tl.peak_bytes), Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD));
+    let reserved = match s.profiled.as_ref().map(|p| p.peak_reserved(d)) {
+        Some(None) => Span::styled("not in the file", dim),
+        Some(Some(r)) => Span::styled(bytes(r), val),
+        None => Span::styled(bytes(data.reserved().0), val),
+    };
+    let line2 = vec![
+        Field::new(Keep::Must, tabs),
+        Field::new(Keep::High, vec![Span::styled("peak active ", dim), peak.clone()]).or_losing(Keep::Least, vec![Span::styled("active ", dim), peak]),
+        Field::new(Keep::High, vec![Span::styled("peak reserved ", dim), reserved.clone()]).or_losing(Keep::Least, vec![Span::styled("reserved ", dim), reserved]),
+    ];
+    let width = area.width as usize;
+    let mut lines = vec![fit_line(line1, width, sep()), fit_line(line2, width, Span::raw("  "))];
     for note in data.notes() {
         let colour = if note.starts_with("warning") { theme.ui.warning } else { theme.ui.dim };
-        lines.push(Line::from(Span::styled(fit(note, area.width as usize), Style::default().fg(colour))));
+        lines.push(Line::from(Span::styled(fit(note, width), Style::default().fg(colour))));
     }
     f.render_widget(Paragraph::new(lines), area);
 }
@@ -157,20 +160,14 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
         (false, true) => ("by allocation", format!(" ({toggle}: by category)")),
         (false, false) => ("by allocation", " (no categories in the file)".to_string()),
     };
-    let window = format!(
-        "actions {}–{} of {} · detail {}% ({} of {} drawn, rest summarized)",
-        ui.from,
-        ui.to,
-        tl.total_events,
-        DETAIL_STEPS[data.detail_step],
-        data.drawn(),
-        tl.allocations.len()
-    );
-    let mut title = format!(" active memory timeline · {colouring}{why} · {window} ");
-    // On a narrow box the colouring loses its explanation before the window is cut.
-    if title.chars().count() + 2 > area.width as usize {
-        title = format!(" active memory timeline · {colouring} · {window} ");
-    }
+    let plain = Style::default();
+    let title = vec![
+        Field::text(Keep::Must, "active memory timeline", plain),
+        Field::text(Keep::High, format!("{colouring}{why}"), plain).or_text_losing(Keep::Least, colouring),
+        Field::text(Keep::Must, format!("actions {}–{} of {}", ui.from, ui.to, tl.total_events), plain),
+        Field::text(Keep::Mid, format!("detail {}% ({} of {} drawn, rest summarized)", DETAIL_STEPS[data.detail_step], data.drawn(), tl.allocations.len()), plain)
+            .or_text_losing(Keep::Least, format!("detail {}%", DETAIL_STEPS[data.detail_step])),
+    ];
     let Some(plot) = plot_frame(f, area, title, theme) else { return };
     let (ribbon_y, status_y) = (plot.y + plot.height, plot.y + plot.height + 1);
     let dim = Style::default().fg(theme.ui.dim);
@@ -201,17 +198,23 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
             buf[(x, ribbon_y)].set_char(if m.stage == "START" { '▶' } else { '◀' }).set_fg(theme.ui.accent);
         }
     }
-    // Out-of-memory failures (!), before the action that follows them.
-    for &(_, e) in data.ooms() {
+    // Out-of-memory failures (!), before the action that follows them; one that ends the
+    // trace on the last action.
+    for e in data.ooms().iter().map(|&(_, e)| e.min(tl.total_events - 1)) {
         if (ui.from..ui.to).contains(&e) {
             let x = plot.x + ((e - ui.from) * cols / span) as u16;
             buf[(x, ribbon_y)].set_char('!').set_fg(theme.ui.error);
         }
     }
-    buf[(plot.x + cursor_x as u16, ribbon_y)].set_char('▲').set_fg(theme.ui.text);
+    // The cursor on an out-of-memory keeps the '!' in sight, marked as under the cursor.
+    let under = &mut buf[(plot.x + cursor_x as u16, ribbon_y)];
+    if under.symbol() == "!" {
+        under.set_fg(theme.ui.background).set_bg(theme.ui.error);
+    } else {
+        under.set_char('▲').set_fg(theme.ui.text);
+    }
     // Status: the cursor's action, time, total, open annotations and the selected band.
     let total = tl.totals_at(ui.cursor);
-    let when = rel_seconds(data, ui.cursor).map(|s| format!(" · t+{s:.3} s")).unwrap_or_default();
     let mut open: Vec<&str> = Vec::new();
     for m in data.marks().iter().filter(|m| m.event.is_some_and(|e| e <= ui.cursor)) {
         if m.stage == "START" {
@@ -220,17 +223,25 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
             open.remove(i);
         }
     }
-    let phase = if open.is_empty() { String::new() } else { format!(" · in {}", open.join(" > ")) };
-    let sel = selected.map(|id| {
+    let text = Style::default().fg(theme.ui.text);
+    let mut status = vec![Field::text(Keep::Must, format!("action {}", ui.cursor), text)];
+    status.extend(rel_seconds(data, ui.cursor).map(|s| Field::text(Keep::Low, format!("t+{s:.3} s"), text)));
+    status.push(Field::text(Keep::Must, format!("active {}", bytes(total)), text));
+    if !open.is_empty() {
+        status.push(Field::text(Keep::Mid, format!("in {}", open.join(" > ")), text).or_text(format!("in {}", open.last().expect("open annotations"))));
+    }
+    if data.ooms().iter().any(|&(_, e)| e.min(tl.total_events - 1) == ui.cursor) {
+        status.push(Field::text(Keep::Must, "out of memory just before", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD)).or_text("OOM before"));
+    }
+    if let Some(id) = selected {
         let a = &tl.allocations[id as usize];
-        format!(" · selected {} at 0x{:x}", bytes(a.size), a.addr)
-    });
-    let oom = if data.ooms().iter().any(|&(_, e)| e == ui.cursor) { " · out of memory just before" } else { "" };
-    let status = format!("action {}{when} · active {}{phase}{oom}{}", ui.cursor, bytes(total), sel.unwrap_or_default());
-    let status = fit(&status, plot.width as usize);
-    buf.set_string(plot.x, status_y, &status, Style::default().fg(theme.ui.text));
+        status.push(Field::text(Keep::High, format!("selected {} at 0x{:x}", bytes(a.size), a.addr), text).or_text(format!("selected {}", bytes(a.size))));
+    }
+    let status = fit_line(status, plot.width as usize, Span::styled(" · ", text));
+    let used = status.width();
+    buf.set_line(plot.x, status_y, &status, plot.width);
     if ui.by_category {
-        draw_legend(buf, plot, status_y, status.chars().count(), tl, theme);
+        draw_legend(buf, plot, status_y, used, tl, theme);
     }
 }
 
@@ -257,8 +268,13 @@ fn draw_legend(buf: &mut Buffer, plot: Rect, y: u16, used: usize, tl: &Timeline,
 
 /// The timeline's box titled `title`: the plot area inside it, leaving the axis on the
 /// left and two rows below (ribbon, status); `None` when too small to draw in.
-fn plot_frame(f: &mut Frame, area: Rect, title: String, theme: &Theme) -> Option<Rect> {
-    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title)));
+/// A bordered box whose title holds the fields that fit its top edge; the plot inside it.
+fn plot_frame(f: &mut Frame, area: Rect, title: Vec<Field>, theme: &Theme) -> Option<Rect> {
+    let style = Style::default().fg(theme.ui.title);
+    let mut title = fit_line(title, (area.width as usize).saturating_sub(4), Span::styled(" · ", style)).style(style);
+    title.spans.insert(0, Span::raw(" "));
+    title.spans.push(Span::raw(" "));
+    let block = Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(title);
     let inner = block.inner(area);
     f.render_widget(block, area);
     (inner.width > AXIS_WIDTH + 4 && inner.height >= 5).then(|| Rect { x: inner.x + AXIS_WIDTH, y: inner.y, width: inner.width - AXIS_WIDTH, height: inner.height - 2 })
@@ -356,6 +372,19 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
     let first = ui.row.saturating_sub(visible.saturating_sub(1));
     // A category column when the file names categories (else every row would say unknown).
     let colours = has_categories(tl).then(|| category_colours(tl, theme));
+    let columns = [
+        Column::new("#", 5, Keep::Low),
+        Column::new("requested", 10, Keep::Must),
+        Column::new("category", if colours.is_some() { 17 } else { 0 }, Keep::High),
+        Column::new("address", 14, Keep::Least),
+        Column::new("alive (actions)", 15, Keep::Mid),
+        Column::new("top frame", 24, Keep::Must),
+    ];
+    let mut kept = keep_columns(&columns, area.width.saturating_sub(2));
+    kept[2] &= colours.is_some();
+    let others: u16 = columns[..5].iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c.cells() + 1).sum();
+    // The frame takes the rest, cut with '…' where it must be.
+    let frame_w = area.width.saturating_sub(2 + others).max(columns[5].cells()) as usize;
     let rows: Vec<Row> = ui
         .rows
         .iter()
@@ -366,17 +395,19 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
             let a = &tl.allocations[id as usize];
             let style = if i == ui.row { Style::default().bg(theme.ui.selection).add_modifier(Modifier::BOLD) } else { Style::default() };
             let start = (!a.alive_at_start).then_some(a.start);
-            let mut cells = vec![Cell::from(format!("{}", i + 1)), Cell::from(bytes(a.size))];
-            if let Some(colours) = &colours {
+            let category = colours.as_ref().map_or_else(Cell::default, |colours| {
                 let c = a.category as usize;
-                cells.push(Cell::from(Line::from(vec![Span::styled("█ ", Style::default().fg(colours[c])), Span::raw(tl.categories[c].replace('_', " "))])));
-            }
-            cells.extend([
+                Cell::from(Line::from(vec![Span::styled("█ ", Style::default().fg(colours[c])), Span::raw(tl.categories[c].replace('_', " "))]))
+            });
+            let cells = [
+                Cell::from(format!("{}", i + 1)),
+                Cell::from(bytes(a.size)),
+                category,
                 Cell::from(format!("0x{:x}", a.addr)),
                 Cell::from(lifetime(start, a.end)),
-                Cell::from(top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into())),
-            ]);
-            Row::new(cells).style(style)
+                Cell::from(fit(&top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into()), frame_w)),
+            ];
+            Row::new(cells.into_iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c)).style(style)
         })
         .collect();
     let filter = match (&ui.typing, ui.filter.as_str()) {
@@ -385,14 +416,9 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
         (None, f) => format!(" · matching '{f}'"),
     };
     let title = format!(" largest allocations · {} of {} · by {}{filter} ", ui.rows.len(), tl.allocations.len(), ui.sort.name());
-    let mut widths = vec![Constraint::Length(7), Constraint::Length(10)];
-    let mut header = vec!["#", "requested"];
-    if colours.is_some() {
-        widths.push(Constraint::Length(17));
-        header.push("category");
-    }
-    widths.extend([Constraint::Length(16), Constraint::Length(15), Constraint::Min(20)]);
-    header.extend(["address", "alive (actions)", "top frame"]);
+    let shown = || columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c);
+    let widths = shown().map(|c| if c.heading == "top frame" { Constraint::Min(c.cells()) } else { Constraint::Length(c.cells()) });
+    let header: Vec<&str> = shown().map(|c| c.heading).collect();
     let table = Table::new(rows, widths)
         .header(Row::new(header).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
         .block(Block::default().borders(Borders::ALL).border_style(Style::default().fg(theme.ui.border)).title(Span::styled(title, Style::default().fg(theme.ui.title))));
@@ -440,19 +466,37 @@ pub fn render_segments(f: &mut Frame, area: Rect, data: &ViewerData, theme: &The
     let inner = block.inner(area);
     f.render_widget(block, area);
     let [head, table] = Layout::vertical([Constraint::Length(3), Constraint::Min(1)]).areas(inner);
-    let kv = |k: &str, v: String| vec![Span::styled(format!("{k} "), dim), Span::styled(v, val), Span::raw("   ")];
+    let kv = |keep, k: &str, v: String| Field::new(keep, vec![Span::styled(format!("{k} "), dim), Span::styled(v, val)]);
+    let gap = || Span::raw("   ");
     let lines = vec![
-        Line::from([kv("reserved", bytes(t.reserved)), kv("allocated", bytes(t.allocated)), kv("requested", bytes(t.requested))].concat()),
-        Line::from([kv("fragmentation", format!("{:.1}%", t.fragmentation * 100.0)), kv("inactive (cached)", bytes(t.inactive)), kv("largest free block", bytes(t.largest_free_block))].concat()),
+        fit_line(vec![kv(Keep::Must, "reserved", bytes(t.reserved)), kv(Keep::High, "allocated", bytes(t.allocated)), kv(Keep::Mid, "requested", bytes(t.requested))], head.width as usize, gap()),
+        fit_line(
+            vec![kv(Keep::Must, "fragmentation", format!("{:.1}%", t.fragmentation * 100.0)), kv(Keep::Mid, "inactive (cached)", bytes(t.inactive)), kv(Keep::High, "largest free block", bytes(t.largest_free_block))],
+            head.width as usize,
+            gap(),
+        ),
     ];
     f.render_widget(Paragraph::new(lines), head);
-    let width = (table.width as usize).saturating_sub(78).clamp(8, 40);
+    let columns = [
+        Column::new("address", 14, Keep::Mid),
+        Column::new("pool", 5, Keep::Low),
+        Column::new("reserved", 9, Keep::Must),
+        Column::new("allocated", 9, Keep::High),
+        Column::new("requested", 9, Keep::Least),
+        Column::new("inactive", 9, Keep::Mid),
+        Column::new("largest free", 9, Keep::Low),
+        Column::new("allocated / reserved", 8, Keep::Least),
+    ];
+    let kept = keep_columns(&columns, table.width);
+    let used: u16 = columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c.cells() + 1).sum();
+    // The bar takes what the other columns leave.
+    let bar_w = (table.width.saturating_sub(used) + columns[7].cells()).clamp(8, 40) as usize;
     let rows: Vec<Row> = segs
         .iter()
         .take(table.height.saturating_sub(1) as usize)
         .map(|s| {
-            let (used, free) = bar(if s.reserved == 0 { 0.0 } else { s.allocated as f64 / s.reserved as f64 }, width);
-            Row::new(vec![
+            let (used, free) = bar(if s.reserved == 0 { 0.0 } else { s.allocated as f64 / s.reserved as f64 }, bar_w);
+            let cells = [
                 Cell::from(format!("0x{:x}", s.address)),
                 Cell::from(s.segment_type),
                 Cell::from(bytes(s.reserved)),
@@ -461,11 +505,12 @@ pub fn render_segments(f: &mut Frame, area: Rect, data: &ViewerData, theme: &The
                 Cell::from(bytes(s.inactive)),
                 Cell::from(bytes(s.largest_free_block)),
                 Cell::from(Line::from(vec![Span::styled(used, Style::default().fg(theme.chart.gauge_fill)), Span::styled(free, Style::default().fg(theme.chart.gauge_empty))])),
-            ])
+            ];
+            Row::new(cells.into_iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c))
         })
         .collect();
-    let widths = [Constraint::Length(16), Constraint::Length(6), Constraint::Length(9), Constraint::Length(9), Constraint::Length(9), Constraint::Length(9), Constraint::Length(10), Constraint::Min(8)];
-    let header = Row::new(vec!["address", "pool", "reserved", "allocated", "requested", "inactive", "largest free", "allocated / reserved"]).style(dim.add_modifier(Modifier::BOLD));
+    let widths = columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| if c.heading.starts_with("allocated /") { Constraint::Min(c.cells()) } else { Constraint::Length(c.cells()) });
+    let header = Row::new(columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c.heading)).style(dim.add_modifier(Modifier::BOLD));
     f.render_widget(Table::new(rows, widths).header(header), table);
 }
 
@@ -621,7 +666,7 @@ pub fn render_footer(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerUi
         items.push((ViewerKey::OomReport, "why OOM"));
     }
     items.extend([(ViewerKey::WhatIf, "what-if"), (ViewerKey::Quit, "quit")]);
-    f.render_widget(Paragraph::new(key_hints(keys, &items, theme)), area);
+    f.render_widget(Paragraph::new(key_hints(keys, &items, theme, area.width)), area);
 }
 
 /// Why the device ran out of memory: the request, what was free, reserved against
@@ -660,7 +705,7 @@ pub fn render_oom_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &Key
         for b in std::iter::once(&r.by_top_frame).chain(&r.by_category) {
             lines.push(Line::from(Span::styled(format!("alive then, by {}:", b.by.replace('_', " ")), dim)));
             for g in b.groups.iter().take(6) {
-                lines.push(Line::from(format!("  {:>10}  {:>5} allocs  {}", bytes(g.bytes), g.allocations, g.name)));
+                lines.push(Line::from(format!("  {}", g.row())));
             }
         }
     }
@@ -686,8 +731,41 @@ pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &
         f.render_widget(Paragraph::new(format!("replaying the trace under each setting: {}", data.whatif().waiting_text())).style(dim), inner);
         return;
     };
-    let inner = chrome::overlay::panel(f, area, (156, w.rows.len() as u16 + 7), title, theme);
-    let [head, table, foot] = Layout::vertical([Constraint::Length(1), Constraint::Length(w.rows.len() as u16 + 1), Constraint::Min(1)]).areas(inner);
+    // Each setting's label wraps at its commas when the settings column is narrow.
+    let label_w = w.rows.iter().map(|r| setting_label(r).chars().count()).max().unwrap_or(8);
+    let inner_w = area.width.min(156).saturating_sub(2);
+    type Cells<'a> = Box<dyn Fn(&vramscope_core::report::whatif::WhatifRow) -> String + 'a>;
+    let mut columns: Vec<(Column, Cells)> = Vec::new();
+    if let Some(o) = &w.oom {
+        columns.push((Column::new("OOM request", 27, Keep::Must), Box::new(move |r| oom_outcome(r, o))));
+    }
+    columns.push((Column::new("peak reserved", 9, Keep::High), Box::new(|r| bytes(r.peak_reserved_bytes))));
+    columns.push((Column::new("peak active", 9, Keep::Mid), Box::new(|r| bytes(r.peak_active_bytes))));
+    columns.push((Column::new("frag@peak", 6, Keep::Low), Box::new(|r| format!("{:.1}%", r.fragmentation_at_peak * 100.0))));
+    columns.push((Column::new("largest free", 9, Keep::Low), Box::new(|r| bytes(r.largest_free_block_bytes))));
+    if w.oom.is_some() {
+        columns.push((Column::new("largest free@OOM", 9, Keep::Mid), Box::new(|r| r.largest_free_block_at_oom_bytes.map_or_else(|| "–".to_string(), bytes))));
+    }
+    columns.push((Column::new("segments", 8, Keep::Least), Box::new(|r| r.segments_created.to_string())));
+    // The settings column needs room for its longest option; the rest gives way for it.
+    let settings = Column::new("settings", label_w.min(26) as u16, Keep::Must);
+    let all: Vec<Column> = std::iter::once(settings).chain(columns.iter().map(|c| c.0)).collect();
+    let kept = keep_columns(&all, inner_w);
+    let columns: Vec<(Column, Cells)> = columns.into_iter().zip(&kept[1..]).filter(|(_, k)| **k).map(|(c, _)| c).collect();
+    let others: u16 = columns.iter().map(|c| c.0.cells() + 1).sum();
+    let settings_w = (label_w as u16).min(inner_w.saturating_sub(others).max(settings.cells())) as usize;
+    let labels: Vec<String> = w.rows.iter().map(|r| wrap_at_commas(&setting_label(r), settings_w)).collect();
+    let rows: Vec<Row> = w
+        .rows
+        .iter()
+        .zip(&labels)
+        .map(|(r, label)| {
+            let cells = std::iter::once(label.clone()).chain(columns.iter().map(|c| (c.1)(r)));
+            let style = if r.recorded { Style::default().add_modifier(Modifier::BOLD) } else { Style::default() };
+            Row::new(cells).height(label.lines().count().max(1) as u16).style(style)
+        })
+        .collect();
+    let table_h: u16 = labels.iter().map(|l| l.lines().count().max(1) as u16).sum();
     let about = match &w.oom {
         Some(o) => format!(
             "OOM at trace entry {}: {} requested, {} free on the device; each row has the {} the allocator had then",
@@ -698,55 +776,35 @@ pub fn render_whatif_panel(f: &mut Frame, area: Rect, data: &ViewerData, keys: &
         ),
         None => "each row replays the trace from the state it began in; the device never ran out".into(),
     };
-    f.render_widget(Paragraph::new(about).style(dim), head);
-    let with_oom = w.oom.is_some();
-    let mut header = vec!["settings"];
-    if with_oom {
-        header.push("OOM request");
-    }
-    header.extend(["peak reserved", "peak active", "frag@peak", "largest free"]);
-    if with_oom {
-        header.push("largest free@OOM");
-    }
-    header.push("segments");
-    let rows: Vec<Row> = w
-        .rows
-        .iter()
-        .map(|r| {
-            let mut cells = vec![setting_label(r)];
-            if let Some(o) = &w.oom {
-                cells.push(oom_outcome(r, o));
-            }
-            cells.extend([
-                bytes(r.peak_reserved_bytes),
-                bytes(r.peak_active_bytes),
-                format!("{:.1}%", r.fragmentation_at_peak * 100.0),
-                bytes(r.largest_free_block_bytes),
-            ]);
-            if with_oom {
-                cells.push(r.largest_free_block_at_oom_bytes.map_or_else(|| "–".to_string(), bytes));
-            }
-            cells.push(r.segments_created.to_string());
-            let style = if r.recorded { Style::default().add_modifier(Modifier::BOLD) } else { Style::default() };
-            Row::new(cells).style(style)
-        })
-        .collect();
-    let label = w.rows.iter().map(|r| setting_label(r).chars().count()).max().unwrap_or(8) as u16;
-    let mut widths = vec![Constraint::Length(label.min(48))];
-    if with_oom {
-        widths.push(Constraint::Length(27));
-    }
-    widths.extend([Constraint::Length(13), Constraint::Length(11), Constraint::Length(9), Constraint::Length(12)]);
-    if with_oom {
-        widths.push(Constraint::Length(16));
-    }
-    widths.push(Constraint::Length(8));
+    // Lines a text takes, wrapped at `inner_w` (a word more per line, to be safe).
+    let lines_of = |t: &str| (t.chars().count() as u16).div_ceil(inner_w.saturating_sub(8).max(1));
+    let check = self_check_sentence(w);
+    let (head_h, foot_h) = (lines_of(&about), check.as_deref().map_or(0, lines_of));
+    let inner = chrome::overlay::panel(f, area, (156, head_h + table_h + 1 + foot_h + 2), title, theme);
+    let [head, table, foot] = Layout::vertical([Constraint::Length(head_h), Constraint::Length(table_h + 1), Constraint::Min(1)]).areas(inner);
+    f.render_widget(Paragraph::new(about).style(dim).wrap(Wrap { trim: true }), head);
+    let header = std::iter::once("settings").chain(columns.iter().map(|c| c.0.heading));
+    let widths = std::iter::once(Constraint::Length(settings_w as u16)).chain(columns.iter().map(|c| Constraint::Length(c.0.cells())));
     f.render_widget(Table::new(rows, widths).header(Row::new(header).style(dim.add_modifier(Modifier::BOLD))), table);
-    if let Some(s) = self_check_sentence(w) {
+    if let Some(s) = check {
         let ok = w.rows[0].self_check.as_ref().is_some_and(|c| c.matches_recording);
         let style = if ok { dim } else { Style::default().fg(theme.ui.error) };
         f.render_widget(Paragraph::new(s).style(style).wrap(Wrap { trim: true }), foot);
     }
+}
+
+/// `s` in lines of at most `width` characters, broken after its commas (a setting's
+/// options stay whole); an option longer than the width is cut with '…'.
+fn wrap_at_commas(s: &str, width: usize) -> String {
+    let mut lines: Vec<String> = vec![String::new()];
+    for part in s.split_inclusive(',') {
+        let last = lines.last_mut().expect("a line");
+        if !last.is_empty() && last.chars().count() + part.chars().count() > width {
+            lines.push(String::new());
+        }
+        lines.last_mut().expect("a line").push_str(part);
+    }
+    lines.iter().map(|l| fit(l, width)).collect::<Vec<_>>().join("\n")
 }
 
 /// `vramscope view` while a large file is read: progress, the segment totals once read,
@@ -763,33 +821,36 @@ pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewerKey>, them
         ReadPass::Check => "checking opcodes",
         ReadPass::Decode => "decoding",
     };
-    let line1 = Line::from(vec![
-        Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)),
-        Span::styled(l.name.clone(), val),
-        sep(),
-        Span::styled(l.device.map_or_else(|| "device not known yet".into(), |d| format!("device {d}")), val),
-        sep(),
+    let name = Span::styled(l.name.clone(), val);
+    let progress = vec![
         Span::styled(format!("loading {pct:.0}% "), Style::default().fg(theme.ui.accent).add_modifier(Modifier::BOLD)),
         Span::styled(fill, Style::default().fg(theme.chart.gauge_fill)),
         Span::styled(rest, Style::default().fg(theme.chart.gauge_empty)),
-        Span::styled(format!(" {what}, {} of {}", bytes(l.done as u64), bytes(l.total as u64)), dim),
-    ]);
-    let mut line2 = vec![Span::styled(format!("{} trace entries so far", l.entries), dim)];
+    ];
+    let line1 = vec![
+        Field::new(Keep::Must, vec![Span::styled("vramscope view ", Style::default().fg(theme.ui.title).add_modifier(Modifier::BOLD)), name.clone()]).or_losing(Keep::Least, vec![name]),
+        Field::text(Keep::Mid, l.device.map_or_else(|| "device not known yet".into(), |d| format!("device {d}")), val),
+        Field::new(Keep::Must, [progress.clone(), vec![Span::styled(format!(" {what}, {} of {}", bytes(l.done as u64), bytes(l.total as u64)), dim)]].concat())
+            .or_losing(Keep::Low, progress),
+    ];
+    let mut line2 = vec![Field::text(Keep::High, format!("{} trace entries so far", l.entries), dim).or_text(format!("{} entries", l.entries))];
     if let Some(t) = &l.segments {
-        line2.extend([
-            sep(),
-            Span::styled(format!("{} segments, reserved ", t.segments), dim),
-            Span::styled(bytes(t.reserved), val),
-            Span::styled(", fragmentation ", dim),
-            Span::styled(format!("{:.1}%", t.fragmentation * 100.0), val),
-        ]);
+        line2.push(Field::new(Keep::Mid, vec![Span::styled(format!("{} segments, reserved ", t.segments), dim), Span::styled(bytes(t.reserved), val)]).or(vec![Span::styled("reserved ", dim), Span::styled(bytes(t.reserved), val)]));
+        line2.push(Field::new(Keep::Low, vec![Span::styled("fragmentation ", dim), Span::styled(format!("{:.1}%", t.fragmentation * 100.0), val)]));
     }
     if let Some(tl) = l.timeline().filter(|tl| tl.total_events > 0) {
-        line2.extend([sep(), Span::styled("peak active so far ", dim), Span::styled(bytes(tl.peak_bytes), Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD))]);
+        let peak = Span::styled(bytes(tl.peak_bytes), Style::default().fg(theme.chart.peak).add_modifier(Modifier::BOLD));
+        line2.push(Field::new(Keep::High, vec![Span::styled("peak active so far ", dim), peak.clone()]).or_losing(Keep::Least, vec![Span::styled("peak ", dim), peak]));
     }
-    f.render_widget(Paragraph::new(vec![line1, Line::from(line2)]), header);
+    let width = header.width as usize;
+    f.render_widget(Paragraph::new(vec![fit_line(line1, width, sep()), fit_line(line2, width, sep())]), header);
     let events = l.timeline().map_or(0, |tl| tl.total_events);
-    let title = format!(" active memory timeline · {events} actions read so far · blocks alive throughout are added when loaded ");
+    let plain = Style::default();
+    let title = vec![
+        Field::text(Keep::Must, "active memory timeline", plain),
+        Field::text(Keep::High, format!("{events} actions read so far"), plain),
+        Field::text(Keep::Least, "blocks alive throughout are added when loaded", plain),
+    ];
     if let Some(plot) = plot_frame(f, body, title, theme) {
         match l.timeline().filter(|tl| tl.total_events > 0) {
             Some(tl) => {
@@ -801,5 +862,5 @@ pub fn render_loading(f: &mut Frame, l: &Loading, keys: &KeyMap<ViewerKey>, them
         let note = "the other views, the inspector and search open once the file is loaded";
         f.buffer_mut().set_string(plot.x, plot.y + plot.height + 1, fit(note, plot.width as usize), dim);
     }
-    f.render_widget(Paragraph::new(key_hints(keys, &[(ViewerKey::NextTheme, "theme"), (ViewerKey::Quit, "quit")], theme)), footer);
+    f.render_widget(Paragraph::new(key_hints(keys, &[(ViewerKey::NextTheme, "theme"), (ViewerKey::Quit, "quit")], theme, footer.width)), footer);
 }
