@@ -224,3 +224,47 @@ fn history_keeps_only_its_capacity() {
     assert_eq!(mem, [3.0, 4.0, 5.0]);
     assert_eq!(history.latest_device(0).unwrap().mem_used, 5 * GIB);
 }
+
+/// Issue 34: `run --headless --metrics` served the allocator's figures but no device or host
+/// gauges (headless started no sampler), though a headless job on every node is where
+/// Prometheus scrapes them. Scraped here from the real binary: the host's readings (NVML's
+/// on a GPU machine) are served.
+#[test]
+fn a_headless_run_serves_the_device_or_host_gauges() {
+    use std::io::{BufRead, Read, Write};
+    let mut job = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["run", "--headless", "--steps", "1000", "--ctx", "16", "--batch", "1", "--metrics", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(job.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "no metrics address said");
+        if let Some(rest) = line.split("metrics at http://").nth(1) {
+            break rest.split('/').next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let scrape = || {
+        let mut s = std::net::TcpStream::connect(&addr).ok()?;
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        Some(body)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let served = loop {
+        let body = scrape().unwrap_or_default();
+        if body.contains("vramscope_host_memory_total_bytes") || body.contains("vramscope_gpu_memory_total_bytes") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no device or host gauges served:\n{body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = job.kill();
+    let _ = job.wait();
+    assert!(served.contains("vramscope_host_rss_bytes") || served.contains("vramscope_gpu_memory_used_bytes"), "{served}");
+}
