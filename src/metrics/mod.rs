@@ -260,9 +260,15 @@ impl Metrics {
         registry.register_collector(Box::new(Snapshot(figures.clone())));
         let server = http::Server::start(at, registry).map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?;
         let addr = server.addr;
+        // Anything but loopback was named by the user; said, since the figures name the
+        // job's host, devices and phases (its modules).
         eprintln!(
             "vramscope: metrics at http://{addr}/metrics{}",
-            if addr.ip().is_loopback() { " (loopback only)" } else { "" }
+            if addr.ip().is_loopback() {
+                " (loopback only)"
+            } else {
+                " (not loopback: whoever reaches this address reads the job's host, device and phase names)"
+            }
         );
         Ok(Metrics { figures, addr, _server: server })
     }
