@@ -232,13 +232,23 @@ fn history_keeps_only_its_capacity() {
 #[test]
 fn a_headless_run_serves_the_device_or_host_gauges() {
     use std::io::{BufRead, Read, Write};
-    let mut job = std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
-        .args(["run", "--headless", "--steps", "1000", "--ctx", "16", "--batch", "1", "--metrics", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = std::io::BufReader::new(job.stderr.take().unwrap());
+    /// Ends the run however the test ends (its engine goes with it).
+    struct Job(std::process::Child);
+    impl Drop for Job {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut job = Job(
+        std::process::Command::new(env!("CARGO_BIN_EXE_vramscope"))
+            .args(["run", "--headless", "--steps", "1000", "--ctx", "16", "--batch", "1", "--metrics", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = std::io::BufReader::new(job.0.stderr.take().unwrap());
     let mut line = String::new();
     let addr = loop {
         line.clear();
@@ -264,7 +274,6 @@ fn a_headless_run_serves_the_device_or_host_gauges() {
         assert!(Instant::now() < deadline, "no device or host gauges served:\n{body}");
         std::thread::sleep(Duration::from_millis(200));
     };
-    let _ = job.kill();
-    let _ = job.wait();
+    drop(job);
     assert!(served.contains("vramscope_host_rss_bytes") || served.contains("vramscope_gpu_memory_used_bytes"), "{served}");
 }
