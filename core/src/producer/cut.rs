@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::event::{Action, MemEvent, Phase, PhaseMark};
+use crate::event::{Action, Category, MemEvent, Phase, PhaseMark};
 use crate::snapshot::model::{
     AllocatorSettings, Annotation, AnnotationStage, Frame, FrameId, Segment, Snapshot, StackInterner, StackId,
     TraceEntry,
@@ -148,6 +148,12 @@ impl SnapshotCut {
         snap.frames = self.frames;
         snap.stacks = self.stacks;
         let stack_of = &self.stack_of;
+        // One shared copy of each category's name, not a string per entry.
+        let unknown: std::sync::Arc<str> = Category::Unknown.as_str().into();
+        let mut names = vec![unknown.clone(); Category::ALL.len()];
+        for c in Category::ALL {
+            names[c as usize] = c.as_str().into();
+        }
         let trace: Vec<TraceEntry> = self
             .trace
             .iter()
@@ -160,14 +166,11 @@ impl SnapshotCut {
                 frames: stack_of.get(&(e.scope, e.phase)).copied().unwrap_or(0),
                 // Segment events get "unknown": memory_viz throws on a trace whose categories
                 // do not include it (a typo in its fallback), and they have no category anyway.
-                category: Some(
-                    if matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
-                        e.category.as_str()
-                    } else {
-                        "unknown"
-                    }
-                    .to_string(),
-                ),
+                category: Some(if matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+                    names[e.category as usize].clone()
+                } else {
+                    unknown.clone()
+                }),
                 compile_context: None,
                 user_metadata: None,
             })

@@ -195,7 +195,7 @@ impl Log {
         self.entries.push(TraceEntry {
             time_us,
             frames: self.stacks[category as usize],
-            category: Some(category.as_str().to_string()),
+            category: Some(category.as_str().into()),
             ..TraceEntry::new(action, addr, size)
         });
     }

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -128,7 +129,7 @@ pub fn categorize(snap: &mut Snapshot, rules: &FrameRules) -> Option<RuleCoverag
     if entries.clone().any(|e| e.category.is_some()) {
         return None;
     }
-    let mut memo: HashMap<StackId, Option<usize>> = HashMap::new();
+    let mut memo: rustc_hash::FxHashMap<StackId, Option<usize>> = rustc_hash::FxHashMap::default();
     let mut frames = HashMap::new();
     let mut coverage = RuleCoverage::default();
     let mut decided = Vec::new();
@@ -142,11 +143,13 @@ pub fn categorize(snap: &mut Snapshot, rules: &FrameRules) -> Option<RuleCoverag
     if coverage.matched_bytes == 0 {
         return None;
     }
-    let names: Vec<String> = rules.rules.iter().map(|r| r.category.clone()).collect();
+    // One shared copy of each name: a string per entry was most of this pass (issue 29).
+    let names: Vec<Arc<str>> = rules.rules.iter().map(|r| Arc::from(r.category.as_str())).collect();
+    let unmatched: Arc<str> = Arc::from(UNMATCHED);
     let mut decided = decided.into_iter();
     for e in snap.device_traces.iter_mut().flatten().chain(&mut snap.host_trace) {
         let rule = decided.next().expect("one decision per entry");
-        e.category = Some(rule.map_or(UNMATCHED, |i| names[i].as_str()).to_string());
+        e.category = Some(rule.map_or_else(|| unmatched.clone(), |i| names[i].clone()));
     }
     snap.frame_rules = Some(coverage.clone());
     Some(coverage)

@@ -157,7 +157,7 @@ pub struct TraceEntry {
     pub time_us: i64,
     pub frames: StackId,
     /// torch.profiler-style category name when the writer recorded one.
-    pub category: Option<String>,
+    pub category: Option<Arc<str>>,
     /// Text a trace repeats over and over (PyTorch writes "N/A" and "" for most
     /// entries): one copy shared by every entry with it.
     pub compile_context: Option<Arc<str>>,

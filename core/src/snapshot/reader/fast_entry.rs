@@ -335,7 +335,7 @@ impl<'a> FastEntry<'_, 'a> {
                 Key::Stream => stream = self.signed()?,
                 Key::TimeUs => time_us = self.signed()?,
                 Key::Frames => frames = self.frames(ids)?,
-                Key::Category => category = self.opt_str()?.map(str::to_owned),
+                Key::Category => category = self.opt_str()?,
                 Key::CompileContext => compile_context = self.opt_str()?,
                 Key::UserMetadata => user_metadata = self.opt_str()?,
                 Key::PoolId => pool = Some(self.pool()?),
@@ -350,11 +350,11 @@ impl<'a> FastEntry<'_, 'a> {
             stream,
             time_us,
             frames: 0,
-            category,
+            category: None,
             compile_context: None,
             user_metadata: None,
         };
-        Some(FastRead { entry, frames, pool, compile_context, user_metadata })
+        Some(FastRead { entry, frames, pool, category, compile_context, user_metadata })
     }
 }
 
@@ -363,6 +363,7 @@ pub(super) struct FastRead<'a> {
     entry: TraceEntry,
     frames: FastFrames,
     pool: Pool,
+    category: Option<&'a str>,
     compile_context: Option<&'a str>,
     user_metadata: Option<&'a str>,
 }
@@ -381,7 +382,7 @@ impl<'a> Vm<'a> {
         let mut p = FastEntry { vm: self, data: self.cur.data, pos: self.cur.pos, memo_len: self.memo_len, scratch };
         let read = p.entry(&mut ids);
         let (pos, memo_len, mut scratch) = (p.pos, p.memo_len, p.scratch);
-        let done = read.is_some_and(|FastRead { mut entry, frames, pool, compile_context, user_metadata }| {
+        let done = read.is_some_and(|FastRead { mut entry, frames, pool, category, compile_context, user_metadata }| {
             let stack = match frames {
                 FastFrames::Stack(s) => Some(s),
                 FastFrames::Ids if self.intern_new_frames(&scratch.new_frames, &mut ids) => self.stacks.intern(&mut ids),
@@ -389,6 +390,7 @@ impl<'a> Vm<'a> {
             };
             let Some(s) = stack else { return false };
             entry.frames = s;
+            entry.category = category.map(|t| self.shared_text(t));
             entry.compile_context = compile_context.map(|t| self.shared_text(t));
             entry.user_metadata = user_metadata.map(|t| self.shared_text(t));
             for &(slot, text) in &scratch.puts {

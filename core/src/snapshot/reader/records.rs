@@ -163,18 +163,6 @@ impl<'a> Vm<'a> {
         }
     }
 
-    pub(super) fn opt_string(
-        &self,
-        what: &str,
-        key: &str,
-        v: &Value<'a>,
-    ) -> Result<Option<String>, ReadError> {
-        match v {
-            Value::None => Ok(None),
-            v => self.str_field(what, key, v).map(|s| Some(s.to_owned())),
-        }
-    }
-
     /// A string or None, as text shared by every entry with the same.
     fn opt_text(&mut self, what: &str, key: &str, v: &Value<'a>) -> Result<Option<Arc<str>>, ReadError> {
         match v {
@@ -270,7 +258,7 @@ impl<'a> Vm<'a> {
                 Key::Stream => stream = self.i64_field(ENTRY, k, v)?,
                 Key::TimeUs => time_us = self.i64_field(ENTRY, k, v)?,
                 Key::Frames => frames = Some(self.stack_field(ENTRY, v)?),
-                Key::Category => category = self.opt_string(ENTRY, k, v)?,
+                Key::Category => category = self.opt_text(ENTRY, k, v)?,
                 Key::CompileContext => compile_context = self.opt_text(ENTRY, k, v)?,
                 Key::UserMetadata => user_metadata = self.opt_text(ENTRY, k, v)?,
                 Key::PoolId => pool = Some(self.int_pair(ENTRY, k, v)?),
