@@ -478,9 +478,16 @@ pub fn render_side(f: &mut Frame, area: Rect, store: &Store, view: &View, theme:
     // legend does not jump as one empties.
     let label_w = (inner.width as usize).saturating_sub(2 + 1 + 8).min(16);
     for c in STACK_ORDER.iter().rev() {
+        // A narrow panel takes the two long names in fewer letters rather than cut words.
+        let name = match c.as_str().replace('_', " ") {
+            n if n.chars().count() <= label_w => n,
+            _ if *c == Category::AutogradDetail => "autograd".into(),
+            _ if *c == Category::OptimizerState => "optim. state".into(),
+            n => n,
+        };
         lines.push(Line::from(vec![
             swatch("█", theme.category(*c)),
-            Span::styled(format!("{:<label_w$.label_w$} ", c.as_str().replace('_', " ")), dim),
+            Span::styled(format!("{name:<label_w$.label_w$} "), dim),
             Span::styled(bytes(cats[*c as usize]), val),
         ]));
     }
