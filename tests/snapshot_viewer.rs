@@ -716,7 +716,7 @@ mod training {
         let s = screen(&mut training(), &[NextTab, NextTab]);
         assert!(s.contains(" segments · 46 on device 0 "), "{s}");
         // The dataset, on the GPU before recording began, fills most of the first segment.
-        assert!(s.contains("│0x7f3a40000000   large  12.0 MiB  11.4 MiB"), "{s}");
+        assert!(s.contains("│0x7f3a40000000 large 12.0 MiB  11.4 MiB"), "{s}");
         assert_eq!(s.lines().filter(|l| l.starts_with("│0x7f3a")).count(), 31, "as many rows as fit:\n{s}");
         insta::assert_snapshot!(s);
     }
