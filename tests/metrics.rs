@@ -32,6 +32,16 @@ impl Drop for Killed {
     }
 }
 
+/// `vramscope ARGS` in a process group of its own, ended however the test ends; and the
+/// address it says it serves metrics on.
+fn serving(args: &[&str]) -> (Killed, SocketAddr) {
+    let mut child = Killed(
+        Command::new(assert_cmd::cargo::cargo_bin("vramscope")).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).process_group(0).spawn().unwrap(),
+    );
+    let addr = metrics_addr(child.0.stderr.take().unwrap());
+    (child, addr)
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -166,16 +176,7 @@ fn prometheus_stores_what_the_job_reports() {
 fn every_dashboard_query_names_a_metric_the_endpoint_serves() {
     let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     // What a job and the host gauges serve.
-    let mut job = Killed(
-        Command::new(assert_cmd::cargo::cargo_bin("vramscope"))
-            .args(["run", "--headless", "--steps", "2", "--ctx", "32", "--batch", "2", "--metrics", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .unwrap(),
-    );
-    let addr = metrics_addr(job.0.stderr.take().unwrap());
+    let (job, addr) = serving(&["run", "--headless", "--steps", "2", "--ctx", "32", "--batch", "2", "--metrics", "127.0.0.1:0"]);
     let deadline = Instant::now() + Duration::from_secs(120);
     let finished_a_step = |body: &str| body.lines().any(|l| l.starts_with("vramscope_steps_total{") && !l.ends_with(" 0"));
     let served = loop {
@@ -188,16 +189,7 @@ fn every_dashboard_query_names_a_metric_the_endpoint_serves() {
     let mut served = served;
     // The device gauges: NVML's where there is a GPU, the host's otherwise; the dashboard
     // asks for both, and `watch` serves whichever this machine has.
-    let mut watch = Killed(
-        Command::new(assert_cmd::cargo::cargo_bin("vramscope"))
-            .args(["watch", "--metrics", "127.0.0.1:0", "--headless", "--interval-ms", "50"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .unwrap(),
-    );
-    let waddr = metrics_addr(watch.0.stderr.take().unwrap());
+    let (watch, waddr) = serving(&["watch", "--metrics", "127.0.0.1:0", "--headless", "--interval-ms", "50"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let names = get(waddr, "/metrics").map(|b| served_names(&b)).unwrap_or_default();
@@ -309,16 +301,7 @@ fn scrape(addr: SocketAddr) -> Duration {
 /// An endpoint that needs no job: `watch --headless` serving the host's (or NVML's)
 /// readings, and its process id.
 fn exporter() -> (Killed, SocketAddr) {
-    let mut watch = Killed(
-        Command::new(assert_cmd::cargo::cargo_bin("vramscope"))
-            .args(["watch", "--metrics", "127.0.0.1:0", "--headless", "--interval-ms", "100"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .unwrap(),
-    );
-    let addr = metrics_addr(watch.0.stderr.take().unwrap());
+    let (watch, addr) = serving(&["watch", "--metrics", "127.0.0.1:0", "--headless", "--interval-ms", "100"]);
     // Its first readings are in.
     let deadline = Instant::now() + Duration::from_secs(20);
     while !ask(addr, "GET", "/metrics", "").is_ok_and(|(a, _)| a.text().contains("vramscope_")) {
@@ -400,16 +383,7 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 fn a_client_sending_its_headers_a_byte_a_second_is_dropped_at_the_header_timeout_while_scrapes_go_on() {
     let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     // A training job that outlasts the test (killed at its end).
-    let mut job = Killed(
-        Command::new(assert_cmd::cargo::cargo_bin("vramscope"))
-            .args(["run", "--headless", "--steps", "10000", "--ctx", "32", "--batch", "2", "--metrics", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .unwrap(),
-    );
-    let addr = metrics_addr(job.0.stderr.take().unwrap());
+    let (job, addr) = serving(&["run", "--headless", "--steps", "10000", "--ctx", "32", "--batch", "2", "--metrics", "127.0.0.1:0"]);
     let loris = std::thread::spawn(move || slowloris(addr, HEADER_TIMEOUT + Duration::from_secs(3)));
     let mut scrapes = 0;
     while !loris.is_finished() {
