@@ -176,7 +176,7 @@ fn prometheus_stores_what_the_job_reports() {
 fn every_dashboard_query_names_a_metric_the_endpoint_serves() {
     let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     // What a job and the host gauges serve.
-    let (job, addr) = serving(&["run", "--headless", "--steps", "2", "--ctx", "32", "--batch", "2", "--metrics", "127.0.0.1:0"]);
+    let (_job, addr) = serving(&["run", "--headless", "--steps", "2", "--ctx", "32", "--batch", "2", "--metrics", "127.0.0.1:0"]);
     let deadline = Instant::now() + Duration::from_secs(120);
     let finished_a_step = |body: &str| body.lines().any(|l| l.starts_with("vramscope_steps_total{") && !l.ends_with(" 0"));
     let served = loop {
@@ -189,7 +189,7 @@ fn every_dashboard_query_names_a_metric_the_endpoint_serves() {
     let mut served = served;
     // The device gauges: NVML's where there is a GPU, the host's otherwise; the dashboard
     // asks for both, and `watch` serves whichever this machine has.
-    let (watch, waddr) = serving(&["watch", "--metrics", "127.0.0.1:0", "--headless", "--interval-ms", "50"]);
+    let (_watch, waddr) = serving(&["watch", "--metrics", "127.0.0.1:0", "--headless", "--interval-ms", "50"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let names = get(waddr, "/metrics").map(|b| served_names(&b)).unwrap_or_default();
@@ -383,7 +383,7 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 fn a_client_sending_its_headers_a_byte_a_second_is_dropped_at_the_header_timeout_while_scrapes_go_on() {
     let _turn = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     // A training job that outlasts the test (killed at its end).
-    let (job, addr) = serving(&["run", "--headless", "--steps", "10000", "--ctx", "32", "--batch", "2", "--metrics", "127.0.0.1:0"]);
+    let (_job, addr) = serving(&["run", "--headless", "--steps", "10000", "--ctx", "32", "--batch", "2", "--metrics", "127.0.0.1:0"]);
     let loris = std::thread::spawn(move || slowloris(addr, HEADER_TIMEOUT + Duration::from_secs(3)));
     let mut scrapes = 0;
     while !loris.is_finished() {
