@@ -200,7 +200,8 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     }
     // Out-of-memory failures (!), before the action that follows them; one that ends the
     // trace on the last action.
-    for e in data.ooms().iter().map(|&(_, e)| e.min(tl.total_events - 1)) {
+    let oom_actions: Vec<usize> = data.ooms().iter().map(|&(_, e)| e.min(tl.total_events - 1)).collect();
+    for &e in &oom_actions {
         if (ui.from..ui.to).contains(&e) {
             let x = plot.x + ((e - ui.from) * cols / span) as u16;
             buf[(x, ribbon_y)].set_char('!').set_fg(theme.ui.error);
@@ -230,7 +231,7 @@ pub fn render_timeline(f: &mut Frame, area: Rect, data: &ViewerData, ui: &Viewer
     if !open.is_empty() {
         status.push(Field::text(Keep::Mid, format!("in {}", open.join(" > ")), text).or_text(format!("in {}", open.last().expect("open annotations"))));
     }
-    if data.ooms().iter().any(|&(_, e)| e.min(tl.total_events - 1) == ui.cursor) {
+    if oom_actions.contains(&ui.cursor) {
         status.push(Field::text(Keep::Must, "out of memory just before", Style::default().fg(theme.ui.error).add_modifier(Modifier::BOLD)).or_text("OOM before"));
     }
     if let Some(id) = selected {
@@ -268,6 +269,15 @@ fn draw_legend(buf: &mut Buffer, plot: Rect, y: u16, used: usize, tl: &Timeline,
 
 /// The timeline's box titled `title`: the plot area inside it, leaving the axis on the
 /// left and two rows below (ribbon, status); `None` when too small to draw in.
+/// Widths of a table's shown columns: each its own, the last taking what is left.
+fn table_widths<'a>(shown: impl Iterator<Item = &'a Column>) -> Vec<Constraint> {
+    let mut widths: Vec<Constraint> = shown.map(|c| Constraint::Length(c.cells())).collect();
+    if let Some(Constraint::Length(w)) = widths.last().copied() {
+        *widths.last_mut().expect("a last column") = Constraint::Min(w);
+    }
+    widths
+}
+
 /// A bordered box whose title holds the fields that fit its top edge; the plot inside it.
 fn plot_frame(f: &mut Frame, area: Rect, title: Vec<Field>, theme: &Theme) -> Option<Rect> {
     let style = Style::default().fg(theme.ui.title);
@@ -372,19 +382,15 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
     let first = ui.row.saturating_sub(visible.saturating_sub(1));
     // A category column when the file names categories (else every row would say unknown).
     let colours = has_categories(tl).then(|| category_colours(tl, theme));
-    let columns = [
-        Column::new("#", 5, Keep::Low),
-        Column::new("requested", 10, Keep::Must),
-        Column::new("category", if colours.is_some() { 17 } else { 0 }, Keep::High),
-        Column::new("address", 14, Keep::Least),
-        Column::new("alive (actions)", 15, Keep::Mid),
-        Column::new("top frame", 24, Keep::Must),
-    ];
-    let mut kept = keep_columns(&columns, area.width.saturating_sub(2));
-    kept[2] &= colours.is_some();
-    let others: u16 = columns[..5].iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c.cells() + 1).sum();
-    // The frame takes the rest, cut with '…' where it must be.
-    let frame_w = area.width.saturating_sub(2 + others).max(columns[5].cells()) as usize;
+    let mut columns = vec![Column::new("#", 5, Keep::Low), Column::new("requested", 10, Keep::Must)];
+    columns.extend(colours.is_some().then(|| Column::new("category", 17, Keep::High)));
+    columns.extend([Column::new("address", 14, Keep::Least), Column::new("alive (actions)", 15, Keep::Mid)]);
+    let frame = Column::new("top frame", 24, Keep::Must);
+    columns.push(frame);
+    let kept = keep_columns(&columns, area.width.saturating_sub(2));
+    let others: u16 = columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c.cells() + 1).sum::<u16>() - (frame.cells() + 1);
+    // The frame (the last column) takes the rest, cut with '…' where it must be.
+    let frame_w = area.width.saturating_sub(2 + others).max(frame.cells()) as usize;
     let rows: Vec<Row> = ui
         .rows
         .iter()
@@ -395,18 +401,17 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
             let a = &tl.allocations[id as usize];
             let style = if i == ui.row { Style::default().bg(theme.ui.selection).add_modifier(Modifier::BOLD) } else { Style::default() };
             let start = (!a.alive_at_start).then_some(a.start);
-            let category = colours.as_ref().map_or_else(Cell::default, |colours| {
+            let category = colours.as_ref().map(|colours| {
                 let c = a.category as usize;
                 Cell::from(Line::from(vec![Span::styled("█ ", Style::default().fg(colours[c])), Span::raw(tl.categories[c].replace('_', " "))]))
             });
-            let cells = [
-                Cell::from(format!("{}", i + 1)),
-                Cell::from(bytes(a.size)),
-                category,
+            let mut cells = vec![Cell::from(format!("{}", i + 1)), Cell::from(bytes(a.size))];
+            cells.extend(category);
+            cells.extend([
                 Cell::from(format!("0x{:x}", a.addr)),
                 Cell::from(lifetime(start, a.end)),
                 Cell::from(fit(&top_frame_label(&data.snap, a.stack).unwrap_or_else(|| "(no frames)".into()), frame_w)),
-            ];
+            ]);
             Row::new(cells.into_iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c)).style(style)
         })
         .collect();
@@ -417,7 +422,7 @@ pub fn render_largest(f: &mut Frame, area: Rect, data: &ViewerData, ui: &ViewerU
     };
     let title = format!(" largest allocations · {} of {} · by {}{filter} ", ui.rows.len(), tl.allocations.len(), ui.sort.name());
     let shown = || columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c);
-    let widths = shown().map(|c| if c.heading == "top frame" { Constraint::Min(c.cells()) } else { Constraint::Length(c.cells()) });
+    let widths = table_widths(shown());
     let header: Vec<&str> = shown().map(|c| c.heading).collect();
     let table = Table::new(rows, widths)
         .header(Row::new(header).style(Style::default().fg(theme.ui.dim).add_modifier(Modifier::BOLD)))
@@ -509,7 +514,7 @@ pub fn render_segments(f: &mut Frame, area: Rect, data: &ViewerData, theme: &The
             Row::new(cells.into_iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c))
         })
         .collect();
-    let widths = columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| if c.heading.starts_with("allocated /") { Constraint::Min(c.cells()) } else { Constraint::Length(c.cells()) });
+    let widths = table_widths(columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c));
     let header = Row::new(columns.iter().zip(&kept).filter(|(_, k)| **k).map(|(c, _)| c.heading)).style(dim.add_modifier(Modifier::BOLD));
     f.render_widget(Table::new(rows, widths).header(header), table);
 }
