@@ -6,6 +6,13 @@
 //!
 //!   cargo bench --bench hook_overhead -- [rounds] [steps] [d_model] [layers] [ctx]
 //!   cargo bench --bench hook_overhead -- --dense [rounds] [steps] [torch threads]
+//!
+//! With `--python`, the dense job's step in one process plainly, with torch's global
+//! module hooks doing nothing, and under the hook's Python with a core that does nothing
+//! (benches/hook_python.py): what the hook's Python and torch's hook path cost, apart from
+//! the core and the machine's noise between processes.
+//!
+//!   cargo bench --bench hook_overhead -- --python [rounds] [steps]
 
 mod common;
 
@@ -99,6 +106,11 @@ fn wire(args: &[String], dir: &Path) -> (u64, u64) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    if std::env::args().any(|a| a == "--python") {
+        let status = Command::new(common::python()).arg(common::root().join("benches/hook_python.py")).args(&args).status();
+        assert!(status.expect("python runs").success(), "benches/hook_python.py failed");
+        return;
+    }
     let arg = |i: usize, d: u64| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (rounds, steps, d_model, layers, ctx) = (arg(0, 4), arg(1, 12), arg(2, 256), arg(3, 4), arg(4, 128));
     let script_args: Vec<String> = if dense() {

@@ -1,11 +1,12 @@
-//! The live screen at a job's full event rate (issue 35): a stand-in job serves a
-//! training-shaped stream of modelled events through the job's own server (a viewer's
+//! The live screen at a job's full event rate (issue 35): a stand-in job serves the dense
+//! job's recorded stream (recordings/dense-mlp.vsrec, played round and round; with
+//! `--synthetic`, a made-up training-shaped one) through the job's own server (a viewer's
 //! bounded queue of 256 batches, as the hook's; zstd on the wire) at a set rate, in batches
 //! of 10 ms, while the real binary watches it (`vramscope attach SOCKET`) in a 200×60 tmux
 //! pane. Per rate: the events the server dropped for the screen (its queue full), the
 //! screen's CPU, and whether the screen's own event count reached the last event sent.
 //!
-//!   cargo bench --bench live_screen -- [SECONDS [EVENTS_PER_S...]]
+//!   cargo bench --bench live_screen -- [--synthetic] [SECONDS [EVENTS_PER_S...]]
 
 use std::time::{Duration, Instant};
 
@@ -67,7 +68,13 @@ fn run(rate: u64, seconds: f64) -> Outcome {
     // The pane runs a shell that runs vramscope: its child is the screen.
     let screen_pid = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok().and_then(|c| c.split_whitespace().next().map(str::to_string)).unwrap_or(pid);
 
-    let mut stream = common::stream::TrainingStream::new();
+    let mut next: Box<dyn FnMut(usize) -> vramscope_core::event::Batch> = if std::env::args().any(|a| a == "--synthetic") {
+        let mut s = common::stream::TrainingStream::new();
+        Box::new(move |n| s.batch(n))
+    } else {
+        let mut s = common::stream::RecordedStream::new();
+        Box::new(move |n| s.batch(n))
+    };
     let cpu0 = process_cpu_s(&screen_pid);
     let start = Instant::now();
     let mut sent = 0u64;
@@ -75,7 +82,7 @@ fn run(rate: u64, seconds: f64) -> Outcome {
         let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
         if due > sent {
             let n = (due - sent) as usize;
-            server.broadcast(monotonic_ns(), &Incoming::Batch(stream.batch(n)));
+            server.broadcast(monotonic_ns(), &Incoming::Batch(next(n)));
             sent += n as u64;
         }
         std::thread::sleep(BATCH_EVERY);
@@ -100,7 +107,8 @@ fn main() {
     if rates.is_empty() {
         rates = vec![1_000_000, 2_000_000, 4_000_000];
     }
-    println!("the live screen fed a training-shaped stream for {seconds} s per rate, batches every {} ms, a viewer's queue of {QUEUE_BATCHES} batches", BATCH_EVERY.as_millis());
+    let stream = if std::env::args().any(|a| a == "--synthetic") { "a made-up training-shaped stream" } else { "the dense job's recorded stream" };
+    println!("the live screen fed {stream} for {seconds} s per rate, batches every {} ms, a viewer's queue of {QUEUE_BATCHES} batches", BATCH_EVERY.as_millis());
     println!("| events/s offered | events sent | dropped for the screen | screen CPU (% of one core) | screen caught up |");
     println!("|---:|---:|---:|---:|---|");
     for rate in rates {

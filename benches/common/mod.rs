@@ -58,8 +58,10 @@ pub fn real_snapshot(name: &str) -> Option<PathBuf> {
     Some(real_snapshots()?.join(name))
 }
 
+/// The workspace's root (the engine's benches include this file from engine/).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors().find(|d| d.join("Cargo.lock").exists()).unwrap_or(here).to_path_buf()
 }
 
 pub fn python() -> PathBuf {
@@ -102,6 +104,45 @@ pub fn status_kib(field: &str) -> u64 {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// The dense job of issue 35 (tests/py/dense_mlp.py: an MLP trained with 4 micro-batches
+/// of [32, 256] per AdamW step, 552 allocator events a step), as recorded by
+/// `vramscope py --headless --record recordings/dense-mlp.vsrec tests/py/dense_mlp.py
+/// --steps 400`: the batches of modelled events its hook sent.
+pub fn recorded_batches() -> Vec<vramscope_core::event::Batch> {
+    use vramscope_core::record::reader::Recording;
+    use vramscope_core::stream::Incoming;
+    let rec = Recording::open(&root().join("recordings/dense-mlp.vsrec")).expect("recordings/dense-mlp.vsrec opens");
+    let mut batches = Vec::new();
+    for i in 0..rec.chunk_count() {
+        for (_, _, item) in rec.items(i).expect("the recording decodes") {
+            if let Incoming::Batch(b) = item {
+                batches.push(b);
+            }
+        }
+    }
+    batches
+}
+
+/// The recorded dense job's requests and frees, with their steps, phases, scopes and
+/// times, turned back into what the shim records (a request's key is the address it was
+/// given).
+pub fn recorded_requests() -> Vec<vramscope_core::producer::raw::RawEvent> {
+    use vramscope_core::event::Action;
+    use vramscope_core::producer::raw::{RawEvent, CPU_DEVICE, RAW_ALLOC, RAW_FREE};
+    let events = recorded_batches().into_iter().flat_map(|b| b.events);
+    events
+        .filter_map(|e| {
+            let action = match e.action {
+                Action::Alloc => RAW_ALLOC,
+                Action::FreeRequested => RAW_FREE,
+                _ => return None,
+            };
+            let (step, scope) = (e.step, e.scope);
+            Some(RawEvent { t_ns: e.t_ns, addr: e.addr, size: e.size, stream: 0, step, scope, action, phase: e.phase as u8, device: CPU_DEVICE, ..RawEvent::default() })
+        })
+        .collect()
 }
 
 /// `n` CPU allocation requests and frees shaped like a training step's (many small,

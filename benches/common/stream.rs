@@ -1,4 +1,5 @@
-//! What the screen benches feed the screen: a training-shaped stream of modelled events.
+//! What the screen benches feed the screen: a training-shaped stream of modelled events,
+//! made up, or the dense job's as recorded.
 
 use vramscope_core::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
 
@@ -55,4 +56,50 @@ impl TrainingStream {
 pub fn training_batches(events: usize) -> Vec<Batch> {
     let mut s = TrainingStream::new();
     (0..events.div_ceil(8192)).map(|i| s.batch(8192.min(events - i * 8192))).collect()
+}
+
+/// The dense job's recorded stream (`super::recorded_batches`) played round and round, each
+/// round's addresses, steps and times moved past the last's: a longer run of that job.
+pub struct RecordedStream {
+    events: Vec<MemEvent>,
+    /// Phase marks, by the index of the event they precede.
+    marks: Vec<PhaseMark>,
+    at: usize,
+    round: u64,
+    seq: u64,
+    steps: u32,
+    span_ns: u64,
+}
+
+impl RecordedStream {
+    pub fn new() -> RecordedStream {
+        let batches = super::recorded_batches();
+        let first = batches.first().map_or(0, |b| b.first_seq);
+        let mut marks: Vec<PhaseMark> = batches.iter().flat_map(|b| b.marks.iter().map(|m| PhaseMark { seq: m.seq - first, ..*m })).collect();
+        marks.sort_by_key(|m| m.seq);
+        let events: Vec<MemEvent> = batches.into_iter().flat_map(|b| b.events).collect();
+        let steps = events.iter().map(|e| e.step).max().unwrap_or(0) + 1;
+        let span_ns = events.last().map_or(0, |e| e.t_ns) + 1;
+        RecordedStream { events, marks, at: 0, round: 0, seq: 0, steps, span_ns }
+    }
+
+    /// The stream's next `n` events, as one batch.
+    pub fn batch(&mut self, n: usize) -> Batch {
+        let mut batch = Batch { first_seq: self.seq, ..Batch::default() };
+        for _ in 0..n {
+            if self.at == self.events.len() {
+                (self.at, self.round) = (0, self.round + 1);
+            }
+            let (shift, steps, t) = (self.round << 36, self.round as u32 * self.steps, self.round * self.span_ns);
+            let from = self.marks.partition_point(|m| (m.seq as usize) < self.at);
+            for m in self.marks[from..].iter().take_while(|m| m.seq as usize == self.at) {
+                batch.marks.push(PhaseMark { seq: self.seq, t_ns: m.t_ns + t, step: m.step + steps, ..*m });
+            }
+            let e = self.events[self.at];
+            batch.events.push(MemEvent { addr: e.addr + shift, t_ns: e.t_ns + t, step: e.step + steps, ..e });
+            self.at += 1;
+            self.seq += 1;
+        }
+        batch
+    }
 }

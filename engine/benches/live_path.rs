@@ -1,11 +1,14 @@
-//! Where the live path's time goes, stage by stage, for one dense stream of allocator events
-//! (issue 35): the shim's record call and the drain (the job's allocating thread and its
-//! flusher), the tracker with the caching-allocator model, the wire encoder, the socket,
-//! and on the screen's side the decoder, the store's ingest and one frame's render. Every
-//! stage runs in this one process in one run, so the figures compare side by side. CPU
-//! time of the thread doing the work, per event; the socket is wall time (two threads).
+//! Where the live path's time goes, stage by stage, for two streams of allocator events
+//! (issue 35): the dense job's, recorded (recordings/dense-mlp.vsrec), and a synthetic one
+//! with a few thousand allocations live and freed in random order, which keeps the
+//! allocator model's free lists long. The stages: the shim's record call and the drain
+//! (the job's allocating thread and its flusher), the tracker with the caching-allocator
+//! model, the wire encoder, the socket, and on the screen's side the decoder, the store's
+//! ingest and one frame's render. Every stage runs in this one process in one run, so the
+//! figures compare side by side. CPU time of the thread doing the work, per allocation
+//! event; the socket is wall time (two threads).
 //!
-//!   cargo bench -p vramscope-engine --bench live_path -- [events]
+//!   cargo bench -p vramscope-engine --bench live_path -- [synthetic events]
 
 #[path = "../../benches/common/mod.rs"]
 mod common;
@@ -87,34 +90,58 @@ struct Row {
 
 fn main() {
     let n: usize = std::env::args().skip(1).find(|a| !a.starts_with("--")).and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
-    let raw = common::training_requests(n);
-    let mut rows = Vec::new();
-
     let (record, drain) = shim_stages();
-    rows.push(Row { stage: "shim record call (alloc or free)", side: "job, allocating thread", seconds_per_event: record });
-    rows.push(Row { stage: "drain the shim's buffer", side: "job, flusher thread", seconds_per_event: drain });
+    let shim = [
+        Row { stage: "shim record call (alloc or free)", side: "job, allocating thread", seconds_per_event: record },
+        Row { stage: "drain the shim's buffer", side: "job, flusher thread", seconds_per_event: drain },
+    ];
+    let recorded = common::recorded_requests();
+    println!("The dense job's recorded stream (recordings/dense-mlp.vsrec, 400 steps):");
+    stream_stages(&recorded, &shim);
+    println!();
+    println!("A synthetic stream with a few thousand allocations live, freed in random order:");
+    stream_stages(&common::training_requests(n), &shim);
+}
+
+/// Every stage after the shim's for one stream of raw events, printed as one table.
+fn stream_stages(raw: &[RawEvent], shim: &[Row]) {
+    let n = raw.len();
+    let mut rows: Vec<&Row> = shim.iter().collect();
+    let mut owned = Vec::new();
 
     // The tracker and the allocator model, as the flusher runs them, 8192 events a drain,
     // in the steady state of a long job: the trace ring full and the model's pools grown
-    // by a first pass over the stream (the timed passes use addresses of their own).
+    // (each pass gives the stream addresses of its own). The flusher hands each batch to
+    // the writer threads, which drop it once encoded: timed passes drop theirs, and one
+    // more pass keeps its batches for the stages after.
     let mut tracker = Tracker::modelled(vramscope_core::allocator::AllocatorConfig::default());
-    let mut batches: Vec<Batch> = Vec::new();
     let mut pass = 0u64;
-    let mut run_pass = |tracker: &mut Tracker, batches: &mut Vec<Batch>| {
+    let mut run_pass = |tracker: &mut Tracker, keep: Option<&mut Vec<Batch>>| {
         pass += 1;
         let moved: Vec<RawEvent> = raw.iter().map(|e| RawEvent { addr: e.addr + (pass << 40), ..*e }).collect();
-        batches.clear();
+        let mut kept = Vec::new();
         let t = thread_cpu_s();
         for chunk in moved.chunks(8192) {
             tracker.ingest(chunk);
-            batches.push(tracker.take_batch(Vec::new()));
+            kept.push(tracker.take_batch(Vec::new()));
+            if keep.is_none() {
+                kept.clear();
+            }
         }
-        thread_cpu_s() - t
+        let spent = thread_cpu_s() - t;
+        if let Some(k) = keep {
+            *k = kept;
+        }
+        spent
     };
-    run_pass(&mut tracker, &mut batches);
-    let tracking = (0..3).map(|_| run_pass(&mut tracker, &mut batches)).fold(f64::MAX, f64::min);
-    let events: usize = batches.iter().map(|b| b.events.len()).sum();
-    rows.push(Row { stage: "tracker + caching-allocator model", side: "job, flusher thread", seconds_per_event: tracking / n as f64 });
+    while tracker.trace().len() < vramscope_core::producer::tracker::RING_ENTRIES {
+        run_pass(&mut tracker, None);
+    }
+    let tracking = (0..3).map(|_| run_pass(&mut tracker, None)).fold(f64::MAX, f64::min);
+    let mut batches = Vec::new();
+    run_pass(&mut tracker, Some(&mut batches));
+    let events: usize = batches.iter().map(|b: &Batch| b.events.len()).sum();
+    owned.push(Row { stage: "tracker + caching-allocator model", side: "job, flusher thread", seconds_per_event: tracking / n as f64 });
 
     // The wire: a viewer's writer thread encodes (zstd level as served).
     let mut wire = Vec::new();
@@ -128,7 +155,7 @@ fn main() {
         }
         wire.extend(w.end().into_iter().flatten());
     });
-    rows.push(Row { stage: "encode (wire format, zstd 1)", side: "job, writer thread", seconds_per_event: encoding / events as f64 });
+    owned.push(Row { stage: "encode (wire format, zstd 1)", side: "job, writer thread", seconds_per_event: encoding / n as f64 });
 
     // The socket: the bytes through a Unix stream pair, read on another thread.
     let (mut a, mut b) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
@@ -143,7 +170,7 @@ fn main() {
     let t = Instant::now();
     a.write_all(&wire).expect("writes");
     reader.join().expect("the reader");
-    rows.push(Row { stage: "Unix socket, write and read (wall)", side: "both", seconds_per_event: t.elapsed().as_secs_f64() / events as f64 });
+    owned.push(Row { stage: "Unix socket, write and read (wall)", side: "both", seconds_per_event: t.elapsed().as_secs_f64() / n as f64 });
 
     // The screen: decode, then ingest into the store.
     let mut decoded: Vec<Batch> = Vec::new();
@@ -158,7 +185,7 @@ fn main() {
             }
         }
     });
-    rows.push(Row { stage: "decode", side: "screen", seconds_per_event: decoding / events as f64 });
+    owned.push(Row { stage: "decode", side: "screen", seconds_per_event: decoding / n as f64 });
     let mut store = Store::new(4 << 20);
     let ingest = best_of(3, || {
         store = Store::new(4 << 20);
@@ -166,7 +193,7 @@ fn main() {
             store.ingest_batch(b);
         }
     });
-    rows.push(Row { stage: "store ingest", side: "screen", seconds_per_event: ingest / events as f64 });
+    owned.push(Row { stage: "store ingest", side: "screen", seconds_per_event: ingest / n as f64 });
 
     let (theme, keys) = (Theme::load("dark").expect("built-in theme"), KeyMap::default());
     let mut frames: Vec<f64> = (0..20)
@@ -179,8 +206,11 @@ fn main() {
     frames.sort_by(f64::total_cmp);
     let frame = frames[frames.len() / 2];
 
-    println!("live path, {n} raw events ({events} after the allocator model), {} bytes on the wire ({:.2} B/event)", wire.len(), wire.len() as f64 / events as f64);
-    println!("| stage | where | ns per event | events/s on one core |");
+    rows.extend(owned.iter());
+    // Every stage per allocation event (an alloc or a free the shim records), so that the
+    // job's stages add up to what one allocation event costs the job.
+    println!("{n} allocation events ({events} stream events after the allocator model), {} bytes on the wire ({:.2} B per stream event)", wire.len(), wire.len() as f64 / events as f64);
+    println!("| stage | where | ns per allocation event | allocation events/s on one core |");
     println!("|---|---|---:|---:|");
     for r in &rows {
         println!("| {} | {} | {:.1} | {:.2} M |", r.stage, r.side, r.seconds_per_event * 1e9, 1e-6 / r.seconds_per_event.max(1e-12));

@@ -53,7 +53,8 @@ class Hooks:
         # Storage address -> weakref to the tensor tagged there: an accumulated gradient or
         # AdamW's moments are the same tensor step after step, and are named once.
         self._tagged = {}
-        self.autocast = None  # the dtype of the autocast region the forward ran in
+        self.autocast = None  # the dtype of the autocast region the model's forward ran in
+        self._autocast_read = False  # read at the model's first forward of the step
         # GradScaler.scale's outputs this step (by id) and the losses they scaled.
         self._scaled = {}
         # This step's samples (every micro-batch the model ran) and sequence length (0: its
@@ -193,7 +194,11 @@ class Hooks:
             self._uncounted = id(module)
         if id(module) == self.model:
             self._cast_for(module)
-        self.autocast = self._autocast_dtype()
+        # The model's forward tells the step's precision: a loss module called at top level
+        # after it, outside the autocast region as many scripts call it, does not.
+        if not self._autocast_read and (id(module) == self.model or self.model is None):
+            self.autocast = self._autocast_dtype()
+            self._autocast_read = id(module) == self.model
 
     def _autocast_dtype(self):
         """The dtype of the autocast region the model's forward runs in, or None."""
@@ -350,6 +355,7 @@ class Hooks:
             # whole step, so not reported; what it did counts towards the next one.
             self.began = True
             self.phase, self.backward_ran, self.samples, self.ctx = OTHER, False, 0, 0
+            self._autocast_read = False
             self.losses = []
             self._scaled.clear()
             self.core.vsh_phase(OTHER)
@@ -358,6 +364,7 @@ class Hooks:
         self._cast_checked = None
         # Names of tensors that died go (their addresses will hold others).
         self._tagged = {ptr: ref for ptr, ref in self._tagged.items() if ref() is not None}
+        self._autocast_read = False
         # The step's loss: the given one, else what its backwards were called on, summed
         # over micro-steps (a script that accumulates gradients divides each by their
         # number, so the sum is the step's mean). Reading a CUDA loss would wait for the

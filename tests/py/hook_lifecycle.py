@@ -192,9 +192,12 @@ def history():
 def own_autocast():
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    criterion = torch.nn.MSELoss()
     for _ in range(2):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(torch.randn(16, 64)).float().sum()
+            out = model(torch.randn(16, 64))
+        # The loss module outside the region, as many scripts call it: the step is bf16.
+        loss = criterion(out.float(), torch.zeros(16, 8))
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -266,8 +266,10 @@ impl Tracker {
         let Some(mut l) = self.live.remove(&key) else { return };
         let phase = Phase::from_u8(e.phase);
         // Made and dropped inside one phase of one step: scratch, whatever it was presumed.
-        if !l.tagged && l.step == e.step && l.phase == phase && l.category != Category::Temporary {
-            self.recategorize(&mut l, Category::Temporary, 0);
+        // Its free event says so: a retag, which viewers apply after the batch, is for
+        // allocations that live on.
+        if !l.tagged && l.step == e.step && l.phase == phase {
+            self.relabel(&mut l, Category::Temporary, 0);
         }
         if !self.retagged.is_empty() && self.retagged.remove(&l.addr) {
             // Moved in the batch not yet shipped, and gone before it ships: a viewer applies
@@ -286,11 +288,13 @@ impl Tracker {
         }
     }
 
-    /// Moves a live allocation to `to` (and names it `scope`, unless 0).
-    fn recategorize(&mut self, l: &mut Live, to: Category, scope: u32) {
+    /// Moves a live allocation to `to` (and names it `scope`, unless 0) in the totals, the
+    /// trace ring and the batch not yet shipped. Returns whether viewers need a retag: its
+    /// alloc event has shipped with what it was before.
+    fn relabel(&mut self, l: &mut Live, to: Category, scope: u32) -> bool {
         let renamed = scope != 0 && scope != l.scope;
         if l.category == to && !renamed {
-            return;
+            return false;
         }
         self.category_bytes[l.category as usize] -= l.size;
         self.category_bytes[to as usize] += l.size;
@@ -309,10 +313,9 @@ impl Tracker {
         if let Some(ev) = unshipped.and_then(|i| self.pending.events.get_mut(i as usize)) {
             ev.category = to;
             ev.scope = l.scope;
-            return;
+            return false;
         }
-        self.retagged.insert(l.addr);
-        self.pending.retags.push(Retag { addr: l.addr, category: to, scope: if renamed { scope } else { 0 } });
+        true
     }
 
     /// The loop names what the allocation at raw address `key` holds, and, with a scope,
@@ -320,7 +323,11 @@ impl Tracker {
     pub fn tag(&mut self, key: u64, category: Category, scope: u32) {
         if let Some(mut l) = self.live.get(&key).copied() {
             l.tagged = true;
-            self.recategorize(&mut l, category, scope);
+            let renamed = scope != 0 && scope != l.scope;
+            if self.relabel(&mut l, category, scope) {
+                self.retagged.insert(l.addr);
+                self.pending.retags.push(Retag { addr: l.addr, category, scope: if renamed { scope } else { 0 } });
+            }
             self.live.insert(key, l);
         }
     }
