@@ -18,12 +18,20 @@ use common::tmux::{wait_file, Session};
 fn alive_after(pid: &str, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if !running(pid) {
             return false;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Path::new(&format!("/proc/{pid}")).exists()
+    running(pid)
+}
+
+/// Whether `pid` has not exited. A process that exited after its tmux server did is left
+/// to init to reap, which may take its time: a zombie has ended.
+fn running(pid: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command's closing parenthesis.
+    !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
 }
 
 /// Starts `args` of the binary in tmux, its pid written to `dir/pid`; returns the session
