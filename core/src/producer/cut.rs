@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use crate::event::{Action, Category, MemEvent, Phase, PhaseMark};
 use crate::snapshot::model::{
     AllocatorSettings, Annotation, AnnotationStage, Frame, FrameId, Segment, Snapshot, StackInterner, StackId,
-    TraceEntry,
+    Text, TraceEntry,
 };
 use crate::snapshot::ReadError;
 
@@ -149,10 +149,10 @@ impl SnapshotCut {
         snap.stacks = self.stacks;
         let stack_of = &self.stack_of;
         // One shared copy of each category's name, not a string per entry.
-        let unknown: std::sync::Arc<str> = Category::Unknown.as_str().into();
+        let unknown = Text::from(Category::Unknown.as_str());
         let mut names = vec![unknown.clone(); Category::ALL.len()];
         for c in Category::ALL {
-            names[c as usize] = c.as_str().into();
+            names[c as usize] = Text::from(c.as_str());
         }
         let trace: Vec<TraceEntry> = self
             .trace

@@ -18,11 +18,10 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::snapshot::model::{Frame, FrameId, RuleCoverage, Snapshot, StackId};
+use crate::snapshot::model::{Frame, FrameId, RuleCoverage, Snapshot, StackId, Text};
 
 /// What allocations no rule matched are called.
 pub const UNMATCHED: &str = "unmatched";
@@ -144,8 +143,8 @@ pub fn categorize(snap: &mut Snapshot, rules: &FrameRules) -> Option<RuleCoverag
         return None;
     }
     // One shared copy of each name: a string per entry was most of this pass (issue 29).
-    let names: Vec<Arc<str>> = rules.rules.iter().map(|r| Arc::from(r.category.as_str())).collect();
-    let unmatched: Arc<str> = Arc::from(UNMATCHED);
+    let names: Vec<Text> = rules.rules.iter().map(|r| Text::from(r.category.as_str())).collect();
+    let unmatched = Text::from(UNMATCHED);
     let mut decided = decided.into_iter();
     for e in snap.device_traces.iter_mut().flatten().chain(&mut snap.host_trace) {
         let rule = decided.next().expect("one decision per entry");

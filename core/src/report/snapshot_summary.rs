@@ -77,7 +77,7 @@ fn alloc_entry<'s>(snap: &'s Snapshot, tl: &Timeline, device: usize, id: u32) ->
 pub fn allocation_info(snap: &Snapshot, tl: &Timeline, device: usize, id: u32, all_frames: bool) -> AllocationInfo {
     let a = &tl.allocations[id as usize];
     let entry = alloc_entry(snap, tl, device, id);
-    let text = |t: Option<&std::sync::Arc<str>>| t.map(|t| t.to_string()).filter(|t| !t.is_empty() && t != "N/A");
+    let text = |t: Option<&crate::snapshot::model::Text>| t.map(|t| t.to_string()).filter(|t| !t.is_empty() && t != "N/A");
     let forward = snap
         .device_segments(device)
         .flat_map(|s| &s.blocks)

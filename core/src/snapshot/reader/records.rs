@@ -1,14 +1,13 @@
 //! Dicts into the snapshot's records (trace entry, block, segment, frame, annotation), key
 //! by key, and lists of them whatever form they were read in.
 
-use std::sync::Arc;
 
 use super::error::ReadError;
 use super::keys::{action_of, classify, Key, Kind};
 use super::value::{untype, ListData, Pool, Value};
 use super::vm::Vm;
 use crate::snapshot::model::{
-    Action, Annotation, AnnotationStage, Block, BlockState, FrameId, Segment, SegmentType, StackId, TraceEntry,
+    Action, Annotation, AnnotationStage, Block, BlockState, FrameId, Segment, SegmentType, StackId, Text, TraceEntry,
 };
 
 /// The record names errors and skip counts use.
@@ -164,7 +163,7 @@ impl<'a> Vm<'a> {
     }
 
     /// A string or None, as text shared by every entry with the same.
-    fn opt_text(&mut self, what: &str, key: &str, v: &Value<'a>) -> Result<Option<Arc<str>>, ReadError> {
+    fn opt_text(&mut self, what: &str, key: &str, v: &Value<'a>) -> Result<Option<Text>, ReadError> {
         match v {
             Value::None => Ok(None),
             v => self.str_field(what, key, v).map(|s| Some(self.shared_text(s))),

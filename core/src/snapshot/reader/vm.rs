@@ -2,7 +2,6 @@
 //! containers, and the tables records are interned into (frames, stacks, texts), with
 //! the operations on them that the main pass, the records and the fast path share.
 
-use std::sync::Arc;
 
 use super::cursor::Cursor;
 use super::error::{malformed, ReadError};
@@ -10,7 +9,7 @@ use super::intern::{FastMap, StackTable, NO_FRAME};
 use super::keys::{key_of, Key, KeyCache};
 use super::prescan::{memo_get_check, memo_put, memo_ref, MemoRefs};
 use super::value::{ListData, Memo, Value};
-use crate::snapshot::model::{Frame, FrameId, StackId};
+use crate::snapshot::model::{Frame, FrameId, StackId, Text};
 
 pub(super) struct Vm<'a> {
     pub(super) cur: Cursor<'a>,
@@ -32,8 +31,8 @@ pub(super) struct Vm<'a> {
     pub(super) frame_ids: FastMap<(&'a str, &'a str, i64), FrameId>,
     /// Entries' texts (`compile_context`, `user_metadata`), one shared copy of each,
     /// and the last few met by address (the same memoized string read back).
-    pub(super) texts: FastMap<&'a str, Arc<str>>,
-    pub(super) recent_texts: [Option<(usize, usize, Arc<str>)>; 8],
+    pub(super) texts: FastMap<&'a str, Text>,
+    pub(super) recent_texts: [Option<(usize, usize, Text)>; 8],
     pub(super) stacks: StackTable,
     pub(super) scratch: Vec<Value<'a>>,
     pub(super) frame_scratch: Vec<FrameId>,
@@ -276,14 +275,14 @@ impl<'a> Vm<'a> {
     }
 
     /// One shared copy of each distinct text.
-    pub(super) fn shared_text(&mut self, s: &'a str) -> Arc<str> {
+    pub(super) fn shared_text(&mut self, s: &'a str) -> Text {
         let (addr, len) = (s.as_ptr() as usize, s.len());
         let slot = &mut self.recent_texts[(addr ^ len) % 8];
         match slot {
             // Same address and length in the one input: the same text.
             Some((a, l, text)) if *a == addr && *l == len => text.clone(),
             _ => {
-                let text = self.texts.entry(s).or_insert_with(|| Arc::from(s)).clone();
+                let text = self.texts.entry(s).or_insert_with(|| Text::from(s)).clone();
                 *slot = Some((addr, len, text.clone()));
                 text
             }
