@@ -150,7 +150,7 @@ pub struct Segment {
 /// Text many trace entries share, one copy for all: a thin pointer (8 bytes in an `Option`,
 /// where `Arc<str>` takes 16), since a snapshot holds millions of entries with three each
 /// (issue 29: peak memory).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Text(Arc<String>);
 
@@ -167,21 +167,9 @@ impl From<&str> for Text {
     }
 }
 
-impl From<String> for Text {
-    fn from(s: String) -> Text {
-        Text(Arc::new(s))
-    }
-}
-
 impl std::fmt::Debug for Text {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Debug::fmt(&**self, f)
-    }
-}
-
-impl std::fmt::Display for Text {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self)
     }
 }
 
@@ -570,6 +558,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<TraceEntry>(), 64);
         assert_eq!(std::mem::size_of::<Option<Text>>(), 8);
         let t = Text::from("N/A");
-        assert_eq!((&*t, t.to_string(), format!("{t:?}")), ("N/A", "N/A".to_string(), "\"N/A\"".to_string()));
+        assert_eq!((&*t, format!("{t:?}")), ("N/A", "\"N/A\"".to_string()), "reads and prints as the text it holds");
     }
 }
