@@ -20,6 +20,9 @@ use crate::job_env;
 /// How long gdb may wait for the job to call malloc or free (a job that calls neither is
 /// blocked in C with no Python running).
 const SAFE_POINT_WAIT: Duration = Duration::from_secs(10);
+/// How long gdb may take to leave once interrupted before it is ended (a cuda-gdb that
+/// hung on a GPU box kept the job stopped).
+const GDB_LEAVE_WAIT: Duration = Duration::from_secs(5);
 /// How long the attach script may take to say how it went: it waits for the GIL, then may
 /// compile the capture shim against the job's torch (seconds, once per torch version).
 const STATUS_WAIT: Duration = Duration::from_secs(90);
@@ -137,6 +140,25 @@ fn gdb_outcome(pid: u32, out: &str) -> anyhow::Result<()> {
     anyhow::bail!("gdb could not get into process {pid}: {last}")
 }
 
+/// Whether `child` exits within `wait`.
+fn exits_within(child: &mut std::process::Child, wait: Duration) -> bool {
+    let until = Instant::now() + wait;
+    while Instant::now() < until {
+        if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Whether process `pid` is stopped (a signal or a tracer), from /proc/PID/stat.
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which may itself hold ") ".
+    stat.rfind(") ").and_then(|i| stat[i + 2..].chars().next()).is_some_and(|c| c == 'T' || c == 't')
+}
+
 /// gdb's way in; returns once gdb has left the job.
 fn inject_with_gdb(gdb: &Path, pid: u32, core: &Path, script: &Path, work: &Path) -> anyhow::Result<()> {
     let commands = work.with_extension("gdb");
@@ -150,6 +172,7 @@ fn inject_with_gdb(gdb: &Path, pid: u32, core: &Path, script: &Path, work: &Path
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
+    let was_stopped = stopped(pid);
     let started = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait()? {
@@ -160,7 +183,21 @@ fn inject_with_gdb(gdb: &Path, pid: u32, core: &Path, script: &Path, work: &Path
             // mode: the job goes on as it was.
             // SAFETY: a signal to our own child.
             unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-            let _ = child.wait();
+            if !exits_within(&mut child, GDB_LEAVE_WAIT) {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = std::fs::remove_file(&commands);
+                // A tracer that dies detaches the job, but a job it left stopped stays so.
+                if !was_stopped {
+                    // SAFETY: waking a process this user may trace.
+                    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+                }
+                anyhow::bail!(
+                    "{} did not answer within {} s and was ended; process {pid} runs on as it was",
+                    gdb.display(),
+                    (SAFE_POINT_WAIT + GDB_LEAVE_WAIT).as_secs()
+                );
+            }
             break None;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -253,7 +290,8 @@ fn attach_one(pid: u32, job: &str, snapshot_dir: &Path) -> anyhow::Result<()> {
             anyhow::bail!(why);
         }
         let v = target.python.map_or("its Python".into(), |(a, b)| format!("its Python {a}.{b}"));
-        Some(which("gdb").ok_or_else(|| {
+        // CUDA's toolkit brings a gdb of its own, often on GPU boxes that have no other.
+        Some(which("gdb").or_else(|| which("cuda-gdb")).ok_or_else(|| {
             anyhow::anyhow!("gdb is not installed (apt install gdb), and {v} has no sys.remote_exec (3.14 on): vramscope needs one of them to get into process {pid}")
         })?)
     };

@@ -161,6 +161,21 @@ fn what_cannot_be_attached_to_is_said_in_one_line_and_the_job_is_left_as_it_was(
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", idle.id())).unwrap();
     assert!(!maps.contains("libvramscope_hook"), "nothing was loaded into the job");
     assert!(idle.try_wait().unwrap().is_none(), "the job lives on");
+    // A gdb that stops the job and then never answers (a cuda-gdb did, on a GPU box):
+    // vramscope ends it in bounded time, and the job is not left stopped.
+    let bin = t.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let hung = bin.join("gdb");
+    std::fs::write(&hung, "#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = -p ] && kill -STOP \"$2\"; shift; done\ntrap '' INT\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&hung, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let asked = Instant::now();
+    let e = refusal(&["--pid", &idle.id().to_string(), "--headless"], &[("PATH", &path)]);
+    assert!(e.contains("did not answer") && e.contains("runs on as it was"), "{e}");
+    assert!(asked.elapsed() < Duration::from_secs(40), "ended in bounded time: {:?}", asked.elapsed());
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", idle.id())).unwrap();
+    let state = state.rsplit(") ").next().unwrap().chars().next().unwrap();
+    assert!(state != 'T' && state != 't', "the job was left stopped ({state})");
     // No gdb, and a Python without sys.remote_exec.
     let e = refusal(&["--pid", &idle.id().to_string(), "--headless"], &[("PATH", "/nonexistent")]);
     assert!(e.contains("gdb is not installed") && e.contains("sys.remote_exec"), "{e}");

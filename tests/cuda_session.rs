@@ -104,7 +104,7 @@ fn start(t: &tempfile::TempDir, capture: FakeCuda) -> (Session, JobSource, PathB
 }
 
 fn step_end() -> StepEnd {
-    StepEnd { loss: 1.0, elapsed_s: 0.1, mode: Mode::Train, precision: Precision::Fp32, attention: None, checkpointing: None, ctx: 8, batch: 2 }
+    StepEnd { loss: Some(1.0), elapsed_s: 0.1, mode: Mode::Train, precision: Precision::Fp32, attention: None, checkpointing: None, ctx: 8, batch: 2 }
 }
 
 /// Everything `viewer` gets until the stream ends, into a screen's stores.

@@ -677,6 +677,19 @@ fn keyword_batches_are_counted_and_an_accumulated_steps_loss_is_the_whole_steps(
     }
 }
 
+/// JSON has no NaN: a diverged loss once went as null, which the viewer refused, dropping
+/// the job's whole stream at its first such step (as every CUDA job's unread loss did).
+#[test]
+fn a_diverged_loss_reaches_the_screen_as_nan_and_the_stream_goes_on() {
+    let t = tempfile::tempdir().unwrap();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "diverged", &["--json"], &[]);
+    assert!(!stderr.contains("broken stream"), "{stderr}");
+    let losses: Vec<_> = steps.iter().map(|s| s["loss"].clone()).collect();
+    assert_eq!(losses.len(), 3, "{stdout}{stderr}");
+    assert!(losses[0].as_f64().is_some_and(f64::is_finite), "{losses:?}");
+    assert_eq!((losses[1].as_str(), losses[2].as_str()), (Some("NaN"), Some("inf")), "{losses:?}");
+}
+
 /// The shim's CUDA autocast policy for CPU tensors (docs/autocast.md): off, each op the CS336
 /// model runs keeps CPU autocast's dtype; on, those CUDA runs in fp32 come out fp32, and the
 /// rest (matmuls in bf16, elementwise ops in their inputs' dtype) stay as they were.

@@ -135,7 +135,7 @@ fn session() -> Store {
         store.ingest_report(Report::Step(StepReport {
             step: step as u64, mode: Mode::Train, precision: Precision::Fp32, attention: Some(Attention::Naive), checkpointing: None, ctx: 256, batch: 4,
             peak_allocated_bytes: 120 * MIB, reserved_bytes: 160 * MIB, peak_reserved_bytes: 160 * MIB, peak_active_bytes: 118 * MIB,
-            phase_peak_bytes, phase_active_peak_bytes: BTreeMap::new(), mean_active_bytes: 0, category_peak_bytes: BTreeMap::new(), category_bytes: BTreeMap::new(), live_bytes: 96 * MIB, step_time_s: 1.25, tokens_per_s: 819.2, samples_per_s: 3.2, loss: 9.2,
+            phase_peak_bytes, phase_active_peak_bytes: BTreeMap::new(), mean_active_bytes: 0, category_peak_bytes: BTreeMap::new(), category_bytes: BTreeMap::new(), live_bytes: 96 * MIB, step_time_s: 1.25, tokens_per_s: 819.2, samples_per_s: 3.2, loss: Some(9.2),
             dropped_batches: 0, dropped_events: 0, rank: None, device: None,
         }));
     }

@@ -302,7 +302,7 @@ impl Worker {
         match outcome {
             Ok(loss) => {
                 let end = StepEnd {
-                    loss,
+                    loss: Some(loss),
                     elapsed_s: elapsed,
                     mode: cfg.mode,
                     precision: cfg.precision,

@@ -773,13 +773,13 @@ fn check_knob(kind: KnobKind, value: &str) -> Result<String, String> {
 /// only, 1 train; `precision`: 0 fp32, 1 bf16, 2 fp16. Returns 1 if a viewer asked the job to stop,
 /// 2 if the hook should come out of the job (attached by PID, and its viewers are gone).
 #[no_mangle]
-pub extern "C" fn vsh_step_end(loss: f64, elapsed_s: f64, ctx: i64, batch: i64, mode: u8, precision: u8) -> c_int {
+pub extern "C" fn vsh_step_end(loss: f64, loss_read: u8, elapsed_s: f64, ctx: i64, batch: i64, mode: u8, precision: u8) -> c_int {
     let mut session = None;
     let mut kinds = HashMap::new();
     let mut leave = false;
     let rc = with_core(|c| {
         let end = StepEnd {
-            loss,
+            loss: (loss_read == 1).then_some(loss),
             elapsed_s,
             mode: if mode == 1 { Mode::Train } else { Mode::Forward },
             precision: match precision {

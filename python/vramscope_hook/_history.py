@@ -66,7 +66,10 @@ def entries_of(snapshot, first):
             addr = seg["address"]
             for block in seg.get("blocks", []):
                 if block.get("state") == "active_allocated":
-                    out.append((device, _ACTIONS["alloc"], addr, block["size"], stream, 0))
+                    # What the job asked for, as the trace's later free says it (the block's
+                    # size is rounded up): else its active bytes stay overstated.
+                    requested = block.get("requested_size") or block["size"]
+                    out.append((device, _ACTIONS["alloc"], addr, requested, stream, 0))
                 addr += block["size"]
     for device, trace in enumerate(snapshot.get("device_traces", [])):
         for e in trace:

@@ -370,8 +370,8 @@ class Hooks:
         # number, so the sum is the step's mean). Reading a CUDA loss would wait for the
         # GPU: only CPU ones are read.
         losses = [loss] if loss is not None else self.losses
-        value = math.nan
-        if losses and all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.device.type == "cpu") for x in losses):
+        value, read = math.nan, losses and all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.device.type == "cpu") for x in losses)
+        if read:
             value = sum(float(x) for x in losses)
         batch, ctx = self.samples, self.ctx
         if self.knob_values is not None:
@@ -382,7 +382,7 @@ class Hooks:
         dtype = self.autocast or (first.dtype if first is not None else None)
         precision = {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
         self.read_history()
-        stop = self.core.vsh_step_end(value, now - self.step_started, ctx, batch, 1 if self.backward_ran else 0, precision)
+        stop = self.core.vsh_step_end(value, 1 if read else 0, now - self.step_started, ctx, batch, 1 if self.backward_ran else 0, precision)
         self.stop_requested |= stop == 1
         self.phase = OTHER
         self.backward_ran = False

@@ -153,7 +153,7 @@ def load(torch):
     core.vsh_knob.restype = ctypes.c_char_p
     core.vsh_cuda_initialised.argtypes = []
     core.vsh_foreign_oom.argtypes = [ctypes.c_char_p]
-    core.vsh_step_end.argtypes = [ctypes.c_double, ctypes.c_double, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint8, ctypes.c_uint8]
+    core.vsh_step_end.argtypes = [ctypes.c_double, ctypes.c_uint8, ctypes.c_double, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint8, ctypes.c_uint8]
     core.vsh_history_start.argtypes = [SNAPSHOT_FN, ctypes.c_char_p]
     core.vsh_history_push.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     core.vsh_history_stats.argtypes = [ctypes.c_uint8, ctypes.c_void_p, ctypes.c_uint64]

@@ -133,6 +133,16 @@ def mlp():
         opt.zero_grad()
 
 
+def diverged():
+    # A training run whose loss goes NaN, then infinite: the viewer must show it, not choke.
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for scale in (1.0, float("nan"), float("inf")):
+        (model(torch.randn(4, 8)).pow(2).mean() * scale).backward()
+        opt.zero_grad()  # before the step, so the weights stay finite for the next loss
+        opt.step()
+
+
 def history():
     """Per step on device 0 (besides the 512 KiB held from before): forward makes a 20 MiB
     segment (step 0 only), keeps A (1 MiB) and frees a temporary B (3 MiB) once both are
@@ -253,4 +263,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()

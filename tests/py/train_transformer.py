@@ -101,9 +101,16 @@ def main():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--timings", help="write each step's seconds here, one per line")
     p.add_argument("--linger", type=float, default=0.0, help="seconds to wait, model alive, after training")
+    p.add_argument("--device", default="cpu", help="where the model trains (cpu, cuda, cuda:N)")
+    p.add_argument("--pytorch-history", metavar="FILE", help="CUDA: also record PyTorch's own memory history, from CUDA init on, and dump its snapshot here at the end")
     a = p.parse_args()
     torch.manual_seed(0)
-    model = TransformerLM(d=a.d_model, heads=4, d_ff=4 * a.d_model, layers=a.layers)
+    device = torch.device(a.device)
+    if a.pytorch_history:
+        # Initialised first, so both recorders see the job's first allocation.
+        torch.cuda.init()
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    model = TransformerLM(d=a.d_model, heads=4, d_ff=4 * a.d_model, layers=a.layers).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     vocab = 1000
     figures = {"oom": None, "ctx_used": []}
@@ -112,21 +119,23 @@ def main():
         started = time.perf_counter()
         ctx = vramscope_hook.knob("ctx", a.ctx) if vramscope_hook else a.ctx
         figures["ctx_used"].append(ctx)
-        tokens = torch.randint(vocab, (a.batch, ctx))
-        targets = torch.randint(vocab, (a.batch, ctx))
+        tokens = torch.randint(vocab, (a.batch, ctx), device=device)
+        targets = torch.randint(vocab, (a.batch, ctx), device=device)
         opt.zero_grad(set_to_none=True)
         logits = model(tokens)
         loss = nn.functional.cross_entropy(logits.view(-1, vocab), targets.view(-1))
         if step == a.oom_at:
             snapdir = os.environ.get("VRAMSCOPE_SNAPSHOT_DIR", "snapshots")
             try:
-                torch.empty(1 << 50, dtype=torch.uint8)
+                torch.empty(1 << 50, dtype=torch.uint8, device=device)
             except RuntimeError as e:
                 # The OOM snapshot must already be on disk when the error reaches us.
                 saved = sorted(f for f in os.listdir(snapdir) if f.endswith("_oom.pickle")) if os.path.isdir(snapdir) else []
                 figures["oom"] = {"message": str(e).splitlines()[0], "snapshots_when_caught": saved}
         loss.backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step's time is the GPU's, not its launches'
         times.append(time.perf_counter() - started)
         if a.sleep:
             time.sleep(a.sleep)
@@ -139,6 +148,15 @@ def main():
         t.nbytes for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.numel() > 1
     )
     figures["modules"] = [n for n, _ in model.named_modules() if n]
+    if device.type == "cuda":
+        figures["cuda"] = {
+            "allocated": torch.cuda.memory_allocated(device),
+            "max_allocated": torch.cuda.max_memory_allocated(device),
+            "reserved": torch.cuda.memory_reserved(device),
+            "max_reserved": torch.cuda.max_memory_reserved(device),
+        }
+    if a.pytorch_history:
+        torch.cuda.memory._dump_snapshot(a.pytorch_history)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(figures, f)

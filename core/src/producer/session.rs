@@ -81,7 +81,8 @@ const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// What the host says about a finished step.
 #[derive(Clone, Debug)]
 pub struct StepEnd {
-    pub loss: f64,
+    /// None: the host did not read it (see `StepReport::loss`).
+    pub loss: Option<f64>,
     pub elapsed_s: f64,
     pub mode: Mode,
     pub precision: Precision,

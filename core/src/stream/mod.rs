@@ -149,7 +149,11 @@ pub struct StepReport {
     /// Samples (every micro-batch's) per second.
     #[serde(default)]
     pub samples_per_s: f64,
-    pub loss: f64,
+    /// None where the job's loss was not read (a CUDA loss: reading it would wait for the
+    /// GPU). A diverged loss (NaN, ±inf) is kept: JSON has no such numbers, so it travels
+    /// as a string.
+    #[serde(default, with = "loss_value")]
+    pub loss: Option<f64>,
     /// Batches and events this viewer did not get (its queue was full), since it attached.
     pub dropped_batches: u64,
     pub dropped_events: u64,
@@ -187,7 +191,7 @@ impl StepReport {
             step_time_s: 1.0,
             tokens_per_s: 16.0,
             samples_per_s: 2.0,
-            loss: 0.0,
+            loss: Some(0.0),
             dropped_batches: 0,
             dropped_events: 0,
             rank: None,
@@ -268,4 +272,75 @@ pub enum Control {
     Snapshot,
     /// End the run (vramscope's own engine; a user's job is stopped by signal).
     Stop,
+}
+
+/// `StepReport::loss` in JSON: a number, null (not read), or "NaN", "inf", "-inf" (a
+/// diverged job, which serde_json would otherwise write as null and then refuse to read).
+mod loss_value {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            None => s.serialize_none(),
+            Some(x) if x.is_finite() => s.serialize_some(x),
+            Some(x) if x.is_nan() => s.serialize_str("NaN"),
+            Some(x) => s.serialize_str(if *x > 0.0 { "inf" } else { "-inf" }),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Loss {
+            Number(f64),
+            Text(String),
+        }
+        Ok(match Option::<Loss>::deserialize(d)? {
+            None => None,
+            Some(Loss::Number(x)) => Some(x),
+            Some(Loss::Text(t)) => Some(match t.as_str() {
+                "NaN" => f64::NAN,
+                "inf" => f64::INFINITY,
+                "-inf" => f64::NEG_INFINITY,
+                _ => return Err(D::Error::custom(format!("a loss of \"{t}\" (numbers, null, \"NaN\", \"inf\" and \"-inf\" are losses)"))),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(loss: Option<f64>) -> Option<f64> {
+        let mut r = StepReport::of_peak(1, 10);
+        r.loss = loss;
+        let text = serde_json::to_string(&Report::Step(r)).unwrap();
+        match serde_json::from_str::<Report>(&text).unwrap() {
+            Report::Step(s) => s.loss,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_loss_a_job_can_have_survives_the_stream() {
+        assert_eq!(round_trip(Some(2.5)), Some(2.5));
+        // A CUDA job's loss is not read: it stays unknown, not zero.
+        assert_eq!(round_trip(None), None);
+        // A diverged job's loss must not break its viewer's stream.
+        assert!(round_trip(Some(f64::NAN)).unwrap().is_nan());
+        assert_eq!(round_trip(Some(f64::INFINITY)), Some(f64::INFINITY));
+        assert_eq!(round_trip(Some(f64::NEG_INFINITY)), Some(f64::NEG_INFINITY));
+    }
+
+    #[test]
+    fn a_report_from_before_the_loss_could_be_unknown_still_reads() {
+        let mut v = serde_json::to_value(Report::Step(StepReport::of_peak(1, 10))).unwrap();
+        v["Step"]["loss"] = serde_json::json!(1.25);
+        let r: Report = serde_json::from_value(v.clone()).unwrap();
+        assert!(matches!(r, Report::Step(s) if s.loss == Some(1.25)));
+        v["Step"]["loss"] = serde_json::json!("1.25");
+        assert!(serde_json::from_value::<Report>(v).is_err());
+    }
 }
