@@ -690,6 +690,19 @@ fn a_diverged_loss_reaches_the_screen_as_nan_and_the_stream_goes_on() {
     assert_eq!((losses[1].as_str(), losses[2].as_str()), (Some("NaN"), Some("inf")), "{losses:?}");
 }
 
+/// A model on a device autocast does not know (meta) once died in the hook's forward
+/// pre-hook; now it trains, and the precision key says once that it cannot cast there.
+#[test]
+fn a_model_where_autocast_cannot_go_trains_and_bf16_says_so_once() {
+    let t = tempfile::tempdir().unwrap();
+    // Text lines, where notes are printed among the steps (--json prints steps alone).
+    let (stdout, stderr, _) = lifecycle_headless(&t, "meta", &["--precision", "bf16"], &[]);
+    let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step ")).collect();
+    assert_eq!(steps.len(), 3, "{stdout}{stderr}");
+    assert_eq!(stdout.matches("no bf16 autocast on meta").count(), 1, "{stdout}");
+    assert!(steps.iter().all(|s| s.contains(" train fp32 ")), "nothing was cast: {steps:?}");
+}
+
 /// The shim's CUDA autocast policy for CPU tensors (docs/autocast.md): off, each op the CS336
 /// model runs keeps CPU autocast's dtype; on, those CUDA runs in fp32 come out fp32, and the
 /// rest (matmuls in bf16, elementwise ops in their inputs' dtype) stay as they were.

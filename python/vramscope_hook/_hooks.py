@@ -76,6 +76,7 @@ class Hooks:
         self.precision_knob = None  # set by the package: () -> "fp32", "bf16", or None: the script's
         self._cast = None
         self.script_autocast = False  # the script runs under its own autocast
+        self.cast_refused = set()  # (device type, precision) autocast refused, said once each
         self.note = None  # set by the package: a line for the screen's event log
         # The model's forward whose batch was not in its positional arguments: counted from
         # its keyword arguments (input_ids, ...) when it returns.
@@ -218,6 +219,8 @@ class Hooks:
                 return torch.is_autocast_enabled(device_type)
             except TypeError:  # before 2.4: one function per device
                 return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+            except RuntimeError:  # a device autocast does not know (meta): never on there
+                return False
         return self._autocast_on("cuda") or self._autocast_on("cpu")
 
     def _cast_for(self, model):
@@ -246,8 +249,16 @@ class Hooks:
         if dtype is None:
             self._cast_checked = False
             return
-        self._cast = self.torch.autocast(device_type, dtype=dtype)
-        self._cast.__enter__()
+        try:
+            cast = self.torch.autocast(device_type, dtype=dtype)
+            cast.__enter__()
+        except RuntimeError as e:  # no autocast on this device: the step runs as it is
+            if self.note is not None and (device_type, want) not in self.cast_refused:
+                self.note(f"no {want} autocast on {device_type}: {str(e).splitlines()[0][:200]}")
+            self.cast_refused.add((device_type, want))
+            self._cast_checked = False
+            return
+        self._cast = cast
 
     def _close_cast(self):
         if self._cast is not None:

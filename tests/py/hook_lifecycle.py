@@ -143,6 +143,17 @@ def diverged():
         opt.step()
 
 
+def meta():
+    # A model on a device that autocast does not know: the hook's checks must not raise
+    # into the job, and `p` there says once that it cannot cast.
+    model = torch.nn.Linear(8, 8, device="meta")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(4, 8, device="meta")).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def history():
     """Per step on device 0 (besides the 512 KiB held from before): forward makes a 20 MiB
     segment (step 0 only), keeps A (1 MiB) and frees a temporary B (3 MiB) once both are
@@ -263,4 +274,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "meta": meta, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
