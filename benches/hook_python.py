@@ -9,7 +9,12 @@ tests/py/dense_mlp.py in one process, its steps run in turn
 interleaved round by round so machine noise hits all three alike. With torch on one thread
 every step's work is the main thread's, so steps are timed in its CPU time: another
 tenant taking the core does not count. Run by
-`cargo bench --bench hook_overhead -- --python [rounds] [steps]`."""
+`cargo bench --bench hook_overhead -- --python [rounds] [steps]`.
+
+`--transformer [--device cuda]` times tests/py/train_transformer.py's model instead (d 512,
+4 layers, ctx 256, batch 8, AdamW): on a GPU that size is launch-bound, and the hook made
+its step 1.3-1.4× (BENCHMARKS.md, "The first runs on a GPU"). On CUDA a step is timed on the
+wall clock between synchronizes, as the GPU's work is not the thread's."""
 
 import os
 import statistics
@@ -21,8 +26,31 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "tests", "py")]
 
-from dense_mlp import build, step  # noqa: E402
+import dense_mlp  # noqa: E402
 from vramscope_hook._hooks import Hooks  # noqa: E402
+
+DEVICE = torch.device(sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu")
+TRANSFORMER = "--transformer" in sys.argv
+
+
+def build():
+    if not TRANSFORMER:
+        return dense_mlp.build()
+    from train_transformer import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(d=512, heads=4, d_ff=2048, layers=4).to(DEVICE)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def step(model, opt):
+    if not TRANSFORMER:
+        return dense_mlp.step(model, opt)
+    tokens = torch.randint(1000, (8, 256), device=DEVICE)
+    targets = torch.randint(1000, (8, 256), device=DEVICE)
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(tokens).view(-1, 1000), targets.view(-1)).backward()
+    opt.step()
 
 
 class Nothing:
@@ -47,7 +75,13 @@ def our_hooks():
     return hooks.uninstall
 
 
-def cpu_step(model, opt):
+def timed_step(model, opt):
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+        t = time.perf_counter()
+        step(model, opt)
+        torch.cuda.synchronize(DEVICE)
+        return time.perf_counter() - t
     t = time.thread_time()
     step(model, opt)
     return time.thread_time() - t
@@ -57,24 +91,27 @@ WAYS = {"plain": lambda: (lambda: None), "torch's hook path": empty_hooks, "the 
 
 
 def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 12
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    numbers = [a for a in sys.argv[1:] if a.isdigit()]
+    rounds = int(numbers[0]) if numbers else 12
+    steps = int(numbers[1]) if len(numbers) > 1 else 100
     torch.set_num_threads(1)  # one thread: no OpenMP stragglers, only the main thread's work
     model, opt = build()
-    for _ in range(50):
+    for _ in range(5 if TRANSFORMER else 50):  # the transformer's steps are long on a CPU
         step(model, opt)
     medians = {way: [] for way in WAYS}
     order = list(WAYS)
     for r in range(rounds):
         for way in order if r % 2 == 0 else order[::-1]:
             remove = WAYS[way]()
-            medians[way].append(statistics.median(cpu_step(model, opt) for _ in range(steps)))
+            medians[way].append(statistics.median(timed_step(model, opt) for _ in range(steps)))
             remove()
     plain = statistics.median(medians["plain"])
-    print(f"dense MLP, one torch thread, {rounds} rounds of {steps} steps each way, interleaved")
+    what = "transformer (d 512, 4 layers, ctx 256, batch 8)" if TRANSFORMER else "dense MLP"
+    clock = "wall clock between synchronizes" if DEVICE.type == "cuda" else "CPU time, one torch thread"
+    print(f"{what} on {DEVICE}, {rounds} rounds of {steps} steps each way, interleaved ({clock})")
     for way, m in medians.items():
         s = statistics.median(m)
-        print(f"  {way + ':':<20} {s * 1e3:.3f} ms CPU a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)")
+        print(f"  {way + ':':<20} {s * 1e3:.3f} ms a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)")
 
 
 if __name__ == "__main__":
