@@ -690,6 +690,19 @@ fn a_diverged_loss_reaches_the_screen_as_nan_and_the_stream_goes_on() {
     assert_eq!((losses[1].as_str(), losses[2].as_str()), (Some("NaN"), Some("inf")), "{losses:?}");
 }
 
+/// `vramscope_hook.loss(value)`: the step shows what the script read (the hook reads no
+/// CUDA loss itself); a step without it keeps the hook's own reading.
+#[test]
+fn a_loss_the_script_hands_over_is_the_steps() {
+    let t = tempfile::tempdir().unwrap();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "given-loss", &["--json"], &[]);
+    let own: Vec<f64> = stderr.lines().filter(|l| l.starts_with("{\"own_loss\"")).map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["own_loss"].as_f64().unwrap()).collect();
+    let shown: Vec<f64> = steps.iter().map(|s| s["loss"].as_f64().unwrap()).collect();
+    assert_eq!((shown.len(), own.len()), (3, 3), "{stdout}{stderr}");
+    assert_eq!((shown[0], shown[2]), (40.0, 42.0), "{shown:?}");
+    assert!((shown[1] - own[1]).abs() < 1e-6, "the hook's own reading: {shown:?} {own:?}");
+}
+
 /// A model on a device autocast does not know (meta) once died in the hook's forward
 /// pre-hook; now it trains, and the precision key says once that it cannot cast there.
 #[test]

@@ -18,7 +18,7 @@ import atexit
 import os
 import sys
 
-__all__ = ["install", "knob", "step", "active", "stop_requested"]
+__all__ = ["install", "knob", "step", "loss", "active", "stop_requested"]
 
 _state = {"hooks": None, "core": None, "knobs": {}, "tried": False, "why": None}
 
@@ -263,6 +263,15 @@ def stop_requested():
     py` is stopped as ctrl-c would stop it instead, so plain scripts need not ask."""
     hooks = _state["hooks"]
     return hooks is not None and hooks.stop_requested
+
+
+def loss(value):
+    """Gives this step's loss as the script read it. The hook reads a CPU loss itself, but
+    not a CUDA one (that would wait for the GPU): a script that calls `.item()` anyway, to
+    log it, can hand the value over, and the step's report carries it."""
+    hooks = _state["hooks"]
+    if hooks is not None:
+        hooks.given_loss = float(value)
 
 
 def step(loss=None):

@@ -63,6 +63,7 @@ class Hooks:
         self.ctx = 0
         self.model = None  # id of the module whose forwards count samples
         self.losses = []  # what each backward of this step was called on (micro-steps)
+        self.given_loss = None  # the step's loss as the script read it (`vramscope_hook.loss`)
         self.knob_values = None  # set by the package: name -> current value getter
         self.stop_requested = False  # the viewer that started the job asked it to end
         self.history = None  # CUDA memory from PyTorch's history (`_history`), where used
@@ -367,7 +368,7 @@ class Hooks:
             self.began = True
             self.phase, self.backward_ran, self.samples, self.ctx = OTHER, False, 0, 0
             self._autocast_read = False
-            self.losses = []
+            self.losses, self.given_loss = [], None
             self._scaled.clear()
             self.core.vsh_phase(OTHER)
             return
@@ -380,7 +381,7 @@ class Hooks:
         # over micro-steps (a script that accumulates gradients divides each by their
         # number, so the sum is the step's mean). Reading a CUDA loss would wait for the
         # GPU: only CPU ones are read.
-        losses = [loss] if loss is not None else self.losses
+        losses = [loss] if loss is not None else [self.given_loss] if self.given_loss is not None else self.losses
         value, read = math.nan, losses and all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.device.type == "cpu") for x in losses)
         if read:
             value = sum(float(x) for x in losses)
@@ -398,6 +399,7 @@ class Hooks:
         self.phase = OTHER
         self.backward_ran = False
         self.losses = []
+        self.given_loss = None
         self._scaled.clear()
         self.samples = 0
         self.ctx = 0

@@ -459,6 +459,7 @@ def _step(model, opt, loss_fn, vocab, ctx, batch, precision, train, device, scal
         with grad, cast:
             loss = loss_fn(model(tokens), targets)
         value = loss.item()
+        vramscope_hook.loss(value)  # read here anyway: on CUDA the hook reads none itself
         if train and scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)

@@ -143,6 +143,23 @@ def diverged():
         opt.step()
 
 
+def given_loss():
+    # A script that reads its loss (to log it) hands it over; a step that does not keeps
+    # the hook's own reading.
+    import vramscope_hook
+
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for n in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        if n != 1:
+            vramscope_hook.loss(40.0 + n)
+        print(json.dumps({"own_loss": loss.item()}), file=sys.stderr, flush=True)
+        opt.step()
+        opt.zero_grad()
+
+
 def meta():
     # A model on a device that autocast does not know: the hook's checks must not raise
     # into the job, and `p` there says once that it cannot cast.
@@ -274,4 +291,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "meta": meta, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "meta": meta, "given-loss": given_loss, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
