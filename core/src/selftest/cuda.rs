@@ -169,6 +169,25 @@ pub fn peaks(stream: &[MemEvent], snap: &Snapshot, device: usize) -> Outcome {
     Outcome::Pass(format!("active peak {active} B and reserved peak {reserved} B equal PyTorch's"))
 }
 
+/// How much of a stream that went on after PyTorch dumped its snapshot (the job's teardown
+/// freeing its tensors) stands before that dump: the prefix holding as many memory entries
+/// as PyTorch's trace. Snapshot entries carry no memory, and each recorder sees the other's.
+pub fn cut_at_pytorchs_end(stream: &[MemEvent], pytorch: &[TraceEntry]) -> usize {
+    let wanted = pytorch.iter().filter(|e| counts(e.action)).count();
+    if wanted == 0 {
+        return 0;
+    }
+    stream.iter().enumerate().filter(|(_, e)| counts(e.action)).nth(wanted - 1).map_or(stream.len(), |(i, _)| i + 1)
+}
+
+/// A session's stream held to PyTorch's own history of the same job, dumped at its end
+/// (`_record_memory_history` from CUDA init on, then `_dump_snapshot`): the trace, the
+/// segments and blocks, and the peaks, at the point PyTorch dumped.
+pub fn against_pytorch(stream: &[MemEvent], snap: &Snapshot, device: usize) -> [(&'static str, Outcome); 3] {
+    let stream = &stream[..cut_at_pytorchs_end(stream, snap.trace(device))];
+    [("trace", trace(stream, snap.trace(device))), ("segments_blocks", segments(stream, snap, device)), ("peaks", peaks(stream, snap, device))]
+}
+
 /// NVML's used memory covers what the allocator reserved plus the CUDA context (measured
 /// as what was used with the context up and nothing reserved).
 pub fn nvml(n: &NvmlFigures) -> Outcome {
@@ -283,6 +302,22 @@ mod tests {
         let stream = tracker_stream(&snap, 1);
         let Outcome::Pass(why) = trace(&stream, snap.trace(1)) else { unreachable!() };
         assert_eq!(why, "596 entries (199 allocs) in the same order, sizes and addresses");
+    }
+
+    #[test]
+    fn a_stream_that_went_on_is_cut_where_pytorchs_trace_ends() {
+        use crate::event::{Category, Phase};
+        let ev = |action, addr| MemEvent { t_ns: 0, addr, size: 512, stream: 0, step: 0, scope: 0, action, phase: Phase::Other, device: 0, category: Category::Unknown };
+        let entry = |action, addr| TraceEntry::new(action, addr, 512);
+        let pytorch = [entry(Action::Alloc, 1), entry(Action::Snapshot, 0), entry(Action::Alloc, 2)];
+        // Ours saw a snapshot PyTorch did not record, then the teardown's frees.
+        let ours = [ev(Action::Snapshot, 0), ev(Action::Alloc, 1), ev(Action::Alloc, 2), ev(Action::FreeRequested, 2), ev(Action::FreeCompleted, 2)];
+        assert_eq!(cut_at_pytorchs_end(&ours, &pytorch), 3);
+        assert!(matches!(trace(&ours[..3], &pytorch), Outcome::Pass(_)));
+        // A stream that stopped short is taken whole, and the trace check names what is missing.
+        assert_eq!(cut_at_pytorchs_end(&ours[..2], &pytorch), 2);
+        assert!(matches!(trace(&ours[..2], &pytorch), Outcome::Fail(_)));
+        assert_eq!(cut_at_pytorchs_end(&ours, &[]), 0);
     }
 
     #[test]
