@@ -152,11 +152,9 @@ fn exits_within(child: &mut std::process::Child, wait: Duration) -> bool {
     false
 }
 
-/// Whether process `pid` is stopped (a signal or a tracer), from /proc/PID/stat.
+/// Whether process `pid` is stopped, by a signal ("T (stopped)") or a tracer ("t").
 fn stopped(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name, which may itself hold ") ".
-    stat.rfind(") ").and_then(|i| stat[i + 2..].chars().next()).is_some_and(|c| c == 'T' || c == 't')
+    status_field(pid, "State:").is_some_and(|s| s.starts_with(['T', 't']))
 }
 
 /// gdb's way in; returns once gdb has left the job.

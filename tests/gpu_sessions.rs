@@ -33,7 +33,7 @@ fn torch_said(session: &str) -> serde_json::Value {
 #[test]
 fn each_gpu_session_is_pytorchs_trace_entry_for_entry() {
     for session in SESSIONS {
-        let events: Vec<_> = items(session).iter().filter_map(|i| if let Incoming::Batch(b) = i { Some(b.events.clone()) } else { None }).flatten().collect();
+        let events = Recording::open(&file(session, "vsrec")).unwrap().memory_events(0).expect("whole chunks");
         let snap = vramscope_core::snapshot::read_snapshot_file(&file(session, "pytorch.pickle")).expect("PyTorch's snapshot reads");
         let memory_entries = snap.trace(0).iter().filter(|e| e.action != vramscope_core::event::Action::Snapshot).count();
         assert!(memory_entries > 4000, "{session}: a whole trace ({memory_entries} entries)");

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use vramscope_core::record::reader::Recording;
 use vramscope_core::selftest::{cuda, Outcome};
-use vramscope_core::stream::Incoming;
 
 fn main() -> anyhow::Result<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -17,15 +16,7 @@ fn main() -> anyhow::Result<ExitCode> {
         anyhow::bail!("usage: trace_against_pytorch RECORDING PYTORCH_SNAPSHOT [DEVICE]");
     };
     let device: u8 = rest.first().map_or(Ok(0), |d| d.parse()).context("DEVICE: a CUDA ordinal")?;
-    let rec = Recording::open(Path::new(recording))?;
-    let mut events = Vec::new();
-    for i in 0..rec.chunk_count() {
-        for (_, _, item) in rec.items(i)? {
-            if let Incoming::Batch(b) = item {
-                events.extend(b.events.iter().filter(|e| e.device == device));
-            }
-        }
-    }
+    let events = Recording::open(Path::new(recording))?.memory_events(device)?;
     let snap = vramscope_core::snapshot::read_snapshot_file(Path::new(snapshot)).with_context(|| snapshot.clone())?;
     println!("{recording}: {} events on cuda:{device}; {snapshot}: {} trace entries", events.len(), snap.trace(device as usize).len());
     let mut failed = false;

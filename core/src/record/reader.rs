@@ -6,6 +6,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::event::MemEvent;
 use crate::stream::chunk::{check_header, decode_all, unpack, ChunkHeader, StreamError, CHUNK_HEADER_LEN, HEADER_LEN};
 use crate::stream::codec::Record;
 use crate::stream::Incoming;
@@ -164,6 +165,19 @@ impl Recording {
                 Record::End => None,
             })
             .collect())
+    }
+
+    /// Every allocator event of `device` the session recorded, in order (all ranks').
+    pub fn memory_events(&self, device: u8) -> Result<Vec<MemEvent>, RecordError> {
+        let mut events = Vec::new();
+        for i in 0..self.chunk_count() {
+            for (_, _, item) in self.items(i)? {
+                if let Incoming::Batch(b) = item {
+                    events.extend(b.events.iter().filter(|e| e.device == device));
+                }
+            }
+        }
+        Ok(events)
     }
 
     /// The file is broken somewhere (not merely cut by a killed writer).

@@ -116,8 +116,12 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                 eprintln!("vramscope: {e}");
                 (failed, trouble) = (true, Some("an error"));
             }
+            // Under --json standard output holds step objects alone: what vramscope has to
+            // say goes to stderr, as an OOM's line does.
             Report::Note(n) => {
-                if !json {
+                if json {
+                    eprintln!("vramscope: {n}");
+                } else {
                     writeln!(out, "vramscope: {n}")?;
                 }
             }
