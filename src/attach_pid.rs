@@ -140,7 +140,7 @@ fn gdb_outcome(pid: u32, out: &str) -> anyhow::Result<()> {
     anyhow::bail!("gdb could not get into process {pid}: {last}")
 }
 
-/// Whether `child` exits within `wait`.
+/// Whether `child` exits within `wait` (one that cannot be waited on counts as gone).
 fn exits_within(child: &mut std::process::Child, wait: Duration) -> bool {
     let until = Instant::now() + wait;
     while Instant::now() < until {
@@ -171,40 +171,33 @@ fn inject_with_gdb(gdb: &Path, pid: u32, core: &Path, script: &Path, work: &Path
         .stderr(Stdio::piped())
         .spawn()?;
     let was_stopped = stopped(pid);
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break Some(s);
-        }
-        if started.elapsed() > SAFE_POINT_WAIT {
-            // gdb interrupts the job, removes its breakpoints and detaches on SIGINT in batch
-            // mode: the job goes on as it was.
-            // SAFETY: a signal to our own child.
-            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-            if !exits_within(&mut child, GDB_LEAVE_WAIT) {
-                let _ = child.kill();
-                let _ = child.wait();
-                let _ = std::fs::remove_file(&commands);
-                // A tracer that dies detaches the job, but a job it left stopped stays so.
-                if !was_stopped {
-                    // SAFETY: waking a process this user may trace.
-                    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-                }
-                anyhow::bail!(
-                    "{} did not answer within {} s and was ended; process {pid} runs on as it was",
-                    gdb.display(),
-                    (SAFE_POINT_WAIT + GDB_LEAVE_WAIT).as_secs()
-                );
+    let reached = exits_within(&mut child, SAFE_POINT_WAIT);
+    if !reached {
+        // gdb interrupts the job, removes its breakpoints and detaches on SIGINT in batch
+        // mode: the job goes on as it was.
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        if !exits_within(&mut child, GDB_LEAVE_WAIT) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(&commands);
+            // A tracer that dies detaches the job, but a job it left stopped stays so.
+            if !was_stopped {
+                // SAFETY: waking a process this user may trace.
+                unsafe { libc::kill(pid as i32, libc::SIGCONT) };
             }
-            break None;
+            anyhow::bail!(
+                "{} did not answer within {} s and was ended; process {pid} runs on as it was",
+                gdb.display(),
+                (SAFE_POINT_WAIT + GDB_LEAVE_WAIT).as_secs()
+            );
         }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    }
     let mut out = String::new();
     child.stdout.take().map(|mut o| o.read_to_string(&mut out));
     child.stderr.take().map(|mut e| e.read_to_string(&mut out));
     let _ = std::fs::remove_file(&commands);
-    if status.is_none() {
+    if !reached {
         anyhow::bail!(
             "process {pid} called neither malloc nor free for {} s (blocked in C code, or stopped): nothing was changed; try again when it runs",
             SAFE_POINT_WAIT.as_secs()

@@ -101,11 +101,7 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                 );
                 // A job that handles the error itself goes on; vramscope's engine pauses,
                 // and with nobody to resume it the run ends there.
-                if json {
-                    eprintln!("vramscope: {line}");
-                } else {
-                    writeln!(out, "vramscope: {line}")?;
-                }
+                say(out, json, &line)?;
                 trouble = Some("running out of memory");
             }
             Report::Paused(true) if trouble.is_some() => {
@@ -116,15 +112,7 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
                 eprintln!("vramscope: {e}");
                 (failed, trouble) = (true, Some("an error"));
             }
-            // Under --json standard output holds step objects alone: what vramscope has to
-            // say goes to stderr, as an OOM's line does.
-            Report::Note(n) => {
-                if json {
-                    eprintln!("vramscope: {n}");
-                } else {
-                    writeln!(out, "vramscope: {n}")?;
-                }
-            }
+            Report::Note(n) => say(out, json, &n)?,
             Report::Knob(_) | Report::Paused(_) | Report::Finished | Report::Exited { .. } => {}
         }
     }
@@ -132,6 +120,17 @@ pub fn run(items: impl Iterator<Item = Fed>, json: bool, out: &mut impl Write) -
         return Err(Failed.into());
     }
     Ok(steps)
+}
+
+/// A line of vramscope's own among the steps; under --json standard output holds step
+/// objects alone, so it goes to stderr.
+fn say(out: &mut impl Write, json: bool, line: &str) -> std::io::Result<()> {
+    if json {
+        eprintln!("vramscope: {line}");
+        Ok(())
+    } else {
+        writeln!(out, "vramscope: {line}")
+    }
 }
 
 fn say_who(out: &mut impl Write, i: &crate::stream::EngineInfo) -> std::io::Result<()> {
