@@ -8,11 +8,13 @@
 //!   cargo bench --bench hook_overhead -- --dense [rounds] [steps] [torch threads]
 //!
 //! With `--python`, the dense job's step in one process plainly, with torch's global
-//! module hooks doing nothing, and under the hook's Python with a core that does nothing
-//! (benches/hook_python.py): what the hook's Python and torch's hook path cost, apart from
-//! the core and the machine's noise between processes.
+//! module hooks doing nothing, with a wrapper of `nn.Module.__call__` doing nothing, and
+//! under the hook's Python with a core that does nothing (benches/hook_python.py): what the
+//! hook's Python and torch's hook path cost, apart from the core and the machine's noise
+//! between processes. With `--python --real`, under `vramscope py --headless` in one
+//! process: the capture alone against the capture with the hook's Python.
 //!
-//!   cargo bench --bench hook_overhead -- --python [rounds] [steps]
+//!   cargo bench --bench hook_overhead -- --python [--real] [rounds] [steps]
 
 mod common;
 
@@ -107,7 +109,12 @@ fn wire(args: &[String], dir: &Path) -> (u64, u64) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     if std::env::args().any(|a| a == "--python") {
-        let status = Command::new(common::python()).arg(common::root().join("benches/hook_python.py")).args(&args).status();
+        let bench = common::root().join("benches/hook_python.py");
+        let status = if std::env::args().any(|a| a == "--real") {
+            Command::new(common::built("vramscope")).args(["py", "--headless"]).arg(bench).arg("--real").args(&args).stdout(Stdio::null()).status()
+        } else {
+            Command::new(common::python()).arg(bench).args(&args).status()
+        };
         assert!(status.expect("python runs").success(), "benches/hook_python.py failed");
         return;
     }

@@ -4,12 +4,18 @@ tests/py/dense_mlp.py in one process, its steps run in turn
 - plainly,
 - with torch's own global module hooks doing nothing (any global hook sends every module
   call down torch's slower call path, whoever registered it),
+- with `nn.Module.__call__` wrapped by a function doing nothing (how the hook follows
+  modules instead),
 - under vramscope_hook's `Hooks` with a core and a shim that do nothing,
 
-interleaved round by round so machine noise hits all three alike. With torch on one thread
+interleaved round by round so machine noise hits all alike. With torch on one thread
 every step's work is the main thread's, so steps are timed in its CPU time: another
 tenant taking the core does not count. Run by
 `cargo bench --bench hook_overhead -- --python [rounds] [steps]`.
+
+Run under `vramscope py --headless` (`--python --real`), it times the real hook instead, in
+one process: the capture alone (the hook's Python taken out between rounds) against the
+capture with the hook's Python, with the real core and shim and the viewer reading.
 
 `--transformer [--device cuda]` times tests/py/train_transformer.py's model instead (d 512,
 4 layers, ctx 256, batch 8, AdamW): on a GPU that size is launch-bound, and the hook made
@@ -69,8 +75,27 @@ def empty_hooks():
     return lambda: [h.remove() for h in handles]
 
 
+def wrapped_call():
+    module, original = torch.nn.Module, torch.nn.Module.__call__
+
+    def call(self, *args, **kwargs):
+        return original(self, *args, **kwargs)
+
+    module.__call__ = call
+    return lambda: setattr(module, "__call__", original)
+
+
 def our_hooks():
     hooks = Hooks(torch, Nothing(), Nothing())
+    hooks.install()
+    return hooks.uninstall
+
+
+def the_real_hook():
+    """The job's own hook (this process runs under `vramscope py`), put back in."""
+    import vramscope_hook
+
+    hooks = vramscope_hook._state["hooks"]
     hooks.install()
     return hooks.uninstall
 
@@ -87,7 +112,11 @@ def timed_step(model, opt):
     return time.thread_time() - t
 
 
-WAYS = {"plain": lambda: (lambda: None), "torch's hook path": empty_hooks, "the hook's Python": our_hooks}
+REAL = "--real" in sys.argv
+if REAL:
+    WAYS = {"the capture alone": lambda: (lambda: None), "with the hook's Python": the_real_hook}
+else:
+    WAYS = {"plain": lambda: (lambda: None), "torch's hook path": empty_hooks, "a call wrapper": wrapped_call, "the hook's Python": our_hooks}
 
 
 def main():
@@ -95,6 +124,12 @@ def main():
     rounds = int(numbers[0]) if numbers else 12
     steps = int(numbers[1]) if len(numbers) > 1 else 100
     torch.set_num_threads(1)  # one thread: no OpenMP stragglers, only the main thread's work
+    if REAL:
+        import vramscope_hook
+
+        if not vramscope_hook.active():
+            sys.exit("--real runs under `vramscope py --headless`: cargo bench --bench hook_overhead -- --python --real")
+        vramscope_hook._state["hooks"].uninstall()
     model, opt = build()
     for _ in range(5 if TRANSFORMER else 50):  # the transformer's steps are long on a CPU
         step(model, opt)
@@ -105,13 +140,16 @@ def main():
             remove = WAYS[way]()
             medians[way].append(statistics.median(timed_step(model, opt) for _ in range(steps)))
             remove()
-    plain = statistics.median(medians["plain"])
+    if REAL:
+        the_real_hook()  # the job ends as it ran
+    plain = statistics.median(medians[order[0]])
     what = "transformer (d 512, 4 layers, ctx 256, batch 8)" if TRANSFORMER else "dense MLP"
     clock = "wall clock between synchronizes" if DEVICE.type == "cuda" else "CPU time, one torch thread"
-    print(f"{what} on {DEVICE}, {rounds} rounds of {steps} steps each way, interleaved ({clock})")
+    out = sys.stderr if REAL else sys.stdout  # under vramscope py, stdout carries the step lines
+    print(f"{what} on {DEVICE}, {rounds} rounds of {steps} steps each way, interleaved ({clock})", file=out)
     for way, m in medians.items():
         s = statistics.median(m)
-        print(f"  {way + ':':<20} {s * 1e3:.3f} ms a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)")
+        print(f"  {way + ':':<24} {s * 1e3:.3f} ms a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)", file=out)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,7 @@ struct ShimFns {
     cuda_pci_bus_id: extern "C" fn(c_int, *mut c_char, usize) -> c_int,
     free: extern "C" fn(*mut c_void),
     set_cuda_autocast_policy: extern "C" fn(bool),
+    phases_in_place: extern "C" fn(bool),
 }
 
 impl ShimFns {
@@ -139,12 +140,14 @@ impl ShimFns {
             cuda_pci_bus_id: sym(h, "vs_cuda_pci_bus_id")?,
             free: sym(h, "vs_free")?,
             set_cuda_autocast_policy: sym(h, "vs_set_cuda_autocast_policy")?,
+            phases_in_place: sym(h, "vs_phases_in_place")?,
         })
     }
 
     /// The CPU tensors are no longer the modelled GPU: libtorch's own CPU allocator back, and
     /// CPU autocast's own op lists.
     fn stop_modelling(&self) {
+        (self.phases_in_place)(false);
         (self.remove_cpu_allocator)();
         (self.set_cuda_autocast_policy)(false);
     }
@@ -538,6 +541,10 @@ fn start(cfg: Config) -> Result<Core, String> {
     }
     lock(&session).start(0);
     let in_band = in_band.then(|| lock(&session).in_band(Box::new(Loaded)));
+    if let (Some(s), true) = (shim(), in_band.is_some()) {
+        // The host's thread writes phases in the shim's slot (see `vsh_phase`).
+        (s.phases_in_place)(true);
+    }
     let flusher = Flusher::spawn(&session);
     if let Some(s) = shim() {
         (s.set_oom_callback)(Some(on_oom));
@@ -681,7 +688,8 @@ pub extern "C" fn vsh_intern(name: *const c_char) -> u32 {
     }
 }
 
-/// A phase boundary (Phase's numbering).
+/// A phase boundary (Phase's numbering). While the modelled CPU is followed, a host may
+/// instead write the phase in the shim's slot (`vs_phase_slot`, 0xff while it may not).
 #[no_mangle]
 pub extern "C" fn vsh_phase(phase: u8) -> c_int {
     with_core(|c| {

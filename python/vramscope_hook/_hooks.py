@@ -1,8 +1,10 @@
-"""PyTorch's global hooks, telling vramscope's core where each phase and step begins and
-what each tensor is, with no change to the user's script:
+"""Hooks into PyTorch, telling vramscope's core where each phase and step begins and what
+each tensor is, with no change to the user's script:
 
-- the outermost module forward starts the forward phase; every module's forward is its
-  scope (`layers.3.attn`, the job's own qualified names);
+- the outermost module call starts the forward phase; every module's call is its scope
+  (`layers.3.attn`, the job's own qualified names), followed by wrapping
+  `nn.Module.__call__` rather than with torch's global module hooks, which would send
+  every module call down torch's slower path;
 - `torch.autograd.backward` (which `loss.backward()` calls) is the backward phase, after
   which gradients are named by their parameters;
 - an optimizer's step is the optimizer phase, after which its state is named
@@ -18,6 +20,8 @@ import sys
 import threading
 import time
 import weakref
+
+from ._native import slots
 
 OTHER, FORWARD, BACKWARD, OPTIMIZER, ZERO_GRAD = range(5)
 PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL, UNKNOWN = range(8)
@@ -38,10 +42,15 @@ class Hooks:
     def __init__(self, torch, shim, core):
         self.torch = torch
         self.shim = shim
+        # The shim's scope and phase, written in place: a call through ctypes at every
+        # module's forward and return and every boundary cost the job's thread 3 µs each
+        # inside a step (issue 35).
+        self.scope, self._phase_slot = slots(shim)
         self.core = core
         self.local = threading.local()
         self.names = {}  # id(module) -> qualified name
         self.scope_ids = {}  # name -> interned id
+        self._scopes = {}  # id(module) -> (scope id, name)
         self.params = {}  # id(param) -> (weakref, name)
         self.phase = OTHER
         self.step_started = time.perf_counter()
@@ -50,8 +59,8 @@ class Hooks:
         # checkpointing's recompute, which belongs to backward, not a new forward pass.
         self.backward_depth = 0
         self._cast_checked = None  # the precision knob's value once asked this step; False: settled
-        # Storage address -> weakref to the tensor tagged there: an accumulated gradient or
-        # AdamW's moments are the same tensor step after step, and are named once.
+        # id of a tensor tagged -> (weakref to it, its data's address then): an accumulated
+        # gradient or AdamW's moments are the same tensor step after step, and are named once.
         self._tagged = {}
         self.autocast = None  # the dtype of the autocast region the model's forward ran in
         self._autocast_read = False  # read at the model's first forward of the step
@@ -86,10 +95,14 @@ class Hooks:
     # -- phases and scopes -------------------------------------------------------------
 
     def set_phase(self, phase):
-        if phase != self.phase:
+        if phase == self.phase:
+            return
+        if self._phase_slot[0] != 0xFF:
+            self._phase_slot[0] = phase  # the modelled CPU: the shim records it in band
+        else:
             self.read_history()
-            self.phase = phase
             self.core.vsh_phase(phase)
+        self.phase = phase
 
     def read_history(self):
         """Hands the core the history's entries of the phase that ends now."""
@@ -113,10 +126,9 @@ class Hooks:
             sid = self.scope_ids[name] = self.core.vsh_intern(name.encode())
         return sid
 
-    def _name_of(self, module):
+    def _name_of(self, module, stack):
         name = self.names.get(id(module))
         if name is None:
-            stack = self._stack()
             if not stack:
                 self._adopt(module)
                 name = self.names.get(id(module), "")
@@ -144,27 +156,43 @@ class Hooks:
         total = sum(p().numel() for p, _ in self.params.values() if p() is not None)
         self.core.vsh_set_parameters(total)
 
-    def _pre(self, module, args):
-        stack = self._stack()
-        if not stack and not self.backward_depth:
-            self._outermost(module, args)
-        name = self._name_of(module)
-        sid = self._scope_id(name)
-        stack.append((sid, name))
-        self.shim.vs_set_scope(sid)
+    def _module_call(self, original):
+        """`nn.Module.__call__`, wrapped: each module's forward is its scope. Torch's global
+        module hooks would send every module call down its slower call path (6 µs a call
+        on this machine's dense job, issue 35); a wrapper of the call costs under 2."""
+        hooks = self
+        local = self.local
+        scopes = self._scopes
+        slot = self.scope
 
-    def _post(self, module, args, *rest):
-        # (kwargs, output) where torch passes keyword arguments, else (output,).
-        stack = self._stack()
-        if stack:
-            stack.pop()
-        self.shim.vs_set_scope(stack[-1][0] if stack else 0)
-        if not stack and self._uncounted == id(module):
-            self._uncounted = None
-            kwargs = rest[0] if len(rest) == 2 else {}
-            for key in ("input_ids", "inputs_embeds", "labels"):
-                if self._count(kwargs.get(key)):
-                    break
+        def call(module, *args, **kwargs):
+            try:
+                stack = local.stack
+            except AttributeError:
+                stack = local.stack = []
+            outermost = not stack and not hooks.backward_depth
+            if outermost:
+                hooks._outermost(module, args)
+            scope = scopes.get(id(module))
+            if scope is None:
+                name = hooks._name_of(module, stack)
+                scope = scopes[id(module)] = (hooks._scope_id(name), name)
+            stack.append(scope)
+            slot[0] = scope[0]
+            try:
+                return original(module, *args, **kwargs)
+            finally:
+                # Also when forward raises (an OOM): scopes stay balanced.
+                if stack:
+                    stack.pop()
+                slot[0] = stack[-1][0] if stack else 0
+                if outermost and hooks._uncounted == id(module):
+                    hooks._uncounted = None
+                    for key in ("input_ids", "inputs_embeds", "labels"):
+                        if hooks._count(kwargs.get(key)):
+                            break
+
+        return call
 
     def _count(self, a):
         """Counts a model input's samples and, where it has one, its sequence length."""
@@ -270,13 +298,13 @@ class Hooks:
 
     def _tag(self, t, category, name):
         """Names what `t` holds (`name()` gives its name) unless this very tensor was named
-        there already: each tag drains the capture and costs the job's thread (issue 35)."""
-        ptr = _storage_ptr(t)
-        seen = self._tagged.get(ptr)
-        if seen is not None and seen() is t:
+        where it is already: a tag and even asking for its storage cost the job's thread
+        (issue 35)."""
+        seen = self._tagged.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t.data_ptr():
             return
-        self._tagged[ptr] = weakref.ref(t)
-        self.core.vsh_tag(ptr, category, name().encode())
+        self._tagged[id(t)] = (weakref.ref(t), t.data_ptr())
+        self.core.vsh_tag(_storage_ptr(t), category, name().encode())
 
     def _name_grads(self):
         for ref, name in self.params.values():
@@ -287,7 +315,7 @@ class Hooks:
     def _backward(self, original):
         def backward(tensors, *args, **kwargs):
             self._stack().clear()
-            self.shim.vs_set_scope(0)
+            self.scope[0] = 0
             # Backward never runs in the hook's autocast region (as torch.autocast advises).
             self._close_cast()
             self.set_phase(BACKWARD)
@@ -312,7 +340,7 @@ class Hooks:
 
     def _opt_pre(self, optimizer, args, kwargs):
         self._stack().clear()
-        self.shim.vs_set_scope(0)
+        self.scope[0] = 0
         self._name_grads()
         self.set_phase(OPTIMIZER)
 
@@ -375,7 +403,7 @@ class Hooks:
         self._close_cast()
         self._cast_checked = None
         # Names of tensors that died go (their addresses will hold others).
-        self._tagged = {ptr: ref for ptr, ref in self._tagged.items() if ref() is not None}
+        self._tagged = {k: seen for k, seen in self._tagged.items() if seen[0]() is not None}
         self._autocast_read = False
         # The step's loss: the given one, else what its backwards were called on, summed
         # over micro-steps (a script that accumulates gradients divides each by their
@@ -411,15 +439,8 @@ class Hooks:
 
     def install(self):
         torch = self.torch
-        mm = torch.nn.modules.module
         handles = self._handles
-        handles.append(mm.register_module_forward_pre_hook(self._pre))
-        try:
-            # Called even when forward raises (an OOM), so scopes stay balanced; with the
-            # keyword arguments, which carry a Hugging Face model's batch.
-            handles.append(mm.register_module_forward_hook(self._post, with_kwargs=True, always_call=True))
-        except TypeError:
-            handles.append(mm.register_module_forward_hook(self._post))
+        self._patch(torch.nn.Module, "__call__", self._module_call)
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         handles.append(register_optimizer_step_pre_hook(self._opt_pre))

@@ -122,7 +122,10 @@ def core_path() -> Path:
 class _NoShim:
     """Stands in for the shim where it could not be built: scopes and switches go nowhere."""
 
-    def vs_set_scope(self, scope):
+    def vs_scope_slot(self):
+        return None
+
+    def vs_phase_slot(self):
         return None
 
     def vs_set_capture_enabled(self, on):
@@ -136,7 +139,8 @@ def load(torch):
     try:
         shim_path, note = build_shim(torch)
         shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
-        shim.vs_set_scope.argtypes = [ctypes.c_uint32]
+        shim.vs_scope_slot.restype = ctypes.c_void_p
+        shim.vs_phase_slot.restype = ctypes.c_void_p
         shim.vs_set_capture_enabled.argtypes = [ctypes.c_bool]
     except (HookError, OSError) as e:
         shim_path, shim, note = None, _NoShim(), str(e)
@@ -161,3 +165,16 @@ def load(torch):
     core.vsh_seed.argtypes = [ctypes.c_uint8, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint8]
     core.vsh_note.argtypes = [ctypes.c_char_p]
     return shim_path, shim, core, note
+
+
+def slots(shim):
+    """The shim's scope and phase as one-item memoryviews of its words, written in place by
+    `slot[0] = value` (a bytearray's where there is no shim; the phase's 0xff says phases
+    go through the core's `vsh_phase`)."""
+    scope, phase = shim.vs_scope_slot(), shim.vs_phase_slot()
+    if not scope or not phase:
+        return memoryview(bytearray(4)).cast("I"), memoryview(bytearray(b"\xff"))
+    return (
+        memoryview((ctypes.c_uint32 * 1).from_address(scope)).cast("B").cast("I"),
+        memoryview((ctypes.c_uint8 * 1).from_address(phase)).cast("B"),
+    )

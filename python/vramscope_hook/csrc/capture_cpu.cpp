@@ -26,13 +26,20 @@ namespace {
 // events are dropped and counted, so a host that stops draining (a forked child, a stuck
 // viewer) never grows the job's memory without bound.
 constexpr size_t kMaxPending = size_t{1} << 20;
-// `vs_mark`'s phase record (the Rust side's RAW_MARK_PHASE).
+// `vs_mark`'s phase and step-end records (the Rust side's RAW_MARK_PHASE, RAW_MARK_STEP_END).
 constexpr uint8_t kMarkPhase = 0x80;
+constexpr uint8_t kMarkStepEnd = 0x82;
+// The phase slot's value while the host says phases only through `vs_mark`.
+constexpr uint8_t kPhasesByMark = 0xff;
 
 struct Buffer {
   std::mutex mu;
   std::vector<VsRawEvent> events;
   uint64_t dropped = 0;
+  // The phase the last phase record said, and the step the next one made here belongs to
+  // (after a step's end, the next step's).
+  uint8_t phase_marked = 0;
+  uint32_t mark_step = 0;
 };
 
 // Never destroyed: allocator callbacks (CUDA's cache being released, CPU tensors freed by
@@ -56,11 +63,21 @@ Buffer& buffer() {
 std::atomic<uint32_t> g_step{0};
 std::atomic<uint32_t> g_scope{0};
 std::atomic<uint8_t> g_phase{0};
+// The phase a host writes in place (`vs_phase_slot`) while it says phases in band: its
+// thread stores a byte at each boundary instead of calling in (issue 35: a Python hook's
+// call through ctypes costs microseconds inside a step), and the first event or record
+// after a change is preceded by the phase's record, stamped with that event's time.
+std::atomic<uint8_t> g_phase_wanted{kPhasesByMark};
 std::atomic<bool> g_enabled{true};
 // Whether the CPU wrapper records: off until installed, and again once removed (a CUDA
 // job, a failed start, a forked child), while tensors made through it still free through it.
 std::atomic<bool> g_cpu_recording{false};
 const auto g_t0 = std::chrono::steady_clock::now();
+
+uint64_t since_t0_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - g_t0).count());
+}
 thread_local std::string g_error;
 std::atomic<void (*)(uint8_t, uint64_t)> g_oom_callback{nullptr};
 
@@ -111,24 +128,61 @@ struct RecordingCpuAllocator final : c10::Allocator {
 };
 
 RecordingCpuAllocator g_recording;
+
+// Appends `e` whatever the bound: a host's record is never dropped (a lost boundary would
+// put every later event in the wrong phase).
+void push_record(Buffer& b, const VsRawEvent& e) noexcept {
+  try {
+    b.events.push_back(e);
+  } catch (...) {  // bad_alloc: counted like a lost event, never thrown into the job
+    ++b.dropped;
+  }
+}
+
+// A phase record said by `vs_mark` or `vs_set_tags`: what is recorded next is stamped with
+// it, and a host writing phases in place goes on from it. Under `b.mu`.
+void phase_said(Buffer& b, uint32_t step, uint8_t phase) {
+  g_step.store(step, std::memory_order_relaxed);
+  g_phase.store(phase, std::memory_order_relaxed);
+  b.phase_marked = phase;
+  b.mark_step = step;
+  if (g_phase_wanted.load(std::memory_order_relaxed) != kPhasesByMark) {
+    g_phase_wanted.store(phase, std::memory_order_relaxed);
+  }
+}
+
+// The phase written in place, if it changed, becomes a record at `t_ns`. Under `b.mu`.
+void mark_wanted_phase(Buffer& b, uint64_t t_ns) {
+  uint8_t want = g_phase_wanted.load(std::memory_order_relaxed);
+  if (want == kPhasesByMark || want == b.phase_marked) return;
+  VsRawEvent m{};
+  m.t_ns = t_ns;
+  m.action = kMarkPhase;
+  m.step = b.mark_step;
+  m.phase = want;
+  m.device = 0xff;
+  push_record(b, m);
+  b.phase_marked = want;
+  g_step.store(b.mark_step, std::memory_order_relaxed);
+  g_phase.store(want, std::memory_order_relaxed);
+}
 }  // namespace
 
 namespace vs {
 void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_t device) noexcept {
   VsRawEvent e{};
-  e.t_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::steady_clock::now() - g_t0)
-                                     .count());
+  e.t_ns = since_t0_ns();
   e.addr = addr;
   e.size = size;
   e.stream = stream;
-  e.step = g_step.load(std::memory_order_relaxed);
   e.scope = g_scope.load(std::memory_order_relaxed);
-  e.phase = g_phase.load(std::memory_order_relaxed);
   e.action = action;
   e.device = device;
   Buffer& b = buffer();
   std::lock_guard<std::mutex> lock(b.mu);
+  mark_wanted_phase(b, e.t_ns);
+  e.step = g_step.load(std::memory_order_relaxed);
+  e.phase = g_phase.load(std::memory_order_relaxed);
   if (b.events.size() >= kMaxPending) {
     ++b.dropped;
     return;
@@ -192,6 +246,7 @@ uint64_t vs_dropped() {
 void vs_after_fork_in_child() {
   g_cpu_recording.store(false);
   g_enabled.store(false);
+  g_phase_wanted.store(kPhasesByMark);
   g_oom_callback.store(nullptr);
   Buffer& b = buffer();
   b.events.clear();
@@ -199,8 +254,9 @@ void vs_after_fork_in_child() {
 }
 
 void vs_set_tags(uint32_t step, uint8_t phase) {
-  g_step.store(step, std::memory_order_relaxed);
-  g_phase.store(phase, std::memory_order_relaxed);
+  Buffer& b = buffer();
+  std::lock_guard<std::mutex> lock(b.mu);
+  phase_said(b, step, phase);
 }
 
 // Appends a record of the host's own (action 0x80 and up: a phase begins, a tensor is named,
@@ -209,23 +265,40 @@ void vs_set_tags(uint32_t step, uint8_t phase) {
 // every later event in the wrong phase. A phase mark also stamps what is recorded next.
 void vs_mark(const VsRawEvent* rec) {
   VsRawEvent e = *rec;
-  e.t_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::steady_clock::now() - g_t0)
-                                     .count());
+  e.t_ns = since_t0_ns();
   Buffer& b = buffer();
   std::lock_guard<std::mutex> lock(b.mu);
   if (e.action == kMarkPhase) {
-    g_step.store(e.step, std::memory_order_relaxed);
-    g_phase.store(e.phase, std::memory_order_relaxed);
+    phase_said(b, e.step, e.phase);
+  } else {
+    mark_wanted_phase(b, e.t_ns);
   }
-  try {
-    b.events.push_back(e);
-  } catch (...) {  // bad_alloc: counted like a lost event, never thrown into the job
-    ++b.dropped;
-  }
+  push_record(b, e);
+  if (e.action == kMarkStepEnd) b.mark_step = e.step + 1;
 }
 
+// Phases written in place (`on`) or said only by `vs_mark` and `vs_set_tags`. A phase
+// written but not yet recorded is recorded first (CUDA followed mid-phase goes on in it).
+void vs_phases_in_place(bool on) {
+  Buffer& b = buffer();
+  std::lock_guard<std::mutex> lock(b.mu);
+  if (!on) {
+    mark_wanted_phase(b, since_t0_ns());
+  }
+  g_phase_wanted.store(on ? b.phase_marked : kPhasesByMark, std::memory_order_relaxed);
+}
+
+// The phase slot (`g_phase_wanted`): one byte, 0xff while phases are said by mark.
+uint8_t* vs_phase_slot() { return reinterpret_cast<uint8_t*>(&g_phase_wanted); }
+
 void vs_set_scope(uint32_t scope) { g_scope.store(scope, std::memory_order_relaxed); }
+
+// Where the scope lives, for a host that writes it in place: a Python hook's function
+// call through ctypes costs its thread microseconds inside a step (issue 35), a store none.
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free &&
+                  sizeof(std::atomic<uint8_t>) == 1 && std::atomic<uint8_t>::is_always_lock_free,
+              "the scope and phase slots are plain words");
+uint32_t* vs_scope_slot() { return reinterpret_cast<uint32_t*>(&g_scope); }
 
 void vs_set_capture_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 
@@ -241,9 +314,7 @@ uint64_t vs_clock_zero_ns() {
 }
 
 uint64_t vs_now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now() - g_t0)
-                                   .count());
+  return since_t0_ns();
 }
 
 // Moves up to `cap` buffered events into `out`; returns how many. Oldest first.
