@@ -541,7 +541,7 @@ fn start(cfg: Config) -> Result<Core, String> {
     }
     lock(&session).start(0);
     let in_band = in_band.then(|| lock(&session).in_band(Box::new(Loaded)));
-    if let (Some(s), true) = (shim(), in_band.is_some()) {
+    if let Some(s) = shim().filter(|_| in_band.is_some()) {
         // The host's thread writes phases in the shim's slot (see `vsh_phase`).
         (s.phases_in_place)(true);
     }

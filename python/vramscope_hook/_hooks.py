@@ -45,7 +45,7 @@ class Hooks:
         # The shim's scope and phase, written in place: a call through ctypes at every
         # module's forward and return and every boundary cost the job's thread 3 µs each
         # inside a step (issue 35).
-        self.scope, self._phase_slot = slots(shim)
+        self._scope_slot, self._phase_slot = slots(shim)
         self.core = core
         self.local = threading.local()
         self.names = {}  # id(module) -> qualified name
@@ -163,7 +163,7 @@ class Hooks:
         hooks = self
         local = self.local
         scopes = self._scopes
-        slot = self.scope
+        slot = self._scope_slot
 
         def call(module, *args, **kwargs):
             try:
@@ -315,7 +315,7 @@ class Hooks:
     def _backward(self, original):
         def backward(tensors, *args, **kwargs):
             self._stack().clear()
-            self.scope[0] = 0
+            self._scope_slot[0] = 0
             # Backward never runs in the hook's autocast region (as torch.autocast advises).
             self._close_cast()
             self.set_phase(BACKWARD)
@@ -340,7 +340,7 @@ class Hooks:
 
     def _opt_pre(self, optimizer, args, kwargs):
         self._stack().clear()
-        self.scope[0] = 0
+        self._scope_slot[0] = 0
         self._name_grads()
         self.set_phase(OPTIMIZER)
 
