@@ -38,6 +38,13 @@ def _storage_ptr(t):
         return t.data_ptr()
 
 
+class _PerThread(threading.local):
+    """Each thread's stack of module scopes, there from its first use."""
+
+    def __init__(self):
+        self.stack = []
+
+
 class Hooks:
     def __init__(self, torch, shim, core):
         self.torch = torch
@@ -47,7 +54,7 @@ class Hooks:
         # inside a step (issue 35).
         self._scope_slot, self._phase_slot = slots(shim)
         self.core = core
-        self.local = threading.local()
+        self.local = _PerThread()
         self.names = {}  # id(module) -> qualified name
         self.scope_ids = {}  # name -> interned id
         self._scopes = {}  # id(module) -> (scope id, name)
@@ -114,12 +121,6 @@ class Hooks:
             print(f"vramscope_hook: stopped reading PyTorch's memory history: {e}", file=sys.stderr)
             self.history = None
 
-    def _stack(self):
-        s = getattr(self.local, "stack", None)
-        if s is None:
-            s = self.local.stack = []
-        return s
-
     def _scope_id(self, name):
         sid = self.scope_ids.get(name)
         if sid is None:
@@ -166,10 +167,7 @@ class Hooks:
         slot = self._scope_slot
 
         def call(module, *args, **kwargs):
-            try:
-                stack = local.stack
-            except AttributeError:
-                stack = local.stack = []
+            stack = local.stack
             outermost = not stack and not hooks.backward_depth
             if outermost:
                 hooks._outermost(module, args)
@@ -314,7 +312,7 @@ class Hooks:
 
     def _backward(self, original):
         def backward(tensors, *args, **kwargs):
-            self._stack().clear()
+            self.local.stack.clear()
             self._scope_slot[0] = 0
             # Backward never runs in the hook's autocast region (as torch.autocast advises).
             self._close_cast()
@@ -339,7 +337,7 @@ class Hooks:
         return backward
 
     def _opt_pre(self, optimizer, args, kwargs):
-        self._stack().clear()
+        self.local.stack.clear()
         self._scope_slot[0] = 0
         self._name_grads()
         self.set_phase(OPTIMIZER)
