@@ -26,8 +26,9 @@ from ._native import slots
 OTHER, FORWARD, BACKWARD, OPTIMIZER, ZERO_GRAD = range(5)
 PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL, UNKNOWN = range(8)
 
-# Wrappers whose own name is not part of the job's module names.
-_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+# Wrappers whose own name is not part of the job's module names: the attribute that holds
+# the model they wrap. torch.compile's OptimizedModule is one.
+_WRAPPERS = {"DistributedDataParallel": "module", "DataParallel": "module", "FullyShardedDataParallel": "module", "OptimizedModule": "_orig_mod"}
 
 
 def _storage_ptr(t):
@@ -36,6 +37,12 @@ def _storage_ptr(t):
         return t.untyped_storage().data_ptr()
     except (AttributeError, RuntimeError):
         return t.data_ptr()
+
+
+def _compiling(torch):
+    """torch.compiler.is_compiling (torch 2.3 on): true while dynamo traces."""
+    compiler = getattr(torch, "compiler", None)
+    return getattr(compiler, "is_compiling", None) or (lambda: False)
 
 
 class _PerThread(threading.local):
@@ -60,7 +67,9 @@ class Hooks:
         self._scopes = {}  # id(module) -> (scope id, name)
         self.params = {}  # id(param) -> (weakref, name)
         self.phase = OTHER
-        self.step_started = time.perf_counter()
+        # The first step's clock starts at its first phase: what came before (torch's
+        # import, building the model, CUDA's start-up) is no step's.
+        self.step_started = None
         self.backward_ran = False
         # Backward calls under way: a module's forward inside one is activation
         # checkpointing's recompute, which belongs to backward, not a new forward pass.
@@ -104,6 +113,8 @@ class Hooks:
     def set_phase(self, phase):
         if phase == self.phase:
             return
+        if self.step_started is None:
+            self.step_started = time.perf_counter()
         if self._phase_slot[0] != 0xFF:
             self._phase_slot[0] = phase  # the modelled CPU: the shim records it in band
         else:
@@ -142,12 +153,16 @@ class Hooks:
 
     def _adopt(self, root):
         """Names a model's modules and parameters as the job names them."""
-        strip = "module." if type(root).__name__ in _WRAPPERS else ""
+        # Wrappers nest (DDP around a compiled model, or the other way round).
+        strip, inner = "", root
+        while type(inner).__name__ in _WRAPPERS and hasattr(inner, _WRAPPERS[type(inner).__name__]):
+            attr = _WRAPPERS[type(inner).__name__]
+            strip, inner = f"{strip}{attr}.", getattr(inner, attr)
 
         def own(n):
-            if strip and n == "module":
+            if strip.startswith(n + "."):  # a wrapper inside the outermost one
                 return ""
-            return n[len(strip):] if strip and n.startswith(strip) else n
+            return n.removeprefix(strip)
 
         for n, m in root.named_modules():
             self.names.setdefault(id(m), own(n))
@@ -165,8 +180,14 @@ class Hooks:
         local = self.local
         scopes = self._scopes
         slot = self._scope_slot
+        compiling = _compiling(self.torch)
 
         def call(module, *args, **kwargs):
+            # Dynamo traces module calls inside a compiled region, and this wrapper's writes
+            # would break its graph at every module. It reads `compiling()` as a constant:
+            # there the wrapper is only the call, and the compiled region is one scope.
+            if compiling():
+                return original(module, *args, **kwargs)
             stack = local.stack
             outermost = not stack and not hooks.backward_depth
             if outermost:
@@ -397,6 +418,7 @@ class Hooks:
             self.losses, self.given_loss = [], None
             self._scaled.clear()
             self.core.vsh_phase(OTHER)
+            self.step_started = time.perf_counter()
             return
         self._close_cast()
         self._cast_checked = None
@@ -420,7 +442,7 @@ class Hooks:
         dtype = self.autocast or (first.dtype if first is not None else None)
         precision = {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
         self.read_history()
-        stop = self.core.vsh_step_end(value, 1 if read else 0, now - self.step_started, ctx, batch, 1 if self.backward_ran else 0, precision)
+        stop = self.core.vsh_step_end(value, 1 if read else 0, now - (self.step_started or now), ctx, batch, 1 if self.backward_ran else 0, precision)
         self.stop_requested |= stop == 1
         self.phase = OTHER
         self.backward_ran = False

@@ -134,11 +134,13 @@ class _NoShim:
 
 def load(torch):
     """(shim path, shim, core, note): the shim and the core as ctypes libraries, the shim
-    loaded first so the core finds its symbols. Where the shim cannot be built, its path is
+    loaded first (the core opens it by its path). Where the shim cannot be built, its path is
     None and the note says why; where it was built without CUDA, the note says that."""
     try:
         shim_path, note = build_shim(torch)
-        shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
+        # Local: loaded globally, the shim would also put libtorch's CUDA libraries in the
+        # process's global scope, where libraries loaded later (Triton's) bind to them.
+        shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_LOCAL)
         shim.vs_scope_slot.restype = ctypes.c_void_p
         shim.vs_phase_slot.restype = ctypes.c_void_p
         shim.vs_set_capture_enabled.argtypes = [ctypes.c_bool]

@@ -17,6 +17,9 @@
   kwargs      A Hugging Face-style model called with keyword arguments (input_ids, labels),
               4 micro-batches of [8, 16] a step, each loss divided by 4 before backward;
               prints each step's mean loss, as the Trainer logs it, to stderr.
+  compiled    A model trained through torch.compile (AOTAutograd, no code generation), 3
+              steps; prints dynamo's graph and graph-break counts to stderr, and whether
+              the shim's symbols are in the process's global scope.
   history     The shim has no CUDA (no headers): on what looks like a GPU machine, CUDA
               memory comes from PyTorch's memory history, faked here with a scripted
               allocator. Run under `vramscope py --headless --json`: two training steps,
@@ -141,6 +144,30 @@ def diverged():
         (model(torch.randn(4, 8)).pow(2).mean() * scale).backward()
         opt.zero_grad()  # before the step, so the weights stay finite for the next loss
         opt.step()
+
+
+def compiled():
+    from torch._dynamo.utils import counters
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.act, self.fc2 = torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10)
+
+        def forward(self, x):
+            return self.fc2(self.act(self.fc1(x)))
+
+    model = torch.compile(Net(), backend="aot_eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(16, 64)), torch.randint(0, 10, (16,)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    breaks = sum(counters["graph_break"].values())
+    # What a library loaded later (Triton's) would bind to: the process's global scope.
+    shim_global = hasattr(ctypes.CDLL(None), "vs_install_cpu_allocator")
+    print(json.dumps({"graph_breaks": breaks, "graphs": counters["stats"]["unique_graphs"], "shim_global": shim_global}), file=sys.stderr)
 
 
 def given_loss():
@@ -291,4 +318,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "meta": meta, "given-loss": given_loss, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()

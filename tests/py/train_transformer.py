@@ -102,6 +102,7 @@ def main():
     p.add_argument("--timings", help="write each step's seconds here, one per line")
     p.add_argument("--linger", type=float, default=0.0, help="seconds to wait, model alive, after training")
     p.add_argument("--device", default="cpu", help="where the model trains (cpu, cuda, cuda:N)")
+    p.add_argument("--compile", action="store_true", help="train the model through torch.compile")
     p.add_argument("--pytorch-history", metavar="FILE", help="CUDA: also record PyTorch's own memory history, from CUDA init on, and dump its snapshot here at the end")
     a = p.parse_args()
     torch.manual_seed(0)
@@ -112,6 +113,8 @@ def main():
         torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     model = TransformerLM(d=a.d_model, heads=4, d_ff=4 * a.d_model, layers=a.layers).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if a.compile:
+        model = torch.compile(model)
     vocab = 1000
     figures = {"oom": None, "ctx_used": []}
     times = []
