@@ -731,6 +731,23 @@ fn a_compiled_model_stays_one_graph_and_keeps_its_names() {
     assert!(!names.iter().any(|n| n.contains("_orig_mod")), "{names:?}");
 }
 
+/// What a job makes in a step and keeps for good (on a GPU, cuBLAS's two 32 MiB workspaces,
+/// made in the first step's forward and backward) is no activation or temporary once the
+/// step after its own has ended: the step lines and the screen said "activation" for it at
+/// every step, which reads like a leak.
+#[test]
+fn what_a_job_keeps_across_steps_is_not_called_an_activation() {
+    let t = tempfile::tempdir().unwrap();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "kept", &["--json"], &[]);
+    assert_eq!(steps.len(), 3, "{stdout}{stderr}");
+    let bytes = |s: &serde_json::Value, c: &str| s["category_bytes"][c].as_u64().unwrap_or(0);
+    const WORKSPACE: u64 = 4 << 20;
+    assert!(bytes(&steps[0], "activation") >= WORKSPACE, "step 0 made it in forward: {}", steps[0]);
+    for s in &steps[1..] {
+        assert!(bytes(s, "activation") < WORKSPACE && bytes(s, "unknown") >= WORKSPACE, "{s}");
+    }
+}
+
 /// `vramscope_hook.loss(value)`: the step shows what the script read (the hook reads no
 /// CUDA loss itself); a step without it keeps the hook's own reading.
 #[test]

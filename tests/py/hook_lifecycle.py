@@ -20,6 +20,8 @@
   compiled    A model trained through torch.compile (AOTAutograd, no code generation), 3
               steps; prints dynamo's graph and graph-break counts to stderr, and whether
               the shim's symbols are in the process's global scope.
+  kept        A model whose first forward makes a 4 MiB buffer it keeps for good (as
+              cuBLAS makes its workspace at the first matmul), 3 steps.
   history     The shim has no CUDA (no headers): on what looks like a GPU machine, CUDA
               memory comes from PyTorch's memory history, faked here with a scripted
               allocator. Run under `vramscope py --headless --json`: two training steps,
@@ -170,6 +172,26 @@ def compiled():
     print(json.dumps({"graph_breaks": breaks, "graphs": counters["stats"]["unique_graphs"], "shim_global": shim_global}), file=sys.stderr)
 
 
+def kept():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 10)
+            self.workspace = None
+
+        def forward(self, x):
+            if self.workspace is None:
+                self.workspace = torch.empty(1 << 20)  # 4 MiB, never freed
+            return self.fc(x)
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def given_loss():
     # A script that reads its loss (to log it) hands it over; a step that does not keeps
     # the hook's own reading.
@@ -318,4 +340,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()

@@ -533,6 +533,10 @@ impl Session {
     fn close_step(&mut self, end: &StepEnd) -> StepReport {
         // The step's events reach viewers before its report.
         self.flush();
+        self.tracker.settle_kept(self.step);
+        for t in self.others.values_mut() {
+            t.settle_kept(self.step);
+        }
         let r = self.step_report(None, end);
         let others: Vec<u8> = self.others.keys().copied().collect();
         for d in others {

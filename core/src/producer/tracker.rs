@@ -332,6 +332,23 @@ impl Tracker {
         }
     }
 
+    /// Step `step` ended. What an earlier step made, the loop never named, and is still held
+    /// was presumed an activation or a temporary while it lived, but neither outlives the
+    /// step after its own: it is kept across steps (cuBLAS's workspaces, one per thread's
+    /// handle, made in the first step's forward and backward; a cache the job grows). One
+    /// step's grace, since a script's variable holds the last step's logits into the next.
+    pub fn settle_kept(&mut self, step: u64) {
+        let kept: Vec<u64> = self
+            .live
+            .iter()
+            .filter(|(_, l)| !l.tagged && u64::from(l.step) < step && matches!(l.category, Category::Activation | Category::Temporary))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in kept {
+            self.tag(key, Category::Unknown, 0);
+        }
+    }
+
     /// What a viewer that attaches now needs to agree with the live totals: a segment
     /// event for the memory reserved now (segments made before it attached count), then
     /// an alloc event for every live allocation, in the order they were made.
@@ -553,6 +570,38 @@ mod tests {
     }
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn what_outlives_the_step_after_its_own_is_kept_not_an_activation() {
+        let dev = 0;
+        let mut t = Tracker::new(Backend::Cuda { device: dev }, 64);
+        // Step 0: a workspace made in forward and one in backward, both held for good; the
+        // step's logits, which the script holds until the next forward replaces them.
+        t.ingest(&[
+            raw(Action::Alloc as u8, 0x100, 32 * MIB, 0, Phase::Forward, dev),
+            raw(Action::Alloc as u8, 0x200, MIB, 0, Phase::Forward, dev),
+            raw(Action::Alloc as u8, 0x300, 32 * MIB, 0, Phase::Backward, dev),
+        ]);
+        t.settle_kept(0);
+        assert_eq!(t.category_bytes[Category::Activation as usize], 33 * MIB, "the step's own allocations keep their presumed names");
+        let _ = t.take_batch(Vec::new());
+        // Step 1 frees the old logits in its forward; at its end the workspaces are kept.
+        t.ingest(&[raw(Action::FreeRequested as u8, 0x200, 0, 1, Phase::Forward, dev), raw(Action::Alloc as u8, 0x400, MIB, 1, Phase::Forward, dev)]);
+        t.settle_kept(1);
+        assert_eq!(t.category_bytes[Category::Unknown as usize], 64 * MIB);
+        assert_eq!(t.category_bytes[Category::Activation as usize], MIB, "step 1's logits");
+        assert_eq!(t.category_bytes[Category::Temporary as usize], 0);
+        // Viewers that saw them made are told (their alloc events shipped with step 0).
+        let retags: Vec<(u64, Category)> = t.take_batch(Vec::new()).retags.iter().map(|r| (r.addr, r.category)).collect();
+        assert_eq!(retags.len(), 2);
+        assert!(retags.iter().all(|(a, c)| (*a == 0x100 || *a == 0x300) && *c == Category::Unknown), "{retags:?}");
+        // And snapshots cut later say so.
+        assert!(t.trace().filter(|e| e.size == 32 * MIB).all(|e| e.category == Category::Unknown));
+        // Once kept, they stay kept: step 2, which frees step 1's logits, has nothing to move.
+        t.ingest(&[raw(Action::FreeRequested as u8, 0x400, 0, 2, Phase::Forward, dev)]);
+        t.settle_kept(2);
+        assert!(t.take_batch(Vec::new()).retags.is_empty());
+    }
 
     #[test]
     fn cpu_requests_become_a_caching_allocator_stream() {
