@@ -508,6 +508,9 @@ fn a_job_without_sequences_reports_samples_per_second_counting_every_micro_batch
         assert_eq!((s["ctx"].as_i64(), s["batch"].as_i64()), (Some(0), Some(128)), "{s}");
         assert_eq!(s["tokens_per_s"].as_f64(), Some(0.0), "{s}");
         assert!(s["samples_per_s"].as_f64().unwrap() > 0.0, "{s}");
+        // The inputs are a micro-batch's [32, 256] fp32 features and its 32 int64 labels.
+        // The logits the loss module is called on are the model's activation, not an input.
+        assert_eq!(s["category_peak_bytes"]["input"].as_u64(), Some(32 * 256 * 4 + 32 * 8), "{s}");
     }
     let text = run(false);
     let line = text.lines().find(|l| l.contains("step   1")).unwrap_or_else(|| panic!("{text}"));

@@ -237,7 +237,10 @@ class Hooks:
             if isinstance(a, torch.Tensor):
                 if not counted:
                     counted = self._count(a)
-                self.core.vsh_tag(_storage_ptr(a), INPUT, b"input")
+                # Data, not what a model computed: a loss module called at top level is
+                # handed the model's logits (an activation) beside its labels.
+                if a.grad_fn is None:
+                    self.core.vsh_tag(_storage_ptr(a), INPUT, b"input")
         if not counted:
             # Hugging Face models take their batch as keyword arguments.
             self._uncounted = id(module)
