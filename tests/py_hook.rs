@@ -52,6 +52,17 @@ fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
+/// The phases step `step` ran through, in order (Other left out, repeats merged).
+fn phase_order(items: &[Incoming], step: u32) -> Vec<Phase> {
+    let mut order = Vec::new();
+    for m in batches(items).flat_map(|b| &b.marks).filter(|m| m.step == step && m.phase != Phase::Other) {
+        if order.last() != Some(&m.phase) {
+            order.push(m.phase);
+        }
+    }
+    order
+}
+
 /// Names the stream gave allocations (scopes interned) and modules.
 fn names(items: &[Incoming]) -> BTreeSet<String> {
     batches(items).flat_map(|b| b.scopes.iter().map(|(_, n)| n.clone())).collect()
@@ -146,17 +157,7 @@ fn a_users_transformer_streams_exact_totals_its_own_names_and_phases_in_order() 
     // Phases run in order within each step after the first: zero_grad, forward, backward,
     // optimizer (the script zeroes before its forward).
     for step in 1..3u32 {
-        let order: Vec<Phase> = batches(&items)
-            .flat_map(|b| &b.marks)
-            .filter(|m| m.step == step && m.phase != Phase::Other)
-            .map(|m| m.phase)
-            .fold(Vec::new(), |mut v, p| {
-                if v.last() != Some(&p) {
-                    v.push(p)
-                }
-                v
-            });
-        assert_eq!(order, [Phase::ZeroGrad, Phase::Forward, Phase::Backward, Phase::Optimizer], "step {step}");
+        assert_eq!(phase_order(&items, step), [Phase::ZeroGrad, Phase::Forward, Phase::Backward, Phase::Optimizer], "step {step}");
     }
 
     // Modules, parameters, gradients and AdamW state carry the job's own names.
@@ -719,14 +720,8 @@ fn a_compiled_model_stays_one_graph_and_keeps_its_names() {
     assert_eq!(counts["shim_global"], false, "{stderr}");
     assert_eq!(steps.len(), 3, "{stdout}{stderr}");
     let items = recorded(&rec).remove(&0).unwrap();
-    let order: Vec<Phase> = batches(&items).flat_map(|b| &b.marks).filter(|m| m.step == 1 && m.phase != Phase::Other).map(|m| m.phase).fold(Vec::new(), |mut v, p| {
-        if v.last() != Some(&p) {
-            v.push(p)
-        }
-        v
-    });
     // The script zeroes after its step: that phase opens the next step.
-    assert_eq!(order, [Phase::ZeroGrad, Phase::Forward, Phase::Backward, Phase::Optimizer], "{stderr}");
+    assert_eq!(phase_order(&items, 1), [Phase::ZeroGrad, Phase::Forward, Phase::Backward, Phase::Optimizer], "{stderr}");
     let names = names(&items);
     for n in ["fc1.weight", "grad of fc2.bias", "exp_avg of fc1.weight"] {
         assert!(names.contains(n), "{n} in {names:?}");
