@@ -161,6 +161,8 @@ fn stopped(pid: u32) -> bool {
 fn inject_with_gdb(gdb: &Path, pid: u32, core: &Path, script: &Path, work: &Path) -> anyhow::Result<()> {
     let commands = work.with_extension("gdb");
     std::fs::write(&commands, gdb_script(core, script))?;
+    // Read before gdb starts: once it runs, it may already have stopped the job.
+    let was_stopped = stopped(pid);
     let mut child = Command::new(gdb)
         // Symbols of libc only (not torch's hundreds of MB): the job stays stopped for
         // a fraction of a second.
@@ -170,7 +172,6 @@ fn inject_with_gdb(gdb: &Path, pid: u32, core: &Path, script: &Path, work: &Path
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    let was_stopped = stopped(pid);
     let reached = exits_within(&mut child, SAFE_POINT_WAIT);
     if !reached {
         // gdb interrupts the job, removes its breakpoints and detaches on SIGINT in batch
