@@ -128,16 +128,13 @@ pub fn categorize(snap: &mut Snapshot, rules: &FrameRules) -> Option<RuleCoverag
     if entries.clone().any(|e| e.category.is_some()) {
         return None;
     }
-    let mut memo: rustc_hash::FxHashMap<StackId, Option<usize>> = rustc_hash::FxHashMap::default();
+    // Each stack's rule once, by index: a map lookup per entry was most of this pass.
     let mut frames = HashMap::new();
+    let by_stack: Vec<Option<usize>> = (0..snap.stacks.len()).map(|s| rules.category_of(snap, s as StackId, &mut frames)).collect();
+    let rule_of = |e: &crate::snapshot::model::TraceEntry| by_stack.get(e.frames as usize).copied().flatten();
     let mut coverage = RuleCoverage::default();
-    let mut decided = Vec::new();
-    for e in entries {
-        let rule = *memo.entry(e.frames).or_insert_with(|| rules.category_of(snap, e.frames, &mut frames));
-        if e.action == crate::snapshot::model::Action::Alloc {
-            *if rule.is_some() { &mut coverage.matched_bytes } else { &mut coverage.unmatched_bytes } += e.size;
-        }
-        decided.push(rule);
+    for e in entries.filter(|e| e.action == crate::snapshot::model::Action::Alloc) {
+        *if rule_of(e).is_some() { &mut coverage.matched_bytes } else { &mut coverage.unmatched_bytes } += e.size;
     }
     if coverage.matched_bytes == 0 {
         return None;
@@ -145,10 +142,8 @@ pub fn categorize(snap: &mut Snapshot, rules: &FrameRules) -> Option<RuleCoverag
     // One shared copy of each name: a string per entry was most of this pass (issue 29).
     let names: Vec<Text> = rules.rules.iter().map(|r| Text::from(r.category.as_str())).collect();
     let unmatched = Text::from(UNMATCHED);
-    let mut decided = decided.into_iter();
     for e in snap.device_traces.iter_mut().flatten().chain(&mut snap.host_trace) {
-        let rule = decided.next().expect("one decision per entry");
-        e.category = Some(rule.map_or_else(|| unmatched.clone(), |i| names[i].clone()));
+        e.category = Some(rule_of(e).map_or_else(|| unmatched.clone(), |i| names[i].clone()));
     }
     snap.frame_rules = Some(coverage.clone());
     Some(coverage)

@@ -281,6 +281,12 @@ impl<'a> Vm<'a> {
         match slot {
             // Same address and length in the one input: the same text.
             Some((a, l, text)) if *a == addr && *l == len => text.clone(),
+            // The same text written again (PyTorch writes each entry's `compile_context`
+            // anew): compared before it is hashed.
+            Some((a, _, text)) if &**text == s => {
+                *a = addr;
+                text.clone()
+            }
             _ => {
                 let text = self.texts.entry(s).or_insert_with(|| Text::from(s)).clone();
                 *slot = Some((addr, len, text.clone()));
