@@ -8,5 +8,5 @@ pub mod timeline;
 pub mod writer;
 
 pub use open::{pick_device, read_device, read_device_observed, OpenError};
-pub use reader::{read_snapshot, read_snapshot_file, read_snapshot_file_observed, ReadError, ReadPass, ReadProgress};
+pub use reader::{read_snapshot, read_snapshot_file, read_snapshot_file_observed, walk_opcodes, ReadError, ReadPass, ReadProgress};
 pub use writer::{save_snapshot_atomic, unique_path, write_snapshot, WriteError};

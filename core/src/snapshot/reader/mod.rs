@@ -109,6 +109,14 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, ReadError> {
     decode(bytes, &|_| {}, &mut |_| {})
 }
 
+/// Walks and checks every opcode of a snapshot pickle in order on one thread, decoding
+/// nothing: the least any reader of the format must do, which the benches measure the
+/// read against (issue 29).
+pub fn walk_opcodes(bytes: &[u8]) -> Result<(), ReadError> {
+    check_header(bytes)?;
+    prescan::walk(bytes)
+}
+
 /// The PROTO opcode a pickle of protocol 2 to 5 starts with, as far as `head` goes.
 fn check_header(head: &[u8]) -> Result<(), ReadError> {
     match head {

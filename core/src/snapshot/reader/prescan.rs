@@ -83,6 +83,11 @@ pub(super) fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<MemoRefs, Re
     Ok(MemoRefs { words, ranks })
 }
 
+/// The whole file checked in order, as `prescan` does a small one.
+pub(super) fn walk(data: &[u8]) -> Result<(), ReadError> {
+    check::<true>(data, 0, usize::MAX, &mut |_| {}).map(drop)
+}
+
 /// The memo slots read back, from both halves checked at once; `None` when the halves
 /// cannot settle it alone.
 fn check_halves(data: &[u8], mid: usize, hooks: &mut Hooks<'_>) -> Result<Option<Vec<u64>>, ReadError> {
