@@ -4,18 +4,38 @@
 
 use super::cursor::{long_value, Op};
 use super::intern::NO_FRAME;
-use super::keys::{action_of, Key};
+use super::keys::{action_of, Key, KeyCache};
 use super::op;
 use super::prescan::memo_ref;
 use super::value::{EntryList, ListData, Memo, Pool, Value};
-use super::vm::Vm;
-use crate::snapshot::model::{FrameId, StackId, TraceEntry};
+use super::vm::{memo_value, MemoView, Vm};
+use crate::snapshot::model::{FrameId, StackId, Text, TraceEntry};
 
-/// A trace entry's `frames` as `FastEntry` reads them: the frame ids collected, or a
-/// stack already interned (a list read back by BINGET).
+/// A trace entry's `frames` as `FastEntry` reads them: the frame ids collected, a stack
+/// already interned (a list read back by BINGET), or a list another thread read (its
+/// memo index, looked up once that thread's work is in).
 pub(super) enum FastFrames {
     Ids,
     Stack(StackId),
+    Elsewhere(u32),
+}
+
+/// A text field as `FastEntry` reads it: the text, or a string another thread read (its
+/// memo index).
+#[derive(Clone, Copy)]
+pub(super) enum TextAt<'a> {
+    Str(&'a str),
+    Elsewhere(u32),
+}
+
+/// Where a memo index read back from inside an entry was defined.
+enum Defined<'a> {
+    /// By the main pass, or by this thread before the entry.
+    Known(Memo<'a>),
+    /// By another thread, before the entry.
+    Elsewhere,
+    /// Within the entry: its memo slot.
+    Own(usize),
 }
 
 /// A frame dict written out in the entry: interned once the entry has been read.
@@ -40,13 +60,25 @@ pub(super) struct FastScratch<'a> {
     new_frames: Vec<NewFrame<'a>>,
 }
 
-/// Reads one trace entry dict straight from the bytes for `Vm::fast_entry`, changing
-/// nothing in the VM: the memo puts it would make are kept aside (`scratch`,
-/// `memo_len`). Every method returns `None` on anything it does not know.
+impl FastScratch<'_> {
+    /// Ready for the next entry.
+    pub(super) fn reset(&mut self) {
+        self.puts.clear();
+        self.new_frames.clear();
+    }
+}
+
+/// Reads one trace entry dict straight from the bytes for `Vm::fast_entry` and for the
+/// threads that decode a trace (`parallel`), changing nothing outside it: the memo puts
+/// it would make are kept aside (`scratch`, `memo_len`). Every method returns `None` on
+/// anything it does not know.
 pub(super) struct FastEntry<'v, 'a> {
-    pub(super) vm: &'v Vm<'a>,
+    pub(super) view: &'v MemoView<'v, 'a>,
+    pub(super) keys: &'v KeyCache,
     pub(super) data: &'a [u8],
     pub(super) pos: usize,
+    /// The memo's length where the entry begins, and as its puts go on.
+    pub(super) entry_memo: u32,
     pub(super) memo_len: u32,
     pub(super) scratch: FastScratch<'a>,
 }
@@ -74,7 +106,28 @@ impl<'a> FastEntry<'_, 'a> {
         let idx = self.memo_len;
         self.memo_len = idx.checked_add(1)?;
         self.pos += 1;
-        Some(self.vm.refs.slot(idx))
+        Some(self.view.refs.slot(idx))
+    }
+
+    /// Where memo index `idx`, read back inside the entry, was defined; `None` when it
+    /// was not yet, or is never read back (the pre-scan would have seen it).
+    #[inline(always)]
+    fn defined(&self, idx: u32) -> Option<Defined<'a>> {
+        let slot = self.view.refs.slot(idx)?;
+        if idx < self.view.base {
+            return Some(Defined::Known(self.view.memo[slot]));
+        }
+        if idx >= self.memo_len {
+            return None;
+        }
+        Some(if idx >= self.entry_memo {
+            Defined::Own(slot)
+        } else {
+            match self.view.local.and_then(|l| l.get(&slot)) {
+                Some(m) => Defined::Known(*m),
+                None => Defined::Elsewhere,
+            }
+        })
     }
 
     /// A dict key read back here (BINGET of a string memoized before the entry) that
@@ -82,10 +135,10 @@ impl<'a> FastEntry<'_, 'a> {
     #[inline]
     fn known_key(&mut self) -> Option<Key> {
         let (idx, len) = memo_ref(&self.data[self.pos..])?;
-        if idx >= self.vm.memo_len {
+        if idx >= self.view.base {
             return None;
         }
-        let key = *self.vm.memo_keys.get(self.vm.refs.slot(idx)?)?;
+        let key = *self.view.memo_keys.get(self.view.refs.slot(idx)?)?;
         if key == Key::Other {
             return None;
         }
@@ -96,10 +149,10 @@ impl<'a> FastEntry<'_, 'a> {
     /// A BINGET here of a slot memoized within this entry: the memo slot.
     fn own_memo_ref(&self) -> Option<(usize, usize)> {
         let (idx, len) = memo_ref(&self.data[self.pos..])?;
-        if idx < self.vm.memo_len || idx >= self.memo_len {
-            return None;
+        match self.defined(idx)? {
+            Defined::Own(slot) => Some((slot, len)),
+            _ => None,
         }
-        Some((self.vm.refs.slot(idx)?, len))
     }
 
     pub(super) fn string(&mut self) -> Option<&'a str> {
@@ -116,15 +169,7 @@ impl<'a> FastEntry<'_, 'a> {
             }
             op::BINGET | op::LONG_BINGET => {
                 let (idx, len) = memo_ref(&self.data[self.pos..])?;
-                let s = if idx < self.vm.memo_len {
-                    match self.vm.memo[self.vm.refs.slot(idx)?] {
-                        Memo::Str(s) => s,
-                        _ => return None,
-                    }
-                } else {
-                    let (slot, _) = self.own_memo_ref()?;
-                    self.scratch.puts.iter().find(|p| p.0 == slot)?.1
-                };
+                let TextAt::Str(s) = self.memo_text(idx)? else { return None };
                 self.pos += len;
                 return Some(s);
             }
@@ -137,13 +182,29 @@ impl<'a> FastEntry<'_, 'a> {
         Some(s)
     }
 
-    /// A string or None.
-    pub(super) fn opt_str(&mut self) -> Option<Option<&'a str>> {
+    /// The string memo index `idx` holds, read back here.
+    #[inline]
+    fn memo_text(&self, idx: u32) -> Option<TextAt<'a>> {
+        Some(match self.defined(idx)? {
+            Defined::Known(Memo::Str(s)) => TextAt::Str(s),
+            Defined::Own(slot) => TextAt::Str(self.scratch.puts.iter().find(|p| p.0 == slot)?.1),
+            Defined::Elsewhere => TextAt::Elsewhere(idx),
+            Defined::Known(_) => return None,
+        })
+    }
+
+    /// A text field: a string (perhaps one another thread read) or None.
+    fn text(&mut self) -> Option<Option<TextAt<'a>>> {
         if self.byte()? == op::NONE {
             self.pos += 1;
             return Some(None);
         }
-        Some(Some(self.string()?))
+        if let Some((idx, len)) = memo_ref(&self.data[self.pos..]) {
+            let text = self.memo_text(idx)?;
+            self.pos += len;
+            return Some(Some(text));
+        }
+        Some(Some(TextAt::Str(self.string()?)))
     }
 
     /// An integer or bool, as `Op` holds it.
@@ -186,11 +247,11 @@ impl<'a> FastEntry<'_, 'a> {
     /// read back), or such a tuple read back.
     fn pool(&mut self) -> Option<(i64, i64)> {
         if let Some((idx, len)) = memo_ref(&self.data[self.pos..]) {
-            if idx >= self.vm.memo_len {
+            if idx >= self.view.base {
                 return None;
             }
-            let Memo::Shared(h) = self.vm.memo[self.vm.refs.slot(idx)?] else { return None };
-            let Value::Tuple(t) = &self.vm.arena[h as usize] else { return None };
+            let Memo::Shared(h) = self.view.memo[self.view.refs.slot(idx)?] else { return None };
+            let Value::Tuple(t) = &self.view.arena[h as usize] else { return None };
             let [Value::Int(a), Value::Int(b)] = t.items.as_slice() else { return None };
             self.pos += len;
             return Some((*a, *b));
@@ -221,7 +282,7 @@ impl<'a> FastEntry<'_, 'a> {
         let (mut name, mut filename, mut line) = (None, None, None);
         while self.byte()? != op::SETITEMS {
             let key = self.string()?;
-            match self.vm.keys.get(key) {
+            match self.keys.get(key) {
                 Key::Name => name = Some(self.string()?),
                 Key::Filename => filename = Some(self.string()?),
                 Key::Line => line = Some(self.signed()?),
@@ -239,13 +300,21 @@ impl<'a> FastEntry<'_, 'a> {
     /// or one written out earlier in this entry and read back. `None`, having read
     /// nothing, when there is no frame here.
     fn frame(&mut self, ids: &mut Vec<FrameId>) -> Option<()> {
-        if let Some((f, len)) = self.vm.frame_at(self.pos) {
+        if let Some((f, len)) = self.view.frame_at(self.data, self.pos) {
             ids.push(f);
             self.pos += len;
             return Some(());
         }
         if self.byte()? == op::EMPTY_DICT {
             return self.new_frame(ids);
+        }
+        // A frame this thread read in an earlier entry.
+        if let Some((idx, len)) = memo_ref(&self.data[self.pos..]) {
+            if let Defined::Known(Memo::Frame(f)) = self.defined(idx)? {
+                ids.push(f);
+                self.pos += len;
+                return Some(());
+            }
         }
         let (slot, len) = self.own_memo_ref()?;
         let seen = *self.scratch.new_frames.iter().find(|f| f.slot == Some(slot))?;
@@ -266,14 +335,16 @@ impl<'a> FastEntry<'_, 'a> {
             }
             op::BINGET | op::LONG_BINGET => {
                 let (idx, len) = memo_ref(&self.data[self.pos..])?;
-                if idx >= self.vm.memo_len {
-                    return None;
-                }
-                let Value::Stack(s) = self.vm.memo_value(self.vm.refs.slot(idx)?) else {
-                    return None;
+                let frames = match self.defined(idx)? {
+                    Defined::Known(m) => match memo_value(m, self.view.arena) {
+                        Value::Stack(s) => FastFrames::Stack(s),
+                        _ => return None,
+                    },
+                    Defined::Elsewhere => FastFrames::Elsewhere(idx),
+                    Defined::Own(_) => return None,
                 };
                 self.pos += len;
-                return Some(FastFrames::Stack(s));
+                return Some(frames);
             }
             op::EMPTY_LIST => self.pos += 1,
             _ => return None,
@@ -287,7 +358,7 @@ impl<'a> FastEntry<'_, 'a> {
                 let before = ids.len();
                 loop {
                     // Frames seen before run without a call per frame.
-                    self.pos = self.vm.frame_refs(self.pos, ids);
+                    self.pos = self.view.frame_refs(self.data, self.pos, ids);
                     if self.byte()? == op::APPENDS {
                         break;
                     }
@@ -311,6 +382,7 @@ impl<'a> FastEntry<'_, 'a> {
     /// `EMPTY_DICT [MEMOIZE] MARK key value ... SETITEMS` of entry keys only, as
     /// `Vm::entry_from` reads them (the last of a repeated key wins); `frames` and the
     /// shared texts are left for the caller.
+    #[inline(always)]
     pub(super) fn entry(&mut self, ids: &mut Vec<FrameId>) -> Option<FastRead<'a>> {
         if self.byte()? != op::EMPTY_DICT {
             return None;
@@ -326,7 +398,7 @@ impl<'a> FastEntry<'_, 'a> {
         while self.byte()? != op::SETITEMS {
             let key = match self.known_key() {
                 Some(k) => k,
-                None => self.vm.keys.get(self.string()?),
+                None => self.keys.get(self.string()?),
             };
             match key {
                 Key::Action => action = Some(action_of(self.string()?)?),
@@ -335,9 +407,9 @@ impl<'a> FastEntry<'_, 'a> {
                 Key::Stream => stream = self.signed()?,
                 Key::TimeUs => time_us = self.signed()?,
                 Key::Frames => frames = self.frames(ids)?,
-                Key::Category => category = self.opt_str()?,
-                Key::CompileContext => compile_context = self.opt_str()?,
-                Key::UserMetadata => user_metadata = self.opt_str()?,
+                Key::Category => category = self.text()?,
+                Key::CompileContext => compile_context = self.text()?,
+                Key::UserMetadata => user_metadata = self.text()?,
                 Key::PoolId => pool = Some(self.pool()?),
                 _ => return None,
             }
@@ -354,18 +426,95 @@ impl<'a> FastEntry<'_, 'a> {
             compile_context: None,
             user_metadata: None,
         };
-        Some(FastRead { entry, frames, pool, category, compile_context, user_metadata })
+        Some(FastRead { entry, frames, pool, texts: [category, compile_context, user_metadata] })
     }
 }
 
 /// A trace entry `FastEntry` read, before its stack and texts are interned.
 pub(super) struct FastRead<'a> {
-    entry: TraceEntry,
-    frames: FastFrames,
-    pool: Pool,
-    category: Option<&'a str>,
-    compile_context: Option<&'a str>,
-    user_metadata: Option<&'a str>,
+    pub(super) entry: TraceEntry,
+    pub(super) frames: FastFrames,
+    pub(super) pool: Pool,
+    /// `category`, `compile_context` and `user_metadata`.
+    pub(super) texts: [Option<TextAt<'a>>; 3],
+}
+
+/// Where a read entry's frames, stacks and texts are interned and its memo puts kept: the
+/// main pass's tables, or a thread's own (`parallel`).
+pub(super) trait Tables<'a> {
+    fn frame(&mut self, name: &'a str, filename: &'a str, line: i64) -> Option<FrameId>;
+    fn stack(&mut self, ids: &mut Vec<FrameId>) -> Option<StackId>;
+    fn text(&mut self, s: &'a str) -> Text;
+    fn put(&mut self, slot: usize, m: Memo<'a>);
+}
+
+/// What of an entry another thread read: its stack's memo index and its texts'
+/// (`category`, `compile_context`, `user_metadata`). The entry holds placeholders there.
+#[derive(Default)]
+pub(super) struct Elsewhere {
+    pub(super) frames: Option<u32>,
+    pub(super) texts: [Option<u32>; 3],
+}
+
+impl Elsewhere {
+    pub(super) fn any(&self) -> bool {
+        self.frames.is_some() || self.texts.iter().any(Option::is_some)
+    }
+}
+
+impl<'a> FastRead<'a> {
+    /// The entry, its frames and texts interned into `t` and its memo puts made there;
+    /// `None` when a table is full (the generic path then says so).
+    #[inline(always)]
+    pub(super) fn finish(self, scratch: &FastScratch<'a>, ids: &mut Vec<FrameId>, t: &mut impl Tables<'a>) -> Option<(TraceEntry, Pool, Elsewhere)> {
+        let FastRead { mut entry, frames, pool, texts } = self;
+        let mut elsewhere = Elsewhere::default();
+        entry.frames = match frames {
+            FastFrames::Stack(s) => s,
+            FastFrames::Elsewhere(idx) => {
+                elsewhere.frames = Some(idx);
+                0
+            }
+            FastFrames::Ids => {
+                for f in &scratch.new_frames {
+                    let id = t.frame(f.name, f.filename, f.line)?;
+                    ids[f.at] = id;
+                    if let Some(slot) = f.slot {
+                        t.put(slot, Memo::Frame(id));
+                    }
+                }
+                t.stack(ids)?
+            }
+        };
+        let mut text = |i: usize| match texts[i] {
+            Some(TextAt::Str(s)) => Some(t.text(s)),
+            Some(TextAt::Elsewhere(idx)) => {
+                elsewhere.texts[i] = Some(idx);
+                None
+            }
+            None => None,
+        };
+        (entry.category, entry.compile_context, entry.user_metadata) = (text(0), text(1), text(2));
+        for &(slot, text) in &scratch.puts {
+            t.put(slot, Memo::Str(text));
+        }
+        Some((entry, pool, elsewhere))
+    }
+}
+
+impl<'a> Tables<'a> for Vm<'a> {
+    fn frame(&mut self, name: &'a str, filename: &'a str, line: i64) -> Option<FrameId> {
+        self.intern_frame(name, filename, line).ok()
+    }
+    fn stack(&mut self, ids: &mut Vec<FrameId>) -> Option<StackId> {
+        self.stacks.intern(ids)
+    }
+    fn text(&mut self, s: &'a str) -> Text {
+        self.texts.get(s)
+    }
+    fn put(&mut self, slot: usize, m: Memo<'a>) {
+        self.set_memo(slot, m);
+    }
 }
 
 impl<'a> Vm<'a> {
@@ -373,62 +522,44 @@ impl<'a> Vm<'a> {
     /// from the bytes into the `Value::Entry` the generic path would build at its
     /// SETITEMS, with the same memo puts. Anything unusual (a key or value form it does
     /// not know, a dict or list read back later, a FRAME opcode inside) leaves the VM as
-    /// it was and returns false, for the generic path to decode.
-    pub(super) fn fast_entry(&mut self, fast: &mut FastScratch<'a>) -> bool {
+    /// it was and returns false, for the generic path to decode. Returns whether the entry
+    /// went straight into its trace's list.
+    pub(super) fn fast_entry(&mut self, fast: &mut FastScratch<'a>) -> Option<bool> {
         let mut scratch = std::mem::take(fast);
         let mut ids = std::mem::take(&mut scratch.ids);
-        scratch.puts.clear();
-        scratch.new_frames.clear();
-        let mut p = FastEntry { vm: self, data: self.cur.data, pos: self.cur.pos, memo_len: self.memo_len, scratch };
+        scratch.reset();
+        let view = self.view();
+        let mut p = FastEntry { view: &view, keys: &self.keys, data: self.cur.data, pos: self.cur.pos, entry_memo: self.memo_len, memo_len: self.memo_len, scratch };
         let read = p.entry(&mut ids);
-        let (pos, memo_len, mut scratch) = (p.pos, p.memo_len, p.scratch);
-        let done = read.is_some_and(|FastRead { mut entry, frames, pool, category, compile_context, user_metadata }| {
-            let stack = match frames {
-                FastFrames::Stack(s) => Some(s),
-                FastFrames::Ids if self.intern_new_frames(&scratch.new_frames, &mut ids) => self.stacks.intern(&mut ids),
-                FastFrames::Ids => None,
-            };
-            let Some(s) = stack else { return false };
-            entry.frames = s;
-            entry.category = category.map(|t| self.shared_text(t));
-            entry.compile_context = compile_context.map(|t| self.shared_text(t));
-            entry.user_metadata = user_metadata.map(|t| self.shared_text(t));
-            for &(slot, text) in &scratch.puts {
-                self.set_memo(slot, Memo::Str(text));
-            }
+        let (pos, memo_len, scratch) = (p.pos, p.memo_len, p.scratch);
+        let done = read.and_then(|read| read.finish(&scratch, &mut ids, self)).map(|(entry, pool, _)| {
             self.memo_len = memo_len;
             self.cur.pos = pos;
-            // Inside a trace's `MARK ... APPENDS` batch the entry goes straight into the
-            // list: no box, no second move.
-            match self.list_below_mark(|l| matches!(l, ListData::Entries(_))) {
-                Some(list) => {
-                    if !matches!(list, ListData::Entries(_)) {
-                        *list = ListData::Entries(EntryList::with_capacity(1000));
-                    }
-                    if let ListData::Entries(entries) = list {
-                        entries.push(entry, pool);
-                    }
-                }
-                None => self.stack.push(Value::Entry(Box::new((entry, pool)))),
-            }
-            true
+            self.push_entry(entry, pool)
         });
         ids.clear();
-        scratch.ids = ids;
-        *fast = scratch;
+        *fast = FastScratch { ids, ..scratch };
         done
     }
 
-    /// Interns the frames an entry wrote out, into their places in `ids` and their memo
-    /// slots; false when the frame table is full (the generic path then says so).
-    fn intern_new_frames(&mut self, new: &[NewFrame<'a>], ids: &mut [FrameId]) -> bool {
-        for f in new {
-            let Ok(id) = self.intern_frame(f.name, f.filename, f.line) else { return false };
-            ids[f.at] = id;
-            if let Some(slot) = f.slot {
-                self.set_memo(slot, Memo::Frame(id));
+    /// Puts an entry where the generic path's APPENDS would: inside a trace's
+    /// `MARK ... APPENDS` batch straight into the list (no box, no second move), else on
+    /// the stack. Returns whether it went into the list.
+    pub(super) fn push_entry(&mut self, entry: TraceEntry, pool: Pool) -> bool {
+        match self.list_below_mark(|l| matches!(l, ListData::Entries(_))) {
+            Some(list) => {
+                if !matches!(list, ListData::Entries(_)) {
+                    *list = ListData::Entries(EntryList::with_capacity(1000));
+                }
+                if let ListData::Entries(entries) = list {
+                    entries.push(entry, pool);
+                }
+                true
+            }
+            None => {
+                self.stack.push(Value::Entry(Box::new((entry, pool))));
+                false
             }
         }
-        true
     }
 }

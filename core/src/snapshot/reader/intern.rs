@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::snapshot::model::{FrameId, StackId};
+use crate::snapshot::model::{FrameId, StackId, Text};
 
 /// Multiply-rotate hasher: the keys are short and trusted to be non-adversarial in
 /// distribution terms only; a collision flood would slow, never break, the reader.
@@ -154,3 +154,33 @@ impl StackTable {
 }
 
 pub(super) const NO_FRAME: FrameId = FrameId::MAX;
+
+/// One shared copy of each distinct text (an entry's `compile_context`, `user_metadata`),
+/// and the last few met by address: the same memoized string read back.
+#[derive(Default)]
+pub(super) struct TextTable<'a> {
+    texts: FastMap<&'a str, Text>,
+    recent: [Option<(usize, usize, Text)>; 8],
+}
+
+impl<'a> TextTable<'a> {
+    pub(super) fn get(&mut self, s: &'a str) -> Text {
+        let (addr, len) = (s.as_ptr() as usize, s.len());
+        let slot = &mut self.recent[(addr ^ len) % 8];
+        match slot {
+            // Same address and length in the one input: the same text.
+            Some((a, l, text)) if *a == addr && *l == len => text.clone(),
+            // The same text written again (PyTorch writes each entry's `compile_context`
+            // anew): compared before it is hashed.
+            Some((a, _, text)) if &**text == s => {
+                *a = addr;
+                text.clone()
+            }
+            _ => {
+                let text = self.texts.entry(s).or_insert_with(|| Text::from(s)).clone();
+                *slot = Some((addr, len, text.clone()));
+                text
+            }
+        }
+    }
+}

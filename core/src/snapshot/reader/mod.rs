@@ -8,7 +8,8 @@
 //!
 //! Two passes: a cheap pre-scan validates the opcode stream and records which memo slots
 //! are ever read back (`BINGET`), so the main pass keeps only those: Python memoizes every
-//! container, and keeping them all would double the memory use.
+//! container, and keeping them all would double the memory use. The main pass decodes a
+//! large trace on the machine's cores; the result is the same on any number.
 //!
 //! Object-building opcodes (GLOBAL, REDUCE, BUILD, ...) are rejected: a snapshot is data.
 //!
@@ -18,7 +19,9 @@
 //! holds and `keys` tells which dict is which record; `vm` is the machine's state (value
 //! stack, marks, memo, interned tables); `records` turns dicts into the snapshot's records;
 //! `fast_entry` reads the usual trace entry straight from the bytes; `run` is the main
-//! pass; `top_level` makes the `Snapshot` of the top-level value.
+//! pass; `parallel` hands a large trace's entries to threads, from the pre-scan's
+//! checkpoints, and takes their work back in order; `top_level` makes the `Snapshot` of
+//! the top-level value.
 
 mod cursor;
 mod error;
@@ -27,6 +30,7 @@ mod hooks;
 mod intern;
 mod keys;
 pub(super) mod op;
+mod parallel;
 mod prescan;
 mod records;
 mod run;
@@ -38,7 +42,9 @@ use std::path::Path;
 
 use crate::snapshot::model::Snapshot;
 use hooks::Hooks;
-use prescan::prescan;
+use parallel::Refit;
+use prescan::{prescan, Scan};
+use run::Ran;
 use top_level::canonicalize_tables;
 use vm::Vm;
 
@@ -127,6 +133,46 @@ fn check_header(head: &[u8]) -> Result<(), ReadError> {
     }
 }
 
+/// Decoding threads at most: past this, the main pass taking their work is the limit.
+const MAX_THREADS: usize = 16;
+
+/// How a trace is decoded: the threads, the bytes each takes at a time, and the file's
+/// offset from which a trace may go to them.
+#[derive(Clone, Copy)]
+struct Threads {
+    threads: usize,
+    chunk_bytes: usize,
+    from: usize,
+}
+
+impl Threads {
+    const ONE: Threads = Threads { threads: 1, chunk_bytes: usize::MAX, from: usize::MAX };
+
+    /// A file of `len` bytes on up to `threads` threads: one for small files, where
+    /// starting threads costs more than it saves.
+    fn from_size(len: usize, threads: usize) -> Threads {
+        if threads < 2 || len < 4 << 20 {
+            return Threads::ONE;
+        }
+        Threads { threads, chunk_bytes: 1 << 20, from: 0 }
+    }
+}
+
+/// The main pass: the snapshot of its top-level value, and the stretches of traces
+/// threads decoded.
+fn run(bytes: &[u8], scan: Scan, t: Threads, hooks: &mut Hooks<'_>) -> Result<Result<(Snapshot, u32), Refit>, ReadError> {
+    let mut vm = Vm::new(bytes, scan);
+    (vm.threads, vm.chunk_bytes, vm.parallel_from) = (t.threads, t.chunk_bytes, t.from);
+    match vm.run_to(hooks, usize::MAX)? {
+        Ran::Done(top) => {
+            let stretches = vm.stretches;
+            vm.into_snapshot(top).map(|s| Ok((s, stretches)))
+        }
+        Ran::Refit => Ok(Err(Refit)),
+        Ran::Stopped => Err(ReadError::Malformed { offset: bytes.len(), detail: "the pickle has no STOP".into() }),
+    }
+}
+
 /// `release(range)` is told periodically that those bytes may be dropped from memory
 /// (from any thread); they must still read the same if touched again (a file mapping
 /// re-faults them).
@@ -140,11 +186,14 @@ fn decode(
     // Each pass is shown as it begins, so a caller can time it (`view --summary --profile`).
     let begins = |pass| ReadProgress { pass, done: 0, total: bytes.len(), segments: None, traces: Vec::new() };
     (hooks.observe)(&begins(ReadPass::Check));
-    let refs = prescan(bytes, &mut hooks)?;
+    let scan = prescan(bytes, &mut hooks)?;
     (hooks.observe)(&begins(ReadPass::Decode));
-    let mut vm = Vm::new(bytes, refs);
-    let top = vm.run(&mut hooks)?;
-    let mut snap = vm.into_snapshot(top)?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
+    let (mut snap, _) = match run(bytes, scan.clone(), Threads::from_size(bytes.len(), threads), &mut hooks)? {
+        Ok(read) => read,
+        // The threads' work did not fit the main pass (no well-formed snapshot does that).
+        Err(Refit) => run(bytes, scan, Threads::ONE, &mut hooks)?.map_err(|_| ReadError::Malformed { offset: 0, detail: "the pickle reads differently in order".into() })?,
+    };
     canonicalize_tables(&mut snap);
     (hooks.observe)(&ReadProgress {
         pass: ReadPass::Decode,
@@ -267,5 +316,65 @@ mod tests {
         let end = (ReadPass::Decode, p.len());
         // Each pass is shown as it begins, then at its tick, and the decode at its end.
         assert_eq!(passes, [(ReadPass::Check, 0), (ReadPass::Check, calls[0]), (ReadPass::Decode, 0), (ReadPass::Decode, calls[1]), end]);
+    }
+
+    /// Reads `bytes` as `decode` does, on `t`'s threads: the snapshot and the stretches
+    /// threads decoded.
+    fn read_on(bytes: &[u8], t: Threads) -> (Snapshot, u32) {
+        let mut observe = |_: &ReadProgress<'_>| {};
+        let mut hooks = Hooks::new(&|_| {}, &mut observe);
+        let scan = prescan(bytes, &mut hooks).unwrap();
+        let Ok((mut snap, stretches)) = run(bytes, scan, t, &mut hooks).unwrap() else { panic!("the threads' work did not fit") };
+        canonicalize_tables(&mut snap);
+        (snap, stretches)
+    }
+
+    /// Two devices' traces, `n` entries each: stacks new and read back all along (shared
+    /// as PyTorch writes them), texts new and repeated, pools changing, and actions this
+    /// reader skips.
+    fn many_entries(n: usize) -> Snapshot {
+        use crate::snapshot::model::{Action, Frame, StackInterner, Text, TraceEntry};
+        let mut snap = Snapshot::default();
+        let mut interner = StackInterner::default();
+        for device in 0..2u64 {
+            let mut trace = Vec::new();
+            for i in 0..n as u64 {
+                let frames = (0..i % 5).map(|k| interner.frame(&mut snap, Frame { name: format!("f{}", (i / 40 + k) % 97), filename: "model.py".into(), line: k as i64 })).collect();
+                let action = [Action::Alloc, Action::FreeRequested, Action::FreeCompleted, Action::SegmentAlloc][(i % 4) as usize];
+                let mut e = TraceEntry { frames: interner.stack(&mut snap, frames), time_us: (i * 3) as i64, stream: (i % 3) as i64, ..TraceEntry::new(action, 0x1000 * (device * n as u64 + i / 2), 512 * (i % 7 + 1)) };
+                e.compile_context = (i % 3 == 0).then(|| Text::from(format!("ctx {}", i / 30).as_str()));
+                e.user_metadata = (i % 11 == 0).then(|| Text::from("meta"));
+                trace.push(e);
+            }
+            snap.device_traces.push(trace);
+        }
+        snap
+    }
+
+    #[test]
+    fn a_trace_read_on_threads_is_the_trace_read_in_order() {
+        let mut bytes = Vec::new();
+        crate::snapshot::write_snapshot(&many_entries(40_000), &mut bytes).unwrap();
+        let (in_order, none) = read_on(&bytes, Threads::ONE);
+        assert_eq!((in_order.device_traces[1].len(), none), (40_000, 0));
+        for (threads, chunk_bytes) in [(2, 4 << 10), (3, 9_000), (8, 64 << 10)] {
+            let (snap, stretches) = read_on(&bytes, Threads { threads, chunk_bytes, from: 0 });
+            assert!(stretches > 20, "{threads} threads decoded {stretches} stretches");
+            assert!(snap == in_order, "{threads} threads, {chunk_bytes}-byte stretches: not the snapshot read in order");
+        }
+    }
+
+    /// The real files: written by PyTorch's pickler, whose frames end inside entries.
+    #[test]
+    fn real_snapshots_read_on_threads_are_the_snapshots_read_in_order() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let Some(dir) = crate::fixtures::for_test(&root) else { return };
+        for name in crate::fixtures::REAL_SNAPSHOTS {
+            let bytes = std::fs::read(dir.join(format!("{name}.pickle"))).unwrap();
+            let (in_order, _) = read_on(&bytes, Threads::ONE);
+            let (snap, stretches) = read_on(&bytes, Threads { threads: 3, chunk_bytes: 1, from: 0 });
+            assert!(stretches > 0, "{name}: no stretch on threads");
+            assert!(snap == in_order, "{name}: read on threads, not the snapshot read in order");
+        }
     }
 }

@@ -6,6 +6,7 @@ use super::error::ReadError;
 use super::hooks::{Hooks, ReadPass, TICK};
 
 /// Memo slots read back by BINGET, as a bitset with rank support.
+#[derive(Clone)]
 pub(super) struct MemoRefs {
     pub(super) words: Vec<u64>,
     /// `ranks[i]` = number of set bits in `words[..i]`.
@@ -24,6 +25,31 @@ impl MemoRefs {
     pub(super) fn count(&self) -> usize {
         self.ranks.last().copied().unwrap_or(0) as usize
             + self.words.last().map_or(0, |w| w.count_ones() as usize)
+    }
+}
+
+/// Where a FRAME's opcodes begin, with what came before it: the memo entries defined and
+/// the MARKs open. A thread can start decoding there without reading what came before.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Checkpoint {
+    pub(super) pos: usize,
+    pub(super) memo: u32,
+    pub(super) depth: i64,
+}
+
+/// What the first pass found: the memo slots read back, and a checkpoint at each FRAME.
+#[derive(Clone)]
+pub(super) struct Scan {
+    pub(super) refs: MemoRefs,
+    pub(super) checkpoints: Vec<Checkpoint>,
+}
+
+/// How an opcode changes the number of open MARKs.
+pub(super) fn mark_change(o: &Op<'_>) -> i64 {
+    match o {
+        Op::Mark => 1,
+        Op::PopMark | Op::List | Op::Dict | Op::Tuple | Op::Appends | Op::SetItems => -1,
+        _ => 0,
     }
 }
 
@@ -54,6 +80,9 @@ pub(super) fn memo_get_check(len: u32, idx: u32, at: usize) -> Result<(), ReadEr
     Ok(())
 }
 
+/// The memo slots read back (as bitset words) and the checkpoints.
+type Found = (Vec<u64>, Vec<Checkpoint>);
+
 /// Files at least this large are checked in two halves, one on another thread.
 const PARALLEL_FROM: usize = 8 * TICK;
 
@@ -64,15 +93,18 @@ const PARALLEL_FROM: usize = 8 * TICK;
 /// defines, so it notes the fewest it needs; anything it cannot settle alone (an
 /// error about the memo, an explicit PUT) is settled by checking the whole file in
 /// order, which also finds the first error exactly.
-pub(super) fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<MemoRefs, ReadError> {
+pub(super) fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<Scan, ReadError> {
     let split = (data.len() >= PARALLEL_FROM).then(|| frame_start_after(data, data.len() / 2)).flatten();
     let halves = match split {
         Some(mid) => check_halves(data, mid, hooks)?,
         None => None,
     };
-    let words = match halves {
-        Some(words) => words,
-        None => check::<true>(data, 0, usize::MAX, &mut |pos| hooks.tick(ReadPass::Check, data, (pos, pos), None, Vec::new()))?.words,
+    let (words, checkpoints) = match halves {
+        Some(found) => found,
+        None => {
+            let c = check::<true>(data, 0, usize::MAX, &mut |pos| hooks.tick(ReadPass::Check, data, (pos, pos), None, Vec::new()))?;
+            (c.words, c.checkpoints)
+        }
     };
     let mut ranks = Vec::with_capacity(words.len());
     let mut acc = 0u32;
@@ -80,7 +112,7 @@ pub(super) fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<MemoRefs, Re
         ranks.push(acc);
         acc += w.count_ones();
     }
-    Ok(MemoRefs { words, ranks })
+    Ok(Scan { refs: MemoRefs { words, ranks }, checkpoints })
 }
 
 /// The whole file checked in order, as `prescan` does a small one.
@@ -90,7 +122,7 @@ pub(super) fn walk(data: &[u8]) -> Result<(), ReadError> {
 
 /// The memo slots read back, from both halves checked at once; `None` when the halves
 /// cannot settle it alone.
-fn check_halves(data: &[u8], mid: usize, hooks: &mut Hooks<'_>) -> Result<Option<Vec<u64>>, ReadError> {
+fn check_halves(data: &[u8], mid: usize, hooks: &mut Hooks<'_>) -> Result<Option<Found>, ReadError> {
     let second_done = std::sync::atomic::AtomicUsize::new(0);
     let (first, second) = std::thread::scope(|s| {
         let release = hooks.release;
@@ -111,7 +143,7 @@ fn check_halves(data: &[u8], mid: usize, hooks: &mut Hooks<'_>) -> Result<Option
     });
     let first = first?;
     if first.stopped {
-        return Ok(Some(first.words)); // the pickle ends before the second half
+        return Ok(Some((first.words, first.checkpoints))); // the pickle ends before the second half
     }
     let second = match second {
         // A PUT, or a memo slot the first half may not define: settled in order.
@@ -126,7 +158,10 @@ fn check_halves(data: &[u8], mid: usize, hooks: &mut Hooks<'_>) -> Result<Option
     for (w, s) in words.iter_mut().zip(&second.words) {
         *w |= s;
     }
-    Ok(Some(words))
+    // The second half counted from its own start.
+    let mut checkpoints = first.checkpoints;
+    checkpoints.extend(second.checkpoints.iter().map(|c| Checkpoint { pos: c.pos, memo: c.memo + first.puts, depth: c.depth + first.depth }));
+    Ok(Some((words, checkpoints)))
 }
 
 /// The start of the first FRAME at or after `at`, found by following the frames from the
@@ -154,6 +189,9 @@ struct Checked {
     words: Vec<u64>,
     /// MEMOIZEs in the stretch.
     puts: u32,
+    /// MARKs opened in the stretch, less those closed.
+    depth: i64,
+    checkpoints: Vec<Checkpoint>,
     /// The fewest memo slots the stretch's BINGETs need defined before it.
     needs: u32,
     /// False when the stretch holds a PUT whose effect depends on the memo before it.
@@ -169,7 +207,7 @@ fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn 
     // The position lives in a local, not in a Cursor whose address escapes: kept in a
     // register, not stored and reloaded around every opcode.
     let mut pos = from;
-    let mut c = Checked { words: Vec::new(), puts: 0, needs: 0, memo_exact: true, stopped: false };
+    let mut c = Checked { words: Vec::new(), puts: 0, depth: 0, checkpoints: Vec::new(), needs: 0, memo_exact: true, stopped: false };
     let mut next_tick = from + TICK;
     let get = |c: &mut Checked, idx: u32, at: usize| {
         if EXACT {
@@ -199,11 +237,18 @@ fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn 
                 pos += 1;
                 continue;
             }
-            [op::MARK
-            | op::EMPTY_DICT
+            [op::MARK, ..] => {
+                c.depth += 1;
+                pos += 1;
+                continue;
+            }
+            [op::SETITEMS | op::APPENDS, ..] => {
+                c.depth -= 1;
+                pos += 1;
+                continue;
+            }
+            [op::EMPTY_DICT
             | op::EMPTY_LIST
-            | op::SETITEMS
-            | op::APPENDS
             | op::NONE
             | op::NEWTRUE
             | op::NEWFALSE, ..] => {
@@ -237,7 +282,9 @@ fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn 
         let mut cur = Cursor { data, pos };
         let (at, o) = cur.next()?;
         pos = cur.pos;
+        c.depth += mark_change(&o);
         match o {
+            Op::Frame => c.checkpoints.push(Checkpoint { pos, memo: c.puts, depth: c.depth }),
             Op::Stop => {
                 c.stopped = true;
                 break;
@@ -291,7 +338,7 @@ mod tests {
         p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
         let mut observe = |_: &ReadProgress<'_>| {};
         let hooks = &mut Hooks::new(&|_| {}, &mut observe);
-        let refs = prescan(&p, hooks).unwrap();
+        let refs = prescan(&p, hooks).unwrap().refs;
         assert_eq!(refs.count(), 2);
         assert_eq!(
             (refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)),
@@ -333,11 +380,13 @@ mod tests {
         out
     }
 
-    fn both(data: &[u8]) -> (Result<Vec<u64>, String>, Result<Vec<u64>, String>) {
+    type Outcome = Result<Found, String>;
+
+    fn both(data: &[u8]) -> (Outcome, Outcome) {
         let mut observe = |_: &ReadProgress<'_>| {};
         let hooks = &mut Hooks::new(&|_| {}, &mut observe);
-        let halves = prescan(data, hooks).map(|r| r.words).map_err(|e| e.to_string());
-        let in_order = check::<true>(data, 0, usize::MAX, &mut |_| {}).map(|c| c.words).map_err(|e| e.to_string());
+        let halves = prescan(data, hooks).map(|s| (s.refs.words, s.checkpoints)).map_err(|e| e.to_string());
+        let in_order = check::<true>(data, 0, usize::MAX, &mut |_| {}).map(|c| (c.words, c.checkpoints)).map_err(|e| e.to_string());
         (halves, in_order)
     }
 
@@ -347,8 +396,8 @@ mod tests {
         let data = big(N, &[]);
         assert!(data.len() >= PARALLEL_FROM && frame_start_after(&data, data.len() / 2).is_some());
         let (halves, in_order) = both(&data);
-        assert!(halves.is_ok());
-        assert_eq!(halves, in_order);
+        assert!(halves.as_ref().is_ok_and(|h| h.1.len() > 100), "a checkpoint at each FRAME");
+        assert_eq!(halves, in_order, "the second half's checkpoints count from the file's start");
         // Errors in the second half, of the memo or not, at the offset checking in
         // order reports.
         for bad in [&[op::LONG_BINGET, 44, 1, 0, 0][..], &[0xff], &[op::REDUCE]] {

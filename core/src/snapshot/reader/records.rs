@@ -166,7 +166,7 @@ impl<'a> Vm<'a> {
     fn opt_text(&mut self, what: &str, key: &str, v: &Value<'a>) -> Result<Option<Text>, ReadError> {
         match v {
             Value::None => Ok(None),
-            v => self.str_field(what, key, v).map(|s| Some(self.shared_text(s))),
+            v => self.str_field(what, key, v).map(|s| Some(self.texts.get(s))),
         }
     }
 

@@ -12,16 +12,34 @@ use super::value::{check_depth, seq_from, untype, EntryList, ListData, Seq, Valu
 use super::vm::Vm;
 use crate::snapshot::model::{Segment, TraceEntry};
 
+/// How a run of the opcodes ended.
+pub(super) enum Ran<'a> {
+    /// At STOP, with the pickle's value.
+    Done(Value<'a>),
+    /// At the place it was told to stop.
+    Stopped,
+    /// A thread's work did not fit (`parallel`): the read must start again in order.
+    Refit,
+}
+
 impl<'a> Vm<'a> {
-    pub(super) fn run(&mut self, hooks: &mut Hooks<'_>) -> Result<Value<'a>, ReadError> {
-        let mut next_tick = TICK;
+    /// Runs the opcodes until STOP, or until the opcode at `stop`, where the pass that
+    /// called it takes over (`parallel`).
+    pub(super) fn run_to(&mut self, hooks: &mut Hooks<'_>, stop: usize) -> Result<Ran<'a>, ReadError> {
+        let mut next_tick = self.cur.pos + TICK;
+        // One test per opcode for both: a tick, or the place to stop.
+        let mut next_check = next_tick.min(stop);
         // The fast path's buffers, reused from one trace entry to the next.
         let mut fast = FastScratch::default();
         loop {
-            if self.cur.pos >= next_tick {
+            if self.cur.pos >= next_check {
+                if self.cur.pos >= stop {
+                    return Ok(Ran::Stopped);
+                }
                 let (segments, traces) = self.peek();
                 hooks.tick(ReadPass::Decode, self.cur.data, (self.cur.pos, self.cur.pos), segments, traces);
                 next_tick = self.cur.pos + TICK;
+                next_check = next_tick.min(stop);
             }
             // The opcodes that make up nearly all of a snapshot, run straight from the
             // bytes when complete; anything else (or a truncated one) is decoded fully.
@@ -45,8 +63,17 @@ impl<'a> Vm<'a> {
                     continue;
                 }
                 [op::EMPTY_DICT, ..] => {
-                    if self.fast_entry(&mut fast) {
-                        continue;
+                    match self.fast_entry(&mut fast) {
+                        // Into its trace's list: the rest of the trace may go to threads.
+                        Some(true) if self.cur.pos >= self.parallel_from => {
+                            if self.parallel_trace(hooks)?.is_err() {
+                                return Ok(Ran::Refit);
+                            }
+                            next_check = next_check.min(self.cur.pos);
+                            continue;
+                        }
+                        Some(_) => continue,
+                        None => {}
                     }
                     self.stack.push(Value::Dict(Seq::default()));
                     self.cur.pos += 1;
@@ -80,7 +107,7 @@ impl<'a> Vm<'a> {
                             ),
                         ));
                     }
-                    return self.pop();
+                    return self.pop().map(Ran::Done);
                 }
                 Op::Mark => {
                     self.marks.push(self.stack.len());
@@ -240,7 +267,7 @@ impl<'a> Vm<'a> {
     pub(super) fn frame_run(&mut self) -> Result<(), ReadError> {
         let mut ids = std::mem::take(&mut self.frame_scratch);
         let data = self.cur.data;
-        self.cur.pos = self.frame_refs(self.cur.pos, &mut ids);
+        self.cur.pos = self.view().frame_refs(data, self.cur.pos, &mut ids);
         let closes = !ids.is_empty() && data.get(self.cur.pos) == Some(&op::APPENDS);
         match self.list_below_mark(|l| matches!(l, ListData::Frames(_))).filter(|_| closes) {
             Some(list) => {

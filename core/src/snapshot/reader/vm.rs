@@ -5,11 +5,11 @@
 
 use super::cursor::Cursor;
 use super::error::{malformed, ReadError};
-use super::intern::{FastMap, StackTable, NO_FRAME};
+use super::intern::{FastMap, StackTable, TextTable, NO_FRAME};
 use super::keys::{key_of, Key, KeyCache};
-use super::prescan::{memo_get_check, memo_put, memo_ref, MemoRefs};
+use super::prescan::{memo_get_check, memo_put, memo_ref, Checkpoint, MemoRefs, Scan};
 use super::value::{ListData, Memo, Value};
-use crate::snapshot::model::{Frame, FrameId, StackId, Text};
+use crate::snapshot::model::{Frame, FrameId, StackId};
 
 pub(super) struct Vm<'a> {
     pub(super) cur: Cursor<'a>,
@@ -29,10 +29,8 @@ pub(super) struct Vm<'a> {
     pub(super) arena_memo: Vec<usize>,
     pub(super) frames: Vec<Frame>,
     pub(super) frame_ids: FastMap<(&'a str, &'a str, i64), FrameId>,
-    /// Entries' texts (`compile_context`, `user_metadata`), one shared copy of each,
-    /// and the last few met by address (the same memoized string read back).
-    pub(super) texts: FastMap<&'a str, Text>,
-    pub(super) recent_texts: [Option<(usize, usize, Text)>; 8],
+    /// Entries' texts (`compile_context`, `user_metadata`), one shared copy of each.
+    pub(super) texts: TextTable<'a>,
     pub(super) stacks: StackTable,
     pub(super) scratch: Vec<Value<'a>>,
     pub(super) frame_scratch: Vec<FrameId>,
@@ -45,10 +43,21 @@ pub(super) struct Vm<'a> {
     pub(super) forward_frames: Vec<(u64, StackId)>,
     /// Offset of the opcode being run, for error messages.
     pub(super) at: usize,
+    /// The pre-scan's checkpoints, where threads can start decoding a trace.
+    pub(super) checkpoints: Vec<Checkpoint>,
+    /// Threads that decode a trace's entries (1: the main pass alone), and the bytes each
+    /// takes at a time (`parallel`).
+    pub(super) threads: usize,
+    pub(super) chunk_bytes: usize,
+    /// A trace entry that goes straight into its list from here on may start decoding
+    /// the rest of the trace on `threads` threads.
+    pub(super) parallel_from: usize,
+    /// Stretches of traces that threads decoded.
+    pub(super) stretches: u32,
 }
 
 impl<'a> Vm<'a> {
-    pub(super) fn new(data: &'a [u8], refs: MemoRefs) -> Self {
+    pub(super) fn new(data: &'a [u8], Scan { refs, checkpoints }: Scan) -> Self {
         let memo = vec![Memo::None; refs.count()];
         let memo_frames = vec![NO_FRAME; refs.count()];
         let memo_keys = vec![Key::Other; refs.count()];
@@ -65,8 +74,7 @@ impl<'a> Vm<'a> {
             arena_memo: Vec::new(),
             frames: Vec::new(),
             frame_ids: FastMap::default(),
-            texts: FastMap::default(),
-            recent_texts: Default::default(),
+            texts: TextTable::default(),
             stacks: StackTable::default(),
             scratch: Vec::new(),
             frame_scratch: Vec::new(),
@@ -76,6 +84,24 @@ impl<'a> Vm<'a> {
             frame_fx: FastMap::default(),
             forward_frames: Vec::new(),
             at: 0,
+            checkpoints,
+            threads: 1,
+            chunk_bytes: usize::MAX,
+            parallel_from: usize::MAX,
+            stretches: 0,
+        }
+    }
+
+    /// The memo as the main pass has it, for the trace-entry fast path.
+    pub(super) fn view(&self) -> MemoView<'_, 'a> {
+        MemoView {
+            refs: &self.refs,
+            memo: &self.memo,
+            memo_keys: &self.memo_keys,
+            memo_frames: &self.memo_frames,
+            arena: &self.arena,
+            base: self.memo_len,
+            local: None,
         }
     }
 
@@ -115,26 +141,7 @@ impl<'a> Vm<'a> {
 
     #[inline(always)]
     pub(super) fn memo_value(&self, slot: usize) -> Value<'a> {
-        match self.memo[slot] {
-            // Converted shared records are pushed by value: no lookup later.
-            Memo::Shared(h) => match &self.arena[h as usize] {
-                Value::Frame(f) => Value::Frame(*f),
-                Value::Stack(s) => Value::Stack(*s),
-                _ => Value::Shared(h),
-            },
-            m => m.value(),
-        }
-    }
-
-    /// The frame a memo index holds once converted; anything else (including an index
-    /// out of range) is `None` and left to the generic BINGET.
-    #[inline]
-    pub(super) fn memo_frame(&self, idx: u32) -> Option<FrameId> {
-        if idx >= self.memo_len {
-            return None;
-        }
-        let f = *self.memo_frames.get(self.refs.slot(idx)?)?;
-        (f != NO_FRAME).then_some(f)
+        memo_value(self.memo[slot], &self.arena)
     }
 
     pub(super) fn set_memo(&mut self, slot: usize, m: Memo<'a>) {
@@ -201,22 +208,6 @@ impl<'a> Vm<'a> {
         }
     }
 
-    /// A frame dict seen before, read back at `at`: its id and the BINGET's length.
-    #[inline]
-    pub(super) fn frame_at(&self, at: usize) -> Option<(FrameId, usize)> {
-        let (idx, len) = memo_ref(self.cur.data.get(at..)?)?;
-        Some((self.memo_frame(idx)?, len))
-    }
-
-    /// The frames read back by the BINGETs from `at` on, onto `ids`; where they end.
-    pub(super) fn frame_refs(&self, mut at: usize, ids: &mut Vec<FrameId>) -> usize {
-        while let Some((f, len)) = self.frame_at(at) {
-            ids.push(f);
-            at += len;
-        }
-        at
-    }
-
     /// The list the innermost MARK's APPENDS would extend, when nothing was pushed since
     /// that MARK and the list `holds` its kind of element or is still empty (owned on the
     /// stack or shared in the arena). Elements put there straight away end up where the
@@ -273,25 +264,61 @@ impl<'a> Vm<'a> {
             .intern(&mut ids)
             .ok_or_else(|| malformed(self.at, "too many stacks"))
     }
+}
 
-    /// One shared copy of each distinct text.
-    pub(super) fn shared_text(&mut self, s: &'a str) -> Text {
-        let (addr, len) = (s.as_ptr() as usize, s.len());
-        let slot = &mut self.recent_texts[(addr ^ len) % 8];
-        match slot {
-            // Same address and length in the one input: the same text.
-            Some((a, l, text)) if *a == addr && *l == len => text.clone(),
-            // The same text written again (PyTorch writes each entry's `compile_context`
-            // anew): compared before it is hashed.
-            Some((a, _, text)) if &**text == s => {
-                *a = addr;
-                text.clone()
-            }
-            _ => {
-                let text = self.texts.entry(s).or_insert_with(|| Text::from(s)).clone();
-                *slot = Some((addr, len, text.clone()));
-                text
-            }
+/// A memo slot's value as BINGET pushes it: converted shared records by value, saving a
+/// lookup later.
+#[inline(always)]
+pub(super) fn memo_value<'a>(m: Memo<'a>, arena: &[Value<'a>]) -> Value<'a> {
+    match m {
+        Memo::Shared(h) => match &arena[h as usize] {
+            Value::Frame(f) => Value::Frame(*f),
+            Value::Stack(s) => Value::Stack(*s),
+            _ => Value::Shared(h),
+        },
+        m => m.value(),
+    }
+}
+
+/// The memo as the trace-entry fast path reads it, shared between threads: what the main
+/// pass had defined (below `base`) and, on a thread decoding a stretch of a trace, what
+/// that thread's own entries defined since (`local`, by memo slot). Anything else below
+/// the entry is another thread's.
+pub(super) struct MemoView<'v, 'a> {
+    pub(super) refs: &'v MemoRefs,
+    pub(super) memo: &'v [Memo<'a>],
+    pub(super) memo_keys: &'v [Key],
+    pub(super) memo_frames: &'v [FrameId],
+    pub(super) arena: &'v [Value<'a>],
+    pub(super) base: u32,
+    pub(super) local: Option<&'v FastMap<usize, Memo<'a>>>,
+}
+
+impl<'a> MemoView<'_, 'a> {
+    /// The frame memo index `idx` holds, from the main pass's memo; anything else
+    /// (including an index out of range) is `None`.
+    #[inline]
+    pub(super) fn memo_frame(&self, idx: u32) -> Option<FrameId> {
+        if idx >= self.base {
+            return None;
         }
+        let f = *self.memo_frames.get(self.refs.slot(idx)?)?;
+        (f != NO_FRAME).then_some(f)
+    }
+
+    /// A frame dict seen before, read back at `at`: its id and the BINGET's length.
+    #[inline]
+    pub(super) fn frame_at(&self, data: &[u8], at: usize) -> Option<(FrameId, usize)> {
+        let (idx, len) = memo_ref(data.get(at..)?)?;
+        Some((self.memo_frame(idx)?, len))
+    }
+
+    /// The frames read back by the BINGETs from `at` on, onto `ids`; where they end.
+    pub(super) fn frame_refs(&self, data: &[u8], mut at: usize, ids: &mut Vec<FrameId>) -> usize {
+        while let Some((f, len)) = self.frame_at(data, at) {
+            ids.push(f);
+            at += len;
+        }
+        at
     }
 }
