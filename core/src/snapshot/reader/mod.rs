@@ -354,7 +354,7 @@ mod tests {
     #[test]
     fn a_trace_read_on_threads_is_the_trace_read_in_order() {
         let mut bytes = Vec::new();
-        crate::snapshot::write_snapshot(&many_entries(40_000), &mut bytes).unwrap();
+        crate::snapshot::writer::write_snapshot(&many_entries(40_000), &mut bytes).unwrap();
         let (in_order, none) = read_on(&bytes, Threads::ONE);
         assert_eq!((in_order.device_traces[1].len(), none), (40_000, 0));
         for (threads, chunk_bytes) in [(2, 4 << 10), (3, 9_000), (8, 64 << 10)] {
