@@ -42,7 +42,6 @@ use std::path::Path;
 
 use crate::snapshot::model::Snapshot;
 use hooks::Hooks;
-use parallel::Refit;
 use prescan::{prescan, Scan};
 use run::Ran;
 use top_level::canonicalize_tables;
@@ -159,8 +158,8 @@ impl Threads {
 }
 
 /// The main pass: the snapshot of its top-level value, and the stretches of traces
-/// threads decoded.
-fn run(bytes: &[u8], scan: Scan, t: Threads, hooks: &mut Hooks<'_>) -> Result<Result<(Snapshot, u32), Refit>, ReadError> {
+/// threads decoded; the pre-scan's findings back when the threads' work did not fit.
+fn run(bytes: &[u8], scan: Scan, t: Threads, hooks: &mut Hooks<'_>) -> Result<Result<(Snapshot, u32), Scan>, ReadError> {
     let mut vm = Vm::new(bytes, scan);
     (vm.threads, vm.chunk_bytes, vm.parallel_from) = (t.threads, t.chunk_bytes, t.from);
     match vm.run_to(hooks, usize::MAX)? {
@@ -168,7 +167,7 @@ fn run(bytes: &[u8], scan: Scan, t: Threads, hooks: &mut Hooks<'_>) -> Result<Re
             let stretches = vm.stretches;
             vm.into_snapshot(top).map(|s| Ok((s, stretches)))
         }
-        Ran::Refit => Ok(Err(Refit)),
+        Ran::Refit => Ok(Err(Scan { refs: vm.refs, checkpoints: vm.checkpoints })),
         Ran::Stopped => Err(ReadError::Malformed { offset: bytes.len(), detail: "the pickle has no STOP".into() }),
     }
 }
@@ -189,10 +188,11 @@ fn decode(
     let scan = prescan(bytes, &mut hooks)?;
     (hooks.observe)(&begins(ReadPass::Decode));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
-    let (mut snap, _) = match run(bytes, scan.clone(), Threads::from_size(bytes.len(), threads), &mut hooks)? {
+    let (mut snap, _) = match run(bytes, scan, Threads::from_size(bytes.len(), threads), &mut hooks)? {
         Ok(read) => read,
-        // The threads' work did not fit the main pass (no well-formed snapshot does that).
-        Err(Refit) => run(bytes, scan, Threads::ONE, &mut hooks)?.map_err(|_| ReadError::Malformed { offset: 0, detail: "the pickle reads differently in order".into() })?,
+        // The threads' work did not fit the main pass (no well-formed snapshot does that):
+        // the pre-scan's findings back, for a read in order.
+        Err(scan) => run(bytes, scan, Threads::ONE, &mut hooks)?.map_err(|_| ReadError::Malformed { offset: 0, detail: "the pickle reads differently in order".into() })?,
     };
     canonicalize_tables(&mut snap);
     (hooks.observe)(&ReadProgress {

@@ -347,19 +347,16 @@ impl<'a> Vm<'a> {
                 }
             }
         }
-        let (pos, memo) = match s.end {
-            End::Next(pos, memo) | End::ListEnds(pos, memo) | End::Stuck(pos, memo) => (pos, memo),
-        };
-        self.cur.pos = pos;
-        self.memo_len = memo;
-        Ok(Ok(match s.end {
-            End::Next(pos, memo) => Taken::Next(pos, memo),
-            End::ListEnds(..) => {
+        let ((pos, memo), taken) = match s.end {
+            End::Next(pos, memo) => ((pos, memo), Taken::Next(pos, memo)),
+            End::ListEnds(pos, memo) => {
                 self.marks.pop(); // the last batch's APPENDS
-                Taken::Alone
+                ((pos, memo), Taken::Alone)
             }
-            End::Stuck(..) => Taken::Alone,
-        }))
+            End::Stuck(pos, memo) => ((pos, memo), Taken::Alone),
+        };
+        (self.cur.pos, self.memo_len) = (pos, memo);
+        Ok(Ok(taken))
     }
 
     /// One memo put of a thread's entry, its frame or stack interned.

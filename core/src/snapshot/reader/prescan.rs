@@ -6,7 +6,6 @@ use super::error::ReadError;
 use super::hooks::{Hooks, ReadPass, TICK};
 
 /// Memo slots read back by BINGET, as a bitset with rank support.
-#[derive(Clone)]
 pub(super) struct MemoRefs {
     pub(super) words: Vec<u64>,
     /// `ranks[i]` = number of set bits in `words[..i]`.
@@ -38,7 +37,6 @@ pub(super) struct Checkpoint {
 }
 
 /// What the first pass found: the memo slots read back, and a checkpoint at each FRAME.
-#[derive(Clone)]
 pub(super) struct Scan {
     pub(super) refs: MemoRefs,
     pub(super) checkpoints: Vec<Checkpoint>,
