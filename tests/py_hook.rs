@@ -703,6 +703,39 @@ fn a_diverged_loss_reaches_the_screen_as_nan_and_the_stream_goes_on() {
     assert_eq!((losses[1].as_str(), losses[2].as_str()), (Some("NaN"), Some("inf")), "{losses:?}");
 }
 
+/// Each allocation carries the module it was made in, also where a module's forward
+/// raised and the script went on, and outside every module again after the model returns
+/// (tests/py/hook_lifecycle.py's `scopes`: sizes tell the modules apart).
+#[test]
+fn every_allocation_carries_the_module_it_was_made_in() {
+    let t = tempfile::tempdir().unwrap();
+    let rec = t.path().join("s.vsrec");
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "scopes", &["--json", "--record", rec.to_str().unwrap()], &[]);
+    assert_eq!(steps.len(), 3, "{stdout}{stderr}");
+    let items = recorded(&rec).remove(&0).unwrap();
+    let names: HashMap<u32, String> = batches(&items).flat_map(|b| b.scopes.iter().cloned()).collect();
+    let scope = |id: u32| if id == 0 { "(none)".to_string() } else { names[&id].clone() };
+    for step in 0..3u32 {
+        let mut made: Vec<(u64, String)> = batches(&items)
+            .flat_map(|b| &b.events)
+            // Scalars (4 and 8 bytes) come and go in every module.
+            .filter(|e| e.step == step && e.action == Action::Alloc && e.phase == Phase::Forward && e.size > 8)
+            .map(|e| (e.size, scope(e.scope)))
+            .collect();
+        made.sort();
+        let mut want = vec![(20, "(none)".into()), (10240, "outer".into()), (10240, "outer.lin".into()), (12288, "outer.inner".into())];
+        if step == 1 {
+            want.push((12288, "outer.inner".into())); // the forward that raised
+            want.sort();
+        }
+        assert_eq!(made, want, "step {step}");
+        // (What backward and the optimizer make may carry a name: "grad of outer.lin.bias".)
+        let modules = ["outer", "outer.lin", "outer.inner"];
+        let elsewhere: Vec<String> = batches(&items).flat_map(|b| &b.events).filter(|e| e.step == step && e.phase != Phase::Forward).map(|e| scope(e.scope)).filter(|s| modules.contains(&s.as_str())).collect();
+        assert!(elsewhere.is_empty(), "step {step}: outside forward, allocations in {elsewhere:?}");
+    }
+}
+
 /// A model trained through torch.compile. On a GPU (BENCHMARKS.md, "The second GPU
 /// session"), Triton failed to compile any kernel under the hook: the shim, loaded into the
 /// process's global scope, took libtorch's CUDA libraries there with it, and Triton's

@@ -22,6 +22,9 @@
               the shim's symbols are in the process's global scope.
   kept        A model whose first forward makes a 4 MiB buffer it keeps for good (as
               cuBLAS makes its workspace at the first matmul), 3 steps.
+  scopes      A model whose module nests another, whose forward raises once in step 1 (the
+              script catches it and runs the step again), 3 steps; each module's
+              allocation has a size of its own (see `scopes`).
   history     The shim has no CUDA (no headers): on what looks like a GPU machine, CUDA
               memory comes from PyTorch's memory history, faked here with a scripted
               allocator. Run under `vramscope py --headless --json`: two training steps,
@@ -315,6 +318,53 @@ def kwargs():
         print(json.dumps({"step_loss": total}), file=sys.stderr)
 
 
+def scopes():
+    # Sizes that say where an allocation was made: 48 floats a row in `outer.inner`, 40 in
+    # `outer.lin` and in `outer` itself, one in the model's own sum.
+    class Inner(torch.nn.Module):
+        fail = False
+
+        def forward(self, x):
+            y = x * 2
+            if self.fail:
+                raise RuntimeError("out of memory (made up)")
+            return y
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.lin = Inner(), torch.nn.Linear(48, 40)
+
+        def forward(self, x):
+            return self.lin(self.inner(x)) + 1
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.outer = Outer()
+
+        def forward(self, x):
+            return self.outer(x).sum()
+
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(3):
+        x = torch.randn(64, 48)
+        if step == 1:
+            model.outer.inner.fail = True
+            try:
+                model(x)
+            except RuntimeError:
+                pass
+            model.outer.inner.fail = False
+        loss = model(x)
+        # Made in forward's phase outside every module: no module's scope.
+        scale = torch.full((5,), 2.0)
+        (loss * scale[0]).backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def policy():
     from vramscope_hook import _native
 
@@ -340,4 +390,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
