@@ -172,6 +172,33 @@ fn run(bytes: &[u8], scan: Scan, t: Threads, hooks: &mut Hooks<'_>) -> Result<Re
     }
 }
 
+/// What the two passes read: the snapshot, its tables as met, and how.
+struct Read {
+    snap: Snapshot,
+    /// Stretches of traces threads decoded.
+    stretches: u32,
+    /// The threads' work did not fit the main pass, which then read again in order.
+    again: bool,
+}
+
+/// The pre-scan and the main pass, on `t`'s threads.
+fn both_passes(bytes: &[u8], t: Threads, hooks: &mut Hooks<'_>) -> Result<Read, ReadError> {
+    // Each pass is shown as it begins, so a caller can time it (`view --summary --profile`).
+    let begins = |pass| ReadProgress { pass, done: 0, total: bytes.len(), segments: None, traces: Vec::new() };
+    (hooks.observe)(&begins(ReadPass::Check));
+    let scan = prescan(bytes, hooks)?;
+    (hooks.observe)(&begins(ReadPass::Decode));
+    match run(bytes, scan, t, hooks)? {
+        Ok((snap, stretches)) => Ok(Read { snap, stretches, again: false }),
+        // The threads' work did not fit the main pass (no well-formed snapshot does that):
+        // the pre-scan's findings back, for a read in order.
+        Err(scan) => {
+            let (snap, _) = run(bytes, scan, Threads::ONE, hooks)?.map_err(|_| ReadError::Malformed { offset: 0, detail: "the pickle reads differently in order".into() })?;
+            Ok(Read { snap, stretches: 0, again: true })
+        }
+    }
+}
+
 /// `release(range)` is told periodically that those bytes may be dropped from memory
 /// (from any thread); they must still read the same if touched again (a file mapping
 /// re-faults them).
@@ -182,18 +209,8 @@ fn decode(
 ) -> Result<Snapshot, ReadError> {
     check_header(bytes)?;
     let mut hooks = Hooks::new(release, observe);
-    // Each pass is shown as it begins, so a caller can time it (`view --summary --profile`).
-    let begins = |pass| ReadProgress { pass, done: 0, total: bytes.len(), segments: None, traces: Vec::new() };
-    (hooks.observe)(&begins(ReadPass::Check));
-    let scan = prescan(bytes, &mut hooks)?;
-    (hooks.observe)(&begins(ReadPass::Decode));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
-    let (mut snap, _) = match run(bytes, scan, Threads::from_size(bytes.len(), threads), &mut hooks)? {
-        Ok(read) => read,
-        // The threads' work did not fit the main pass (no well-formed snapshot does that):
-        // the pre-scan's findings back, for a read in order.
-        Err(scan) => run(bytes, scan, Threads::ONE, &mut hooks)?.map_err(|_| ReadError::Malformed { offset: 0, detail: "the pickle reads differently in order".into() })?,
-    };
+    let mut snap = both_passes(bytes, Threads::from_size(bytes.len(), threads), &mut hooks)?.snap;
     canonicalize_tables(&mut snap);
     (hooks.observe)(&ReadProgress {
         pass: ReadPass::Decode,
@@ -318,15 +335,22 @@ mod tests {
         assert_eq!(passes, [(ReadPass::Check, 0), (ReadPass::Check, calls[0]), (ReadPass::Decode, 0), (ReadPass::Decode, calls[1]), end]);
     }
 
-    /// Reads `bytes` as `decode` does, on `t`'s threads: the snapshot and the stretches
-    /// threads decoded.
-    fn read_on(bytes: &[u8], t: Threads) -> (Snapshot, u32) {
+    /// Reads `bytes` as `decode` does, on `t`'s threads.
+    fn read_or_fail_on(bytes: &[u8], t: Threads) -> Result<Read, ReadError> {
         let mut observe = |_: &ReadProgress<'_>| {};
         let mut hooks = Hooks::new(&|_| {}, &mut observe);
-        let scan = prescan(bytes, &mut hooks).unwrap();
-        let Ok((mut snap, stretches)) = run(bytes, scan, t, &mut hooks).unwrap() else { panic!("the threads' work did not fit") };
-        canonicalize_tables(&mut snap);
-        (snap, stretches)
+        check_header(bytes)?;
+        let mut read = both_passes(bytes, t, &mut hooks)?;
+        canonicalize_tables(&mut read.snap);
+        Ok(read)
+    }
+
+    /// A well-formed snapshot read on `t`'s threads: the snapshot and the stretches
+    /// threads decoded.
+    fn read_on(bytes: &[u8], t: Threads) -> (Snapshot, u32) {
+        let read = read_or_fail_on(bytes, t).unwrap();
+        assert!(!read.again, "the threads' work did not fit");
+        (read.snap, read.stretches)
     }
 
     /// Two devices' traces, `n` entries each: stacks new and read back all along (shared
@@ -362,6 +386,39 @@ mod tests {
             assert!(stretches > 20, "{threads} threads decoded {stretches} stretches");
             assert!(snap == in_order, "{threads} threads, {chunk_bytes}-byte stretches: not the snapshot read in order");
         }
+    }
+
+    /// A trace damaged anywhere reads on threads as it reads in order: the same snapshot,
+    /// or an error too. (Where the damage shows, an error's detail, and at times its offset,
+    /// depends on how much of the entry around it the path that met it had taken apart.)
+    /// Some damage leaves the threads' work not fitting the main pass, which then reads
+    /// again in order.
+    #[test]
+    fn a_damaged_trace_reads_on_threads_as_it_reads_in_order() {
+        let mut bytes = Vec::new();
+        crate::snapshot::writer::write_snapshot(&many_entries(3_000), &mut bytes).unwrap();
+        let threads = Threads { threads: 3, chunk_bytes: 2_000, from: 0 };
+        let (mut again, mut failed, mut rng) = (0, 0, 0x9e37_79b9_7f4a_7c15u64);
+        for _ in 0..1_500 {
+            // xorshift: a byte somewhere after the header, set to an opcode or to noise.
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let mut damaged = bytes.clone();
+            let at = 16 + (rng % (bytes.len() as u64 - 16)) as usize;
+            damaged[at] = [op::MEMOIZE, op::BINGET, op::MARK, op::EMPTY_DICT, op::APPENDS, op::SETITEMS, (rng >> 32) as u8][(rng >> 40) as usize % 7];
+            let in_order = read_or_fail_on(&damaged, Threads::ONE);
+            let on_threads = read_or_fail_on(&damaged, threads);
+            match (&on_threads, &in_order) {
+                (Ok(t), Ok(o)) => {
+                    again += t.again as u32;
+                    assert!(t.snap == o.snap, "byte {at} set to {:#04x}: read on threads, not the snapshot read in order", damaged[at]);
+                }
+                (Err(_), Err(_)) => failed += 1,
+                _ => panic!("byte {at} set to {:#04x}: on threads {:?}, in order {:?}", damaged[at], on_threads.err(), in_order.err()),
+            }
+        }
+        assert!(failed > 100 && again > 0, "{failed} reads failed, {again} read again in order");
     }
 
     /// The real files: written by PyTorch's pickler, whose frames end inside entries.
