@@ -12,9 +12,10 @@
 //! under the hook's Python with a core that does nothing (benches/hook_python.py): what the
 //! hook's Python and torch's hook path cost, apart from the core and the machine's noise
 //! between processes. With `--python --real`, under `vramscope py --headless` in one
-//! process: the capture alone against the capture with the hook's Python.
+//! process: the capture alone against the capture with the hook's Python. With
+//! `--python --parts`, the hook's own time in each function it puts into torch, a step.
 //!
-//!   cargo bench --bench hook_overhead -- --python [--real] [rounds] [steps]
+//!   cargo bench --bench hook_overhead -- --python [--real | --parts] [rounds] [steps]
 
 mod common;
 
@@ -110,10 +111,12 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     if std::env::args().any(|a| a == "--python") {
         let bench = common::root().join("benches/hook_python.py");
-        let status = if std::env::args().any(|a| a == "--real") {
-            Command::new(common::built("vramscope")).args(["py", "--headless"]).arg(bench).arg("--real").args(&args).stdout(Stdio::null()).status()
+        // The script's own arguments, in order (cargo's `--bench` is not one of them).
+        let own: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench" && a != "--python").collect();
+        let status = if own.iter().any(|a| a == "--real") {
+            Command::new(common::built("vramscope")).args(["py", "--headless"]).arg(bench).args(&own).stdout(Stdio::null()).status()
         } else {
-            Command::new(common::python()).arg(bench).args(&args).status()
+            Command::new(common::python()).arg(bench).args(&own).status()
         };
         assert!(status.expect("python runs").success(), "benches/hook_python.py failed");
         return;

@@ -17,11 +17,17 @@ Run under `vramscope py --headless` (`--python --real`), it times the real hook 
 one process: the capture alone (the hook's Python taken out between rounds) against the
 capture with the hook's Python, with the real core and shim and the viewer reading.
 
+`--parts` times the hook's own work inside the step instead: each function it puts into
+torch (module calls, backward, zero_grad, the optimizer's hooks) timed around, less the
+time of what it wraps, as µs a step; with everything in the cache the same calls cost a
+tenth of that (BENCHMARKS.md, issue 35).
+
 `--transformer [--device cuda]` times tests/py/train_transformer.py's model instead (d 512,
 4 layers, ctx 256, batch 8, AdamW): on a GPU that size is launch-bound, and the hook made
 its step 1.3-1.4× (BENCHMARKS.md, "The first runs on a GPU"). On CUDA a step is timed on the
 wall clock between synchronizes, as the GPU's work is not the thread's."""
 
+import ctypes
 import os
 import statistics
 import sys
@@ -60,10 +66,25 @@ def step(model, opt):
 
 
 class Nothing:
-    """A core or shim whose every function does nothing and returns 0."""
+    """A core whose every function does nothing and returns 0."""
 
     def __getattr__(self, name):
         return lambda *args, **kwargs: 0
+
+
+class Shim(Nothing):
+    """A shim that does nothing but has the real one's scope word and phase byte, which the
+    hook writes in place (without them it would take a CUDA job's path, calling the core at
+    every phase)."""
+
+    def __init__(self):
+        self.words = (ctypes.c_uint32 * 2)()
+
+    def vs_scope_slot(self):
+        return ctypes.addressof(self.words)
+
+    def vs_phase_slot(self):
+        return ctypes.addressof(self.words) + 4
 
 
 def empty_hooks():
@@ -86,7 +107,7 @@ def wrapped_call():
 
 
 def our_hooks():
-    hooks = Hooks(torch, Nothing(), Nothing())
+    hooks = Hooks(torch, Shim(), Nothing())
     hooks.install()
     return hooks.uninstall
 
@@ -119,11 +140,76 @@ else:
     WAYS = {"plain": lambda: (lambda: None), "torch's hook path": empty_hooks, "a call wrapper": wrapped_call, "the hook's Python": our_hooks}
 
 
+class TimedHooks(Hooks):
+    """The hook, each function it puts into torch timed less what that function wraps."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.spent = {}
+        self._inside = []  # time in what the functions under way wrapped, innermost last
+
+    def _patch(self, owner, attr, wrap):
+        spent, inside, original = self.spent, self._inside, getattr(owner, attr)
+
+        def timed_original(*args, **kwargs):
+            t = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside[-1] += time.perf_counter_ns() - t
+
+        wrapped = wrap(timed_original)
+
+        def timed(*args, **kwargs):
+            inside.append(0)
+            t = time.perf_counter_ns()
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                spent[attr] = spent.get(attr, 0) + time.perf_counter_ns() - t - inside.pop()
+
+        setattr(owner, attr, timed)
+        self._originals.append((owner, attr, original))
+
+    def _timed(self, name, f, *args):
+        t = time.perf_counter_ns()
+        try:
+            return f(*args)
+        finally:
+            self.spent[name] = self.spent.get(name, 0) + time.perf_counter_ns() - t
+
+    def _opt_pre(self, *args):
+        return self._timed("optimizer pre-hook", super()._opt_pre, *args)
+
+    def _opt_post(self, *args):
+        return self._timed("optimizer post-hook", super()._opt_post, *args)
+
+
+def parts(rounds, steps):
+    model, opt = build()
+    hooks = TimedHooks(torch, Shim(), Nothing())
+    hooks.install()
+    for _ in range(50):
+        step(model, opt)
+    per_round = []
+    for _ in range(rounds):
+        hooks.spent.clear()
+        for _ in range(steps):
+            step(model, opt)
+        per_round.append({k: v / steps / 1e3 for k, v in hooks.spent.items()})
+    print(f"the hook's own work in the {'transformer' if TRANSFORMER else 'dense MLP'}'s step, {rounds} rounds of {steps} steps (µs a step, median of rounds)")
+    for name in sorted(per_round[0], key=lambda k: -per_round[0][k]):
+        print(f"  {name + ':':<22} {statistics.median(r[name] for r in per_round):7.1f}")
+    print(f"  {'all:':<22} {statistics.median(sum(r.values()) for r in per_round):7.1f}")
+
+
 def main():
     numbers = [a for a in sys.argv[1:] if a.isdigit()]
     rounds = int(numbers[0]) if numbers else 12
     steps = int(numbers[1]) if len(numbers) > 1 else 100
     torch.set_num_threads(1)  # one thread: no OpenMP stragglers, only the main thread's work
+    if "--parts" in sys.argv:
+        return parts(rounds, steps)
     if REAL:
         import vramscope_hook
 
