@@ -100,7 +100,7 @@ fn child(path: &Path) {
             last_draw = Instant::now();
             if first.is_none() && events > 0 {
                 let text: String = (0..60).flat_map(|y| (0..200).map(move |x| (x, y))).map(|p| buf[p].symbol().to_string()).collect();
-                assert!(text.contains("▼ peak"), "the first loading frame shows the timeline");
+                assert!(text.contains("▼ active peak"), "the first loading frame shows the timeline and its peak");
                 first = Some((t0.elapsed().as_secs_f64(), loading.entries));
             }
         }

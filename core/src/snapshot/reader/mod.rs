@@ -172,29 +172,22 @@ fn run(bytes: &[u8], scan: Scan, t: Threads, hooks: &mut Hooks<'_>) -> Result<Re
     }
 }
 
-/// What the two passes read: the snapshot, its tables as met, and how.
-struct Read {
-    snap: Snapshot,
-    /// Stretches of traces threads decoded.
-    stretches: u32,
-    /// The threads' work did not fit the main pass, which then read again in order.
-    again: bool,
-}
-
-/// The pre-scan and the main pass, on `t`'s threads.
-fn both_passes(bytes: &[u8], t: Threads, hooks: &mut Hooks<'_>) -> Result<Read, ReadError> {
+/// The pre-scan and the main pass, on `t`'s threads: the snapshot (its tables as met), the
+/// stretches of traces threads decoded, and whether their work did not fit the main pass,
+/// which then read again in order.
+fn both_passes(bytes: &[u8], t: Threads, hooks: &mut Hooks<'_>) -> Result<(Snapshot, u32, bool), ReadError> {
     // Each pass is shown as it begins, so a caller can time it (`view --summary --profile`).
     let begins = |pass| ReadProgress { pass, done: 0, total: bytes.len(), segments: None, traces: Vec::new() };
     (hooks.observe)(&begins(ReadPass::Check));
     let scan = prescan(bytes, hooks)?;
     (hooks.observe)(&begins(ReadPass::Decode));
     match run(bytes, scan, t, hooks)? {
-        Ok((snap, stretches)) => Ok(Read { snap, stretches, again: false }),
+        Ok((snap, stretches)) => Ok((snap, stretches, false)),
         // The threads' work did not fit the main pass (no well-formed snapshot does that):
         // the pre-scan's findings back, for a read in order.
         Err(scan) => {
             let (snap, _) = run(bytes, scan, Threads::ONE, hooks)?.map_err(|_| ReadError::Malformed { offset: 0, detail: "the pickle reads differently in order".into() })?;
-            Ok(Read { snap, stretches: 0, again: true })
+            Ok((snap, 0, true))
         }
     }
 }
@@ -210,7 +203,7 @@ fn decode(
     check_header(bytes)?;
     let mut hooks = Hooks::new(release, observe);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
-    let mut snap = both_passes(bytes, Threads::from_size(bytes.len(), threads), &mut hooks)?.snap;
+    let (mut snap, _, _) = both_passes(bytes, Threads::from_size(bytes.len(), threads), &mut hooks)?;
     canonicalize_tables(&mut snap);
     (hooks.observe)(&ReadProgress {
         pass: ReadPass::Decode,
@@ -335,22 +328,22 @@ mod tests {
         assert_eq!(passes, [(ReadPass::Check, 0), (ReadPass::Check, calls[0]), (ReadPass::Decode, 0), (ReadPass::Decode, calls[1]), end]);
     }
 
-    /// Reads `bytes` as `decode` does, on `t`'s threads.
-    fn read_or_fail_on(bytes: &[u8], t: Threads) -> Result<Read, ReadError> {
+    /// Reads `bytes` as `decode` does, on `t`'s threads: as `both_passes` says.
+    fn read_or_fail_on(bytes: &[u8], t: Threads) -> Result<(Snapshot, u32, bool), ReadError> {
         let mut observe = |_: &ReadProgress<'_>| {};
         let mut hooks = Hooks::new(&|_| {}, &mut observe);
         check_header(bytes)?;
-        let mut read = both_passes(bytes, t, &mut hooks)?;
-        canonicalize_tables(&mut read.snap);
-        Ok(read)
+        let (mut snap, stretches, again) = both_passes(bytes, t, &mut hooks)?;
+        canonicalize_tables(&mut snap);
+        Ok((snap, stretches, again))
     }
 
     /// A well-formed snapshot read on `t`'s threads: the snapshot and the stretches
     /// threads decoded.
     fn read_on(bytes: &[u8], t: Threads) -> (Snapshot, u32) {
-        let read = read_or_fail_on(bytes, t).unwrap();
-        assert!(!read.again, "the threads' work did not fit");
-        (read.snap, read.stretches)
+        let (snap, stretches, again) = read_or_fail_on(bytes, t).unwrap();
+        assert!(!again, "the threads' work did not fit");
+        (snap, stretches)
     }
 
     /// Two devices' traces, `n` entries each: stacks new and read back all along (shared
@@ -411,8 +404,8 @@ mod tests {
             let on_threads = read_or_fail_on(&damaged, threads);
             match (&on_threads, &in_order) {
                 (Ok(t), Ok(o)) => {
-                    again += t.again as u32;
-                    assert!(t.snap == o.snap, "byte {at} set to {:#04x}: read on threads, not the snapshot read in order", damaged[at]);
+                    again += t.2 as u32;
+                    assert!(t.0 == o.0, "byte {at} set to {:#04x}: read on threads, not the snapshot read in order", damaged[at]);
                 }
                 (Err(_), Err(_)) => failed += 1,
                 _ => panic!("byte {at} set to {:#04x}: on threads {:?}, in order {:?}", damaged[at], on_threads.err(), in_order.err()),
