@@ -8,7 +8,7 @@
 //! measurement runs in a fresh child process so VmHWM is that run's alone. Python's
 //! `pickle.load` of the same file is timed in the same run, for the ratio.
 //!
-//! Run: `LD_LIBRARY_PATH=$PWD/.libtorch/lib cargo bench --bench view_first_frame`
+//! Run: `cargo bench --bench view_first_frame`
 
 mod common;
 
