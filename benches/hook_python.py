@@ -149,27 +149,29 @@ class TimedHooks(Hooks):
         self._inside = []  # time in what the functions under way wrapped, innermost last
 
     def _patch(self, owner, attr, wrap):
-        spent, inside, original = self.spent, self._inside, getattr(owner, attr)
+        spent, inside = self.spent, self._inside
 
-        def timed_original(*args, **kwargs):
-            t = time.perf_counter_ns()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                inside[-1] += time.perf_counter_ns() - t
+        def timing(original):
+            def timed_original(*args, **kwargs):
+                t = time.perf_counter_ns()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    inside[-1] += time.perf_counter_ns() - t
 
-        wrapped = wrap(timed_original)
+            wrapped = wrap(timed_original)
 
-        def timed(*args, **kwargs):
-            inside.append(0)
-            t = time.perf_counter_ns()
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                spent[attr] = spent.get(attr, 0) + time.perf_counter_ns() - t - inside.pop()
+            def timed(*args, **kwargs):
+                inside.append(0)
+                t = time.perf_counter_ns()
+                try:
+                    return wrapped(*args, **kwargs)
+                finally:
+                    spent[attr] = spent.get(attr, 0) + time.perf_counter_ns() - t - inside.pop()
 
-        setattr(owner, attr, timed)
-        self._originals.append((owner, attr, original))
+            return timed
+
+        super()._patch(owner, attr, timing)
 
     def _timed(self, name, f, *args):
         t = time.perf_counter_ns()
