@@ -12,10 +12,12 @@
 //! under the hook's Python with a core that does nothing (benches/hook_python.py): what the
 //! hook's Python and torch's hook path cost, apart from the core and the machine's noise
 //! between processes. With `--python --real`, under `vramscope py --headless` in one
-//! process: the capture alone against the capture with the hook's Python. With
-//! `--python --parts`, the hook's own time in each function it puts into torch, a step.
+//! process: nothing followed (the shim's recording off, the hook's Python out), the capture
+//! alone, and the capture with the hook's Python, rounds interleaved. With
+//! `--python --parts`, the hook's own time in each function it puts into torch, a step
+//! (with `--real` too: the job's own hook, its calls into the real core counted in).
 //!
-//!   cargo bench --bench hook_overhead -- --python [--real | --parts] [rounds] [steps]
+//!   cargo bench --bench hook_overhead -- --python [--real] [--parts] [rounds] [steps]
 
 mod common;
 
@@ -134,14 +136,17 @@ fn main() {
     };
     let dir = tempfile::tempdir().expect("temp dir");
     vramscope_core::channel::dir::ensure_private_dir(&dir.path().join("sockets")).expect("socket dir");
-    let (mut plain, mut hooked) = (Vec::new(), Vec::new());
+    let (mut plain, mut hooked, mut paired) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds as usize {
         // Alternate which goes first, so a trend in machine load favours neither.
+        let mut round = [0.0; 2];
         for with in if r % 2 == 0 { [false, true] } else { [true, false] } {
             let t = step_times(with, &script_args, dir.path(), r);
-            eprintln!("round {r} {}: {:.4} s/step", if with { "with the hook" } else { "plain" }, median(t.clone()));
+            round[with as usize] = median(t.clone());
+            eprintln!("round {r} {}: {:.4} s/step", if with { "with the hook" } else { "plain" }, round[with as usize]);
             if with { hooked.extend(t) } else { plain.extend(t) }
         }
+        paired.push(round[1] / round[0]);
     }
     let (p, h) = (median(plain), median(hooked));
     match dense() {
@@ -150,6 +155,10 @@ fn main() {
     }
     println!("  median step plain:            {p:.4} s");
     println!("  median step under vramscope:  {h:.4} s  ({:.3}×, target ≤ 1.05×)", h / p);
+    // This machine's step time moves by a fifth from process to process: each round's two
+    // runs, one after the other, against each other.
+    let (lo, hi) = paired.iter().fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+    println!("  round by round:               {:.3}× median, {lo:.3}-{hi:.3}× ({} rounds)", median(paired.clone()), paired.len());
     let (bytes, events) = wire(&script_args, dir.path());
     println!("  on the wire: {events} events in {bytes} bytes = {:.2} bytes/event (zstd level 1, everything included)", bytes as f64 / events as f64);
 }

@@ -14,13 +14,17 @@ tenant taking the core does not count. Run by
 `cargo bench --bench hook_overhead -- --python [rounds] [steps]`.
 
 Run under `vramscope py --headless` (`--python --real`), it times the real hook instead, in
-one process: the capture alone (the hook's Python taken out between rounds) against the
-capture with the hook's Python, with the real core and shim and the viewer reading.
+one process: nothing followed (the shim's recording off and the hook's Python out between
+rounds: the job as it runs plainly, its allocator passing through a shim that reads a flag),
+the capture alone, and the capture with the hook's Python, with the real core and shim and
+the viewer reading. Process to process, this machine's step time moves by a fifth; within
+one, rounds interleaved, by a few percent.
 
 `--parts` times the hook's own work inside the step instead: each function it puts into
 torch (module calls, backward, zero_grad, the optimizer's hooks) timed around, less the
 time of what it wraps, as µs a step; with everything in the cache the same calls cost a
-tenth of that (BENCHMARKS.md, issue 35).
+tenth of that (BENCHMARKS.md, issue 35). With `--real` too, the job's own hook is timed so,
+its calls into the real core and shim counted in.
 
 `--transformer [--device cuda]` times tests/py/train_transformer.py's model instead (d 512,
 4 layers, ctx 256, batch 8, AdamW): on a GPU that size is launch-bound, and the hook made
@@ -121,6 +125,15 @@ def the_real_hook():
     return hooks.uninstall
 
 
+def nothing_followed():
+    """The shim records nothing, and the hook's Python is out (as for the capture alone)."""
+    import vramscope_hook
+
+    shim = vramscope_hook._state["hooks"].shim
+    shim.vs_set_capture_enabled(False)
+    return lambda: shim.vs_set_capture_enabled(True)
+
+
 def timed_step(model, opt):
     if DEVICE.type == "cuda":
         torch.cuda.synchronize(DEVICE)
@@ -135,7 +148,7 @@ def timed_step(model, opt):
 
 REAL = "--real" in sys.argv
 if REAL:
-    WAYS = {"the capture alone": lambda: (lambda: None), "with the hook's Python": the_real_hook}
+    WAYS = {"nothing followed": nothing_followed, "the capture alone": lambda: (lambda: None), "with the hook's Python": the_real_hook}
 else:
     WAYS = {"plain": lambda: (lambda: None), "torch's hook path": empty_hooks, "a call wrapper": wrapped_call, "the hook's Python": our_hooks}
 
@@ -189,7 +202,16 @@ class TimedHooks(Hooks):
 
 def parts(rounds, steps):
     model, opt = build()
-    hooks = TimedHooks(torch, Shim(), Nothing())
+    if REAL:
+        # The job's own hook, timed: the real core's and shim's calls counted in.
+        import vramscope_hook
+
+        hooks = vramscope_hook._state["hooks"]
+        hooks.uninstall()
+        hooks.__class__ = TimedHooks
+        hooks.spent, hooks._inside = {}, []
+    else:
+        hooks = TimedHooks(torch, Shim(), Nothing())
     hooks.install()
     for _ in range(50):
         step(model, opt)
@@ -199,10 +221,12 @@ def parts(rounds, steps):
         for _ in range(steps):
             step(model, opt)
         per_round.append({k: v / steps / 1e3 for k, v in hooks.spent.items()})
-    print(f"the hook's own work in the {'transformer' if TRANSFORMER else 'dense MLP'}'s step, {rounds} rounds of {steps} steps (µs a step, median of rounds)")
+    out = sys.stderr if REAL else sys.stdout  # under vramscope py, stdout carries the step lines
+    core = "the real core and shim" if REAL else "a core that does nothing"
+    print(f"the hook's own work in the {'transformer' if TRANSFORMER else 'dense MLP'}'s step, with {core}, {rounds} rounds of {steps} steps (µs a step, median of rounds)", file=out)
     for name in sorted(per_round[0], key=lambda k: -per_round[0][k]):
-        print(f"  {name + ':':<22} {statistics.median(r[name] for r in per_round):7.1f}")
-    print(f"  {'all:':<22} {statistics.median(sum(r.values()) for r in per_round):7.1f}")
+        print(f"  {name + ':':<22} {statistics.median(r[name] for r in per_round):7.1f}", file=out)
+    print(f"  {'all:':<22} {statistics.median(sum(r.values()) for r in per_round):7.1f}", file=out)
 
 
 def main():

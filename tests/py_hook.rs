@@ -762,6 +762,26 @@ fn a_compiled_model_stays_one_graph_and_keeps_its_names() {
     assert!(!names.iter().any(|n| n.contains("_orig_mod")), "{names:?}");
 }
 
+/// Gradients and optimizer state carry their names at every step's end, also where the
+/// state changes under the optimizer: a checkpoint loaded (step 4) and a moment replaced by
+/// a copy (step 8) are named in their step; a moment's storage swapped through `.data` (step
+/// 12) within 16 steps, when the hook next looks at the state's storage, not only at which
+/// tensors it holds (tests/py/hook_lifecycle.py's `reload`).
+#[test]
+fn gradients_and_optimizer_state_keep_their_names_when_the_state_changes() {
+    let t = tempfile::tempdir().unwrap();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "reload", &["--json"], &[]);
+    assert_eq!(steps.len(), 32, "{stdout}{stderr}");
+    // Linear(64, 128) and Linear(128, 10) in fp32; AdamW keeps two moments of each.
+    const PARAMS: u64 = (64 * 128 + 128 + 128 * 10 + 10) * 4;
+    let bytes = |s: &serde_json::Value, c: &str| s["category_bytes"][c].as_u64().unwrap_or(0);
+    let unnamed: Vec<u64> = steps.iter().filter(|s| bytes(s, "optimizer_state") != 2 * PARAMS).map(|s| s["step"].as_u64().unwrap()).collect();
+    assert!(unnamed.iter().all(|s| (12..28).contains(s)), "state unnamed at the end of steps {unnamed:?}");
+    for s in &steps {
+        assert_eq!(bytes(s, "gradient"), PARAMS, "{s}");
+    }
+}
+
 /// What a job makes in a step and keeps for good (on a GPU, cuBLAS's two 32 MiB workspaces,
 /// made in the first step's forward and backward) is no activation or temporary once the
 /// step after its own has ended: the step lines and the screen said "activation" for it at

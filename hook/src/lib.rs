@@ -322,6 +322,10 @@ struct Core {
     flusher: Flusher,
     scopes: Arc<Scopes>,
     knobs: HashMap<String, KnobKind>,
+    /// Knob values as last read: they change only where declared and where a step's end
+    /// applies a viewer's control, and reading them from the session waited on its lock,
+    /// which the flusher holds while it models events (20 µs a step, issue 35).
+    knob_values: HashMap<String, Option<String>>,
     name: String,
     rank: u32,
     /// Where the hook leaves the job once alone (`Config::unhook_when_alone`): since when
@@ -559,6 +563,7 @@ fn start(cfg: Config) -> Result<Core, String> {
         flusher,
         scopes,
         knobs: HashMap::new(),
+        knob_values: HashMap::new(),
         name: cfg.name,
         rank: cfg.rank,
         alone: cfg.unhook_when_alone.then(|| Alone { since: std::time::Instant::now(), had_viewer: false }),
@@ -706,18 +711,34 @@ pub extern "C" fn vsh_phase(phase: u8) -> c_int {
 #[no_mangle]
 pub extern "C" fn vsh_tag(addr: u64, category: u8, name: *const c_char) -> c_int {
     with_core(|c| {
-        let name = if name.is_null() { None } else { Some(cstr(name)?) };
-        // An attach's seeds wait outside the shim's buffer: a name for one follows them.
-        match c.in_band.as_ref().filter(|_| !history::seeding()) {
-            Some(b) => b.tag(addr, Category::from_u8(category), name.map_or(0, |n| c.scopes.intern(n))),
-            None => {
-                let mut s = lock(&c.session);
-                s.drain();
-                s.tag(addr, Category::from_u8(category), name);
-            }
-        }
+        let name = if name.is_null() { 0 } else { c.scopes.intern(cstr(name)?) };
+        tag(c, Category::from_u8(category), &[addr], &[name]);
         Ok(())
     })
+}
+
+/// `vsh_tag` for `n` allocations at once, all holding `category`, each called by an
+/// interned name (`vsh_intern`; 0: keep its module scope): a model's gradients, new every
+/// step, took a call each, and each call cost the job's thread microseconds (issue 35).
+#[no_mangle]
+pub extern "C" fn vsh_tag_many(category: u8, addrs: *const u64, names: *const u32, n: usize) -> c_int {
+    with_core(|c| {
+        tag(c, Category::from_u8(category), borrowed_slice(addrs, n)?, borrowed_slice(names, n)?);
+        Ok(())
+    })
+}
+
+fn tag(c: &Core, category: Category, addrs: &[u64], names: &[u32]) {
+    let named = addrs.iter().zip(names);
+    // An attach's seeds wait outside the shim's buffer: a name for one follows them.
+    match c.in_band.as_ref().filter(|_| !history::seeding()) {
+        Some(b) => named.for_each(|(a, id)| b.tag(*a, category, *id)),
+        None => {
+            let mut s = lock(&c.session);
+            s.drain();
+            named.for_each(|(a, id)| s.tag_scope(*a, category, *id));
+        }
+    }
 }
 
 /// The job's parameter count, once its model is known.
@@ -741,6 +762,7 @@ pub extern "C" fn vsh_declare_knob(name: *const c_char, value: *const c_char, ki
         };
         let name = cstr(name)?;
         c.knobs.insert(name.to_string(), kind);
+        c.knob_values.remove(name);
         lock(&c.session).declare_knob(name, cstr(value)?);
         Ok(())
     })
@@ -751,7 +773,15 @@ pub extern "C" fn vsh_declare_knob(name: *const c_char, value: *const c_char, ki
 pub extern "C" fn vsh_knob(name: *const c_char) -> *const c_char {
     let mut value = None;
     with_core(|c| {
-        value = lock(&c.session).info().knob(cstr(name)?).map(str::to_string);
+        let name = cstr(name)?;
+        value = match c.knob_values.get(name) {
+            Some(v) => v.clone(),
+            None => {
+                let v = lock(&c.session).info().knob(name).map(str::to_string);
+                c.knob_values.insert(name.to_string(), v.clone());
+                v
+            }
+        };
         Ok(())
     });
     match value {
@@ -846,10 +876,21 @@ pub extern "C" fn vsh_step_end(loss: f64, loss_read: u8, elapsed_s: f64, ctx: i6
     let Some(session) = session else {
         return 0;
     };
-    let boundary = between_steps(&session, &mut |name, value| match kinds.get(name) {
-        Some(k) => check_knob(*k, value).map_err(|e| format!("knob {name}: {e}")),
-        None => Err(format!("this job declares no knob '{name}' (declare it with vramscope_hook.knob)")),
+    let mut changed = false;
+    let boundary = between_steps(&session, &mut |name, value| {
+        let to = match kinds.get(name) {
+            Some(k) => check_knob(*k, value).map_err(|e| format!("knob {name}: {e}")),
+            None => Err(format!("this job declares no knob '{name}' (declare it with vramscope_hook.knob)")),
+        };
+        changed |= to.is_ok();
+        to
     });
+    if changed {
+        with_core(|c| {
+            c.knob_values.clear();
+            Ok(())
+        });
+    }
     i32::from(boundary == Boundary::Stop)
 }
 

@@ -99,7 +99,7 @@ def _learn_what_is_there(hooks, core):
     if roots:
         # Its forwards count the samples: the largest model, not a loss module or a helper.
         hooks.model = id(max(roots, key=lambda m: sum(p.numel() for p in m.parameters())))
-    names = {pid: name for pid, (_, name) in hooks.params.items()}
+    names = {pid: name for pid, (_, name, _) in hooks.params.items()}
     for root in roots:
         for p in root.parameters():
             if p.grad is not None:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import weakref
+from array import array
 
 from ._native import slots
 
@@ -65,7 +66,8 @@ class Hooks:
         self.names = {}  # id(module) -> qualified name
         self.scope_ids = {}  # name -> interned id
         self._scopes = {}  # id(module) -> (scope id, name)
-        self.params = {}  # id(param) -> (weakref, name)
+        self.params = {}  # id(param) -> (weakref, name, its gradient's name interned)
+        self._first_param = None  # a weakref to the model's first parameter: its dtype
         self.phase = OTHER
         # The first step's clock starts at its first phase: what came before (torch's
         # import, building the model, CUDA's start-up) is no step's.
@@ -78,6 +80,16 @@ class Hooks:
         # id of a tensor tagged -> (weakref to it, its data's address then): an accumulated
         # gradient or AdamW's moments are the same tensor step after step, and are named once.
         self._tagged = {}
+        self._tagged_pruned = 0  # how many were kept when dead ones last went
+        # id(optimizer) -> (weakref to it, the ids of its state's values, steps to the next
+        # look at their storage): naming its state looks at every tensor's storage, which cost
+        # the job's thread 40 µs a step for a small MLP's AdamW (issue 35), where comparing
+        # which objects its state holds finds what a checkpoint loaded or an optimizer that
+        # makes new tensors puts there. Every 16th step, the storage (`.data` swapped).
+        self._state_seen = {}
+        # Gradients are named at the optimizer's start once an optimizer is seen; before
+        # that (a script that updates parameters itself), after each step's first backward.
+        self._optimizer_seen = False
         self.autocast = None  # the dtype of the autocast region the model's forward ran in
         self._autocast_read = False  # read at the model's first forward of the step
         # GradScaler.scale's outputs this step (by id) and the losses they scaled.
@@ -167,9 +179,11 @@ class Hooks:
         for n, m in root.named_modules():
             self.names.setdefault(id(m), own(n))
         for n, p in root.named_parameters():
-            self.params[id(p)] = (weakref.ref(p), own(n))
+            self.params[id(p)] = (weakref.ref(p), own(n), self.core.vsh_intern(f"grad of {own(n)}".encode()))
+            if self._first_param is None or self._first_param() is None:
+                self._first_param = weakref.ref(p)
             self.core.vsh_tag(_storage_ptr(p), PARAMETER, own(n).encode())
-        total = sum(p().numel() for p, _ in self.params.values() if p() is not None)
+        total = sum(p().numel() for p, _, _ in self.params.values() if p() is not None)
         self.core.vsh_set_parameters(total)
 
     def _module_call(self, original):
@@ -215,13 +229,16 @@ class Hooks:
 
     def _count(self, a):
         """Counts a model input's samples and, where it has one, its sequence length."""
-        if not isinstance(a, self.torch.Tensor) or a.dim() < 1:
+        if not isinstance(a, self.torch.Tensor):
             return False
-        self.samples += int(a.shape[0])
+        shape = a.shape
+        if not shape:
+            return False
+        self.samples += shape[0]
         # A sequence length only where there is one: token ids [batch, seq] or embeddings
         # [batch, seq, d]; an MLP's [batch, features] has none.
-        if (a.dim() == 2 and not a.is_floating_point()) or a.dim() == 3:
-            self.ctx = int(a.shape[1])
+        if len(shape) == 3 or (len(shape) == 2 and not a.is_floating_point()):
+            self.ctx = shape[1]
         return True
 
     def _outermost(self, module, args):
@@ -244,13 +261,13 @@ class Hooks:
         if not counted:
             # Hugging Face models take their batch as keyword arguments.
             self._uncounted = id(module)
-        if id(module) == self.model:
-            self._cast_for(module)
         # The model's forward tells the step's precision: a loss module called at top level
         # after it, outside the autocast region as many scripts call it, does not.
         if not self._autocast_read and (id(module) == self.model or self.model is None):
             self.autocast = self._autocast_dtype()
             self._autocast_read = id(module) == self.model
+        if id(module) == self.model:
+            self._cast_for(module)
 
     def _autocast_dtype(self):
         """The dtype of the autocast region the model's forward runs in, or None."""
@@ -263,16 +280,14 @@ class Hooks:
                     return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
         return None
 
-    def _autocast_on(self, device_type=None):
+    def _autocast_on(self, device_type):
         torch = self.torch
-        if device_type is not None:
-            try:
-                return torch.is_autocast_enabled(device_type)
-            except TypeError:  # before 2.4: one function per device
-                return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
-            except RuntimeError:  # a device autocast does not know (meta): never on there
-                return False
-        return self._autocast_on("cuda") or self._autocast_on("cpu")
+        try:
+            return torch.is_autocast_enabled(device_type)
+        except TypeError:  # before 2.4: one function per device
+            return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+        except RuntimeError:  # a device autocast does not know (meta): never on there
+            return False
 
     def _cast_for(self, model):
         """Precision by key: under bf16, the model's forward (and the loss computed from it
@@ -287,9 +302,7 @@ class Hooks:
         want = self._cast_checked
         if not want or self._cast is not None:
             return  # the script chooses its precision (a knob of its own), settled, or the region is open
-        param = next(model.parameters(), None)
-        device_type = param.device.type if param is not None else "cpu"
-        if self._autocast_on(device_type):
+        if self.autocast is not None:  # read as this forward began: the script's own region
             if not self.script_autocast and self.note is not None:
                 self.note("the script runs under its own autocast: it owns its precision, and p does not change it")
             self.script_autocast = True
@@ -297,9 +310,11 @@ class Hooks:
             return
         # fp16 by key is autocast alone: a GradScaler is the script's to make.
         dtype = {"bf16": self.torch.bfloat16, "fp16": self.torch.float16}.get(want)
-        if dtype is None:
+        if dtype is None:  # fp32: nothing to open (finding the model's device cost 40 µs a step)
             self._cast_checked = False
             return
+        param = next(model.parameters(), None)
+        device_type = param.device.type if param is not None else "cpu"
         try:
             cast = self.torch.autocast(device_type, dtype=dtype)
             cast.__enter__()
@@ -310,6 +325,7 @@ class Hooks:
             self._cast_checked = False
             return
         self._cast = cast
+        self.autocast = dtype
 
     def _close_cast(self):
         if self._cast is not None:
@@ -318,21 +334,34 @@ class Hooks:
 
     # -- backward, optimizer, zero_grad ----------------------------------------------------
 
-    def _tag(self, t, category, name):
-        """Names what `t` holds (`name()` gives its name) unless this very tensor was named
-        where it is already: a tag and even asking for its storage cost the job's thread
-        (issue 35)."""
+    def _untagged(self, t):
+        """The address of `t`'s storage, to be named, unless this very tensor was named where
+        it is already: a tag and even asking for its storage cost the job's thread (issue
+        35)."""
         seen = self._tagged.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == t.data_ptr():
-            return
-        self._tagged[id(t)] = (weakref.ref(t), t.data_ptr())
-        self.core.vsh_tag(_storage_ptr(t), category, name().encode())
+        ptr = t.data_ptr()
+        if seen is not None and seen[0]() is t and seen[1] == ptr:
+            return None
+        self._tagged[id(t)] = (weakref.ref(t), ptr)
+        return _storage_ptr(t)
+
+    def _tag(self, t, category, name):
+        """Names what `t` holds (`name`, bytes) where it is not named already."""
+        addr = self._untagged(t)
+        if addr is not None:
+            self.core.vsh_tag(addr, category, name)
 
     def _name_grads(self):
-        for ref, name in self.params.values():
+        addrs, names = array("Q"), array("I")
+        for ref, _, grad_name in self.params.values():
             p = ref()
-            if p is not None and p.grad is not None:
-                self._tag(p.grad, GRADIENT, lambda: f"grad of {name}")
+            g = p.grad if p is not None else None
+            addr = self._untagged(g) if g is not None else None
+            if addr is not None:
+                addrs.append(addr)
+                names.append(grad_name)
+        if addrs:
+            self.core.vsh_tag_many(GRADIENT, addrs.buffer_info()[0], names.buffer_info()[0], len(addrs))
 
     def _backward(self, original):
         def backward(tensors, *args, **kwargs):
@@ -344,12 +373,14 @@ class Hooks:
             # Later micro-batches accumulate into the gradients the first one made, and the
             # optimizer's start names any new ones: naming after each backward cost the
             # job's thread (issue 35).
-            first = not self.backward_ran
+            first = not self.backward_ran and not self._optimizer_seen
             self.backward_ran = True
             if isinstance(tensors, self.torch.Tensor) and tensors.numel() == 1:
                 # A GradScaler's scaled loss stands for the loss it scaled: its value is the
-                # step's loss, and the hook keeps no hold on the scaled tensor.
-                self.losses.append(self._scaled.pop(id(tensors), None) or tensors.detach())
+                # step's loss, and the hook keeps no hold on the scaled tensor. (Not `or`:
+                # a CUDA tensor's truth would wait for the GPU.)
+                loss = self._scaled.pop(id(tensors), None)
+                self.losses.append(tensors.detach() if loss is None else loss)
             self.backward_depth += 1
             try:
                 return original(tensors, *args, **kwargs)
@@ -363,17 +394,30 @@ class Hooks:
     def _opt_pre(self, optimizer, args, kwargs):
         self.local.stack.clear()
         self._scope_slot[0] = 0
+        self._optimizer_seen = True
         self._name_grads()
         self.set_phase(OPTIMIZER)
 
     def _opt_post(self, optimizer, args, kwargs):
+        ref, ids, rest = self._state_seen.get(id(optimizer), (None, None, 0))
+        now = [id(v) for state in optimizer.state.values() for v in state.values()]
+        if ref is None or ref() is not optimizer or ids != now or not rest:
+            ref, rest = weakref.ref(optimizer), 16
+            self._name_state(optimizer)
+        self._state_seen[id(optimizer)] = (ref, now, rest - 1)
+        self.end_step()
+
+    def _name_state(self, optimizer):
+        tensor = self.torch.Tensor
         for group in optimizer.param_groups:
             for p in group["params"]:
-                name = self.params.get(id(p), (None, None))[1] or "a parameter"
-                for key, v in optimizer.state.get(p, {}).items():
-                    if isinstance(v, self.torch.Tensor) and v.numel() > 1:
-                        self._tag(v, OPTIMIZER_STATE, lambda: f"{key} of {name}")
-        self.end_step()
+                state = optimizer.state.get(p)
+                if not state:
+                    continue
+                name = self.params.get(id(p), (None, "a parameter"))[1] or "a parameter"
+                for key, v in state.items():
+                    if isinstance(v, tensor) and v.numel() > 1:
+                        self._tag(v, OPTIMIZER_STATE, f"{key} of {name}".encode())
 
     def _zero_grad(self, original):
         def zero_grad(obj, *args, **kwargs):
@@ -425,8 +469,11 @@ class Hooks:
             return
         self._close_cast()
         self._cast_checked = None
-        # Names of tensors that died go (their addresses will hold others).
-        self._tagged = {k: seen for k, seen in self._tagged.items() if seen[0]() is not None}
+        # Names of tensors that died go (their addresses will hold others), once they are
+        # as many as those kept: a step's new gradients add some every step.
+        if len(self._tagged) > 2 * self._tagged_pruned + 16:
+            self._tagged = {k: seen for k, seen in self._tagged.items() if seen[0]() is not None}
+            self._tagged_pruned = len(self._tagged)
         self._autocast_read = False
         # The step's loss: the given one, else what its backwards were called on, summed
         # over micro-steps (a script that accumulates gradients divides each by their
@@ -441,7 +488,7 @@ class Hooks:
             ctx = int(self.knob_values("ctx", ctx))
             batch = int(self.knob_values("batch", batch))
         # The precision: the forward's autocast dtype, else the parameters' own.
-        first = next((r() for r, _ in self.params.values() if r() is not None), None)
+        first = self._first_param() if self._first_param is not None else None
         dtype = self.autocast or (first.dtype if first is not None else None)
         precision = {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
         self.read_history()

@@ -153,6 +153,7 @@ def load(torch):
     core.vsh_intern.restype = ctypes.c_uint32
     core.vsh_phase.argtypes = [ctypes.c_uint8]
     core.vsh_tag.argtypes = [ctypes.c_uint64, ctypes.c_uint8, ctypes.c_char_p]
+    core.vsh_tag_many.argtypes = [ctypes.c_uint8, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
     core.vsh_set_parameters.argtypes = [ctypes.c_int64]
     core.vsh_declare_knob.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]
     core.vsh_knob.argtypes = [ctypes.c_char_p]

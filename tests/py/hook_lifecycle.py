@@ -20,6 +20,9 @@
   compiled    A model trained through torch.compile (AOTAutograd, no code generation), 3
               steps; prints dynamo's graph and graph-break counts to stderr, and whether
               the shim's symbols are in the process's global scope.
+  reload      An AdamW run of 32 steps whose state is replaced by a copy at step 4 (a
+              checkpoint loaded), one moment by a copy at step 8, and one moment's storage
+              (`.data`) at step 12.
   kept        A model whose first forward makes a 4 MiB buffer it keeps for good (as
               cuBLAS makes its workspace at the first matmul), 3 steps.
   scopes      A model whose module nests another, whose forward raises once in step 1 (the
@@ -190,6 +193,28 @@ def kept():
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):
+        model(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def reload():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    first = model[0].weight
+    for n in range(32):
+        if n == 4:
+            # (Cloned, not copy.deepcopy'd: a storage's deep copy is made by torch's default
+            # CPU allocator, which the CPU capture does not see.)
+            saved = opt.state_dict()
+            saved["state"] = {k: {n: v.clone() for n, v in s.items()} for k, s in saved["state"].items()}
+            opt.load_state_dict(saved)
+            del saved
+        if n == 8:
+            opt.state[first]["exp_avg"] = opt.state[first]["exp_avg"].clone()
+        if n == 12:
+            opt.state[first]["exp_avg_sq"].data = opt.state[first]["exp_avg_sq"].clone()
         model(torch.randn(16, 64)).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
@@ -390,4 +415,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "reload": reload, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()

@@ -516,7 +516,8 @@ impl Session {
         self.tag_scope(key, category, scope);
     }
 
-    fn tag_scope(&mut self, key: u64, category: Category, scope: u32) {
+    /// `tag`, with the name already interned (0: none).
+    pub fn tag_scope(&mut self, key: u64, category: Category, scope: u32) {
         // Device addresses are unique across devices: the tracker holding it takes it.
         self.tracker.tag(key, category, scope);
         for t in self.others.values_mut() {
