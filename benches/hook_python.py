@@ -8,7 +8,7 @@ tests/py/dense_mlp.py in one process, its steps run in turn
   modules instead),
 - under vramscope_hook's `Hooks` with a core and a shim that do nothing,
 
-interleaved round by round so machine noise hits all alike. With torch on one thread
+interleaved step by step so machine noise hits all alike. With torch on one thread
 every step's work is the main thread's, so steps are timed in its CPU time: another
 tenant taking the core does not count. Run by
 `cargo bench --bench hook_overhead -- --python [rounds] [steps]`.
@@ -17,8 +17,8 @@ Run under `vramscope py --headless` (`--python --real`), it times the real hook 
 one process: nothing followed (the shim's recording off and the hook's Python out between
 rounds: the job as it runs plainly, its allocator passing through a shim that reads a flag),
 the capture alone, and the capture with the hook's Python, with the real core and shim and
-the viewer reading. Process to process, this machine's step time moves by a fifth; within
-one, rounds interleaved, by a few percent.
+the viewer reading. Process to process, this machine's step time moves by a fifth, and
+within one it moves for seconds at a time: each way runs one step in turn.
 
 `--parts` times the hook's own work inside the step instead: each function it puts into
 torch (module calls, backward, zero_grad, the optimizer's hooks) timed around, less the
@@ -110,10 +110,14 @@ def wrapped_call():
     return lambda: setattr(module, "__call__", original)
 
 
+_OURS = []  # one `Hooks`, put in and taken out step by step: its model named once
+
+
 def our_hooks():
-    hooks = Hooks(torch, Shim(), Nothing())
-    hooks.install()
-    return hooks.uninstall
+    if not _OURS:
+        _OURS.append(Hooks(torch, Shim(), Nothing()))
+    _OURS[0].install()
+    return _OURS[0].uninstall
 
 
 def the_real_hook():
@@ -245,22 +249,22 @@ def main():
     model, opt = build()
     for _ in range(5 if TRANSFORMER else 50):  # the transformer's steps are long on a CPU
         step(model, opt)
-    medians = {way: [] for way in WAYS}
+    times = {way: [] for way in WAYS}
     order = list(WAYS)
-    for r in range(rounds):
-        for way in order if r % 2 == 0 else order[::-1]:
+    for n in range(rounds * steps):
+        for way in order if n % 2 == 0 else order[::-1]:
             remove = WAYS[way]()
-            medians[way].append(statistics.median(timed_step(model, opt) for _ in range(steps)))
+            times[way].append(timed_step(model, opt))
             remove()
     if REAL:
         the_real_hook()  # the job ends as it ran
-    plain = statistics.median(medians[order[0]])
+    plain = statistics.median(times[order[0]])
     what = "transformer (d 512, 4 layers, ctx 256, batch 8)" if TRANSFORMER else "dense MLP"
     clock = "wall clock between synchronizes" if DEVICE.type == "cuda" else "CPU time, one torch thread"
     out = sys.stderr if REAL else sys.stdout  # under vramscope py, stdout carries the step lines
-    print(f"{what} on {DEVICE}, {rounds} rounds of {steps} steps each way, interleaved ({clock})", file=out)
-    for way, m in medians.items():
-        s = statistics.median(m)
+    print(f"{what} on {DEVICE}, {rounds * steps} steps each way, interleaved step by step ({clock}, median)", file=out)
+    for way, t in times.items():
+        s = statistics.median(t)
         print(f"  {way + ':':<24} {s * 1e3:.3f} ms a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)", file=out)
 
 
