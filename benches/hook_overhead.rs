@@ -13,7 +13,7 @@
 //! hook's Python and torch's hook path cost, apart from the core and the machine's noise
 //! between processes. With `--python --real`, under `vramscope py --headless` in one
 //! process: nothing followed (the shim's recording off, the hook's Python out), the capture
-//! alone, and the capture with the hook's Python, each way one step in turn. With
+//! alone, and the capture with the hook's Python, each way ten steps in turn. With
 //! `--python --parts`, the hook's own time in each function it puts into torch, a step
 //! (with `--real` too: the job's own hook, its calls into the real core counted in).
 //!
