@@ -80,18 +80,22 @@ class Nothing:
 
 
 class Shim(Nothing):
-    """A shim that does nothing but has the real one's scope word and phase byte, which the
-    hook writes in place (without them it would take a CUDA job's path, calling the core at
-    every phase)."""
+    """A shim that does nothing but has the real one's scope word, phase byte and tag word,
+    which the hook writes in place (without them it would take a CUDA job's path, calling
+    the core at every phase). Nothing reads its tag word: after the first input the hook
+    finds it taken and calls the core, as it does where a tag still waits."""
 
     def __init__(self):
-        self.words = (ctypes.c_uint32 * 2)()
+        self.words = (ctypes.c_uint64 * 2)()
 
     def vs_scope_slot(self):
         return ctypes.addressof(self.words)
 
     def vs_phase_slot(self):
         return ctypes.addressof(self.words) + 4
+
+    def vs_tag_slot(self):
+        return ctypes.addressof(self.words) + 8
 
 
 def empty_hooks():

@@ -762,6 +762,18 @@ fn a_compiled_model_stays_one_graph_and_keeps_its_names() {
     assert!(!names.iter().any(|n| n.contains("_orig_mod")), "{names:?}");
 }
 
+/// Every tensor a model is handed is an input, also where it is handed two at once: the
+/// first is named in the shim's word in place, the second, while that waits, by a call.
+#[test]
+fn each_tensor_a_model_is_handed_is_an_input() {
+    let t = tempfile::tempdir().unwrap();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "inputs", &["--json"], &[]);
+    assert_eq!(steps.len(), 2, "{stdout}{stderr}");
+    for s in &steps {
+        assert_eq!(s["category_peak_bytes"]["input"].as_u64(), Some((16 * 64 + 16 * 32) * 4), "{s}");
+    }
+}
+
 /// Gradients and optimizer state carry their names at every step's end, also where the
 /// state changes under the optimizer: a checkpoint loaded (step 4) and a moment replaced by
 /// a copy (step 8) are named in their step; a moment's storage swapped through `.data` (step

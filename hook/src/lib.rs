@@ -809,7 +809,8 @@ fn check_knob(kind: KnobKind, value: &str) -> Result<String, String> {
 /// Ends a step (one `optimizer.step()`): reports it, writes a snapshot a viewer asked for,
 /// then applies viewers' controls, waiting here while the job is paused. `mode`: 0 forward
 /// only, 1 train; `precision`: 0 fp32, 1 bf16, 2 fp16. Returns 1 if a viewer asked the job to stop,
-/// 2 if the hook should come out of the job (attached by PID, and its viewers are gone).
+/// 2 if the hook should come out of the job (attached by PID, and its viewers are gone), plus
+/// 4 where a viewer's control changed a knob (what `vsh_knob` said before no longer holds).
 #[no_mangle]
 pub extern "C" fn vsh_step_end(loss: f64, loss_read: u8, elapsed_s: f64, ctx: i64, batch: i64, mode: u8, precision: u8) -> c_int {
     let mut session = None;
@@ -891,7 +892,7 @@ pub extern "C" fn vsh_step_end(loss: f64, loss_read: u8, elapsed_s: f64, ctx: i6
             Ok(())
         });
     }
-    i32::from(boundary == Boundary::Stop)
+    i32::from(boundary == Boundary::Stop) | if changed { 4 } else { 0 }
 }
 
 /// The job is dying of an out-of-memory error the caching allocator never saw (cuBLAS's

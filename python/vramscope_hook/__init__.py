@@ -247,6 +247,8 @@ def knob(name, default):
     if name not in _state["knobs"]:
         _state["knobs"][name] = type(default)
         core.vsh_declare_knob(name.encode(), str(default).encode(), kind.encode())
+        if name == "precision" and _state["hooks"] is not None:
+            _state["hooks"]._cast_checked = None  # the script chooses its precision from now on
     v = core.vsh_knob(name.encode())
     if v is None:
         return default

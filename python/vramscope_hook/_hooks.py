@@ -60,7 +60,7 @@ class Hooks:
         # The shim's scope and phase, written in place: a call through ctypes at every
         # module's forward and return and every boundary cost the job's thread 3 µs each
         # inside a step (issue 35).
-        self._scope_slot, self._phase_slot = slots(shim)
+        self._scope_slot, self._phase_slot, self._tag_slot = slots(shim)
         self.core = core
         self.local = _PerThread()
         self.names = {}  # id(module) -> qualified name
@@ -76,7 +76,9 @@ class Hooks:
         # Backward calls under way: a module's forward inside one is activation
         # checkpointing's recompute, which belongs to backward, not a new forward pass.
         self.backward_depth = 0
-        self._cast_checked = None  # the precision knob's value once asked this step; False: settled
+        # The precision knob's value once asked (None: to be asked; False: settled), asked
+        # again where a step's end says a knob changed.
+        self._cast_checked = None
         # id of a tensor tagged -> (weakref to it, its data's address then): an accumulated
         # gradient or AdamW's moments are the same tensor step after step, and are named once.
         self._tagged = {}
@@ -119,6 +121,7 @@ class Hooks:
         # The model's forward whose batch was not in its positional arguments: counted from
         # its keyword arguments (input_ids, ...) when it returns.
         self._uncounted = None
+        self._input_word = None  # the tag word's category and name bits for an input
 
     # -- phases and scopes -------------------------------------------------------------
 
@@ -257,7 +260,7 @@ class Hooks:
                 # Data, not what a model computed: a loss module called at top level is
                 # handed the model's logits (an activation) beside its labels.
                 if a.grad_fn is None:
-                    self.core.vsh_tag(_storage_ptr(a), INPUT, b"input")
+                    self._tag_input(_storage_ptr(a))
         if not counted:
             # Hugging Face models take their batch as keyword arguments.
             self._uncounted = id(module)
@@ -268,6 +271,18 @@ class Hooks:
             self._autocast_read = id(module) == self.model
         if id(module) == self.model:
             self._cast_for(module)
+
+    def _tag_input(self, addr):
+        """Names an input: in the shim's tag word where phases are in place and the word
+        is free (a call through ctypes cost the job's thread 8 µs here, issue 35), else by a
+        call."""
+        if self._input_word is None:
+            self._input_word = (INPUT << 48) | (self._scope_id("input") << 52)
+        slot = self._tag_slot
+        if self._phase_slot[0] != 0xFF and slot[0] == 0 and addr < 1 << 48 and self._input_word < 1 << 64:
+            slot[0] = self._input_word | addr
+        else:
+            self.core.vsh_tag(addr, INPUT, b"input")
 
     def _autocast_dtype(self):
         """The dtype of the autocast region the model's forward runs in, or None."""
@@ -293,9 +308,9 @@ class Hooks:
         """Precision by key: under bf16, the model's forward (and the loss computed from it
         in this step) runs in the hook's autocast region, closed before backward; a script
         under its own autocast owns its precision, and is said so once."""
-        # The knob is asked once a step (it changes between steps), and once fp32 or the
-        # script's own autocast is found, the step's other forwards have nothing to do:
-        # each micro-batch's forward asking again cost the job's thread (issue 35).
+        # The knob is asked once, and again only where a viewer changed a knob, and once fp32
+        # or the script's own autocast is found, forwards have nothing to do: asking at each
+        # step, or each micro-batch's forward, cost the job's thread (issue 35).
         if self._cast_checked is None:
             knob = self.precision_knob() if self.precision_knob is not None else None
             self._cast_checked = knob
@@ -468,7 +483,6 @@ class Hooks:
             self.step_started = time.perf_counter()
             return
         self._close_cast()
-        self._cast_checked = None
         # Names of tensors that died go (their addresses will hold others), once they are
         # as many as those kept: a step's new gradients add some every step.
         if len(self._tagged) > 2 * self._tagged_pruned + 16:
@@ -492,7 +506,10 @@ class Hooks:
         dtype = self.autocast or (first.dtype if first is not None else None)
         precision = {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
         self.read_history()
-        stop = self.core.vsh_step_end(value, 1 if read else 0, now - (self.step_started or now), ctx, batch, 1 if self.backward_ran else 0, precision)
+        rc = self.core.vsh_step_end(value, 1 if read else 0, now - (self.step_started or now), ctx, batch, 1 if self.backward_ran else 0, precision)
+        stop = rc & 3 if rc > 0 else 0
+        if rc > 0 and rc & 4:
+            self._cast_checked = None  # a knob changed: precision is asked again
         self.stop_requested |= stop == 1
         self.phase = OTHER
         self.backward_ran = False

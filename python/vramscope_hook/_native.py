@@ -128,6 +128,9 @@ class _NoShim:
     def vs_phase_slot(self):
         return None
 
+    def vs_tag_slot(self):
+        return None
+
     def vs_set_capture_enabled(self, on):
         return None
 
@@ -143,6 +146,7 @@ def load(torch):
         shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_LOCAL)
         shim.vs_scope_slot.restype = ctypes.c_void_p
         shim.vs_phase_slot.restype = ctypes.c_void_p
+        shim.vs_tag_slot.restype = ctypes.c_void_p
         shim.vs_set_capture_enabled.argtypes = [ctypes.c_bool]
     except (HookError, OSError) as e:
         shim_path, shim, note = None, _NoShim(), str(e)
@@ -171,13 +175,14 @@ def load(torch):
 
 
 def slots(shim):
-    """The shim's scope and phase as one-item memoryviews of its words, written in place by
-    `slot[0] = value` (a bytearray's where there is no shim; the phase's 0xff says phases
-    go through the core's `vsh_phase`)."""
-    scope, phase = shim.vs_scope_slot(), shim.vs_phase_slot()
-    if not scope or not phase:
-        return memoryview(bytearray(4)).cast("I"), memoryview(bytearray(b"\xff"))
+    """The shim's scope, phase and tag as one-item memoryviews of its words, written in
+    place by `slot[0] = value` (a bytearray's where there is no shim; the phase's 0xff says
+    phases and tags go through the core's `vsh_phase` and `vsh_tag`)."""
+    scope, phase, tag = shim.vs_scope_slot(), shim.vs_phase_slot(), shim.vs_tag_slot()
+    if not scope or not phase or not tag:
+        return memoryview(bytearray(4)).cast("I"), memoryview(bytearray(b"\xff")), memoryview(bytearray(8)).cast("Q")
     return (
         memoryview((ctypes.c_uint32 * 1).from_address(scope)).cast("B").cast("I"),
         memoryview((ctypes.c_uint8 * 1).from_address(phase)).cast("B"),
+        memoryview((ctypes.c_uint64 * 1).from_address(tag)).cast("B").cast("Q"),
     )

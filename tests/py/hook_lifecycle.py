@@ -23,6 +23,8 @@
   reload      An AdamW run of 32 steps whose state is replaced by a copy at step 4 (a
               checkpoint loaded), one moment by a copy at step 8, and one moment's storage
               (`.data`) at step 12.
+  inputs      A model called with two inputs, [16, 64] and [16, 32] fp32, 2 steps (the
+              second is named while the first's name still waits in the shim's word).
   kept        A model whose first forward makes a 4 MiB buffer it keeps for good (as
               cuBLAS makes its workspace at the first matmul), 3 steps.
   scopes      A model whose module nests another, whose forward raises once in step 1 (the
@@ -216,6 +218,23 @@ def reload():
         if n == 12:
             opt.state[first]["exp_avg_sq"].data = opt.state[first]["exp_avg_sq"].clone()
         model(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def inputs():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 8), torch.nn.Linear(32, 8)
+
+        def forward(self, a, b):
+            return self.a(a) + self.b(b)
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(16, 64), torch.randn(16, 32)).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
 
@@ -415,4 +434,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "reload": reload, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "reload": reload, "inputs": inputs, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()

@@ -26,8 +26,10 @@ namespace {
 // events are dropped and counted, so a host that stops draining (a forked child, a stuck
 // viewer) never grows the job's memory without bound.
 constexpr size_t kMaxPending = size_t{1} << 20;
-// `vs_mark`'s phase and step-end records (the Rust side's RAW_MARK_PHASE, RAW_MARK_STEP_END).
+// `vs_mark`'s phase, tag and step-end records (the Rust side's RAW_MARK_PHASE,
+// RAW_MARK_TAG, RAW_MARK_STEP_END).
 constexpr uint8_t kMarkPhase = 0x80;
+constexpr uint8_t kMarkTag = 0x81;
 constexpr uint8_t kMarkStepEnd = 0x82;
 // The phase slot's value while the host says phases only through `vs_mark`.
 constexpr uint8_t kPhasesByMark = 0xff;
@@ -68,6 +70,11 @@ std::atomic<uint8_t> g_phase{0};
 // call through ctypes costs microseconds inside a step), and the first event or record
 // after a change is preceded by the phase's record, stamped with that event's time.
 std::atomic<uint8_t> g_phase_wanted{kPhasesByMark};
+// A tensor a host names in place (`vs_tag_slot`) while it says phases in band, in one word
+// its thread stores instead of calling in: the address in the low 48 bits, the category in
+// the next 4, the interned name in the top 12 (0: none waits). Recorded as a tag before
+// the next record, then cleared; a host finding it still set calls in instead.
+std::atomic<uint64_t> g_tag_wanted{0};
 std::atomic<bool> g_enabled{true};
 // Whether the CPU wrapper records: off until installed, and again once removed (a CUDA
 // job, a failed start, a forked child), while tensors made through it still free through it.
@@ -166,6 +173,26 @@ void mark_wanted_phase(Buffer& b, uint64_t t_ns) {
   g_step.store(b.mark_step, std::memory_order_relaxed);
   g_phase.store(want, std::memory_order_relaxed);
 }
+
+// The tag stored in place, if any, becomes a record at `t_ns`. Under `b.mu`.
+void mark_wanted_tag(Buffer& b, uint64_t t_ns) {
+  if (g_tag_wanted.load(std::memory_order_relaxed) == 0) return;
+  const uint64_t want = g_tag_wanted.exchange(0, std::memory_order_acquire);
+  VsRawEvent m{};
+  m.t_ns = t_ns;
+  m.action = kMarkTag;
+  m.addr = want & ((uint64_t{1} << 48) - 1);
+  m.phase = static_cast<uint8_t>((want >> 48) & 0xf);
+  m.scope = static_cast<uint32_t>(want >> 52);
+  m.device = 0xff;
+  push_record(b, m);
+}
+
+// What a host wrote in place, recorded before what comes now. Under `b.mu`.
+void mark_wanted(Buffer& b, uint64_t t_ns) {
+  mark_wanted_phase(b, t_ns);
+  mark_wanted_tag(b, t_ns);
+}
 }  // namespace
 
 namespace vs {
@@ -180,7 +207,7 @@ void record(uint8_t action, uint64_t addr, uint64_t size, int64_t stream, uint8_
   e.device = device;
   Buffer& b = buffer();
   std::lock_guard<std::mutex> lock(b.mu);
-  mark_wanted_phase(b, e.t_ns);
+  mark_wanted(b, e.t_ns);
   e.step = g_step.load(std::memory_order_relaxed);
   e.phase = g_phase.load(std::memory_order_relaxed);
   if (b.events.size() >= kMaxPending) {
@@ -247,6 +274,7 @@ void vs_after_fork_in_child() {
   g_cpu_recording.store(false);
   g_enabled.store(false);
   g_phase_wanted.store(kPhasesByMark);
+  g_tag_wanted.store(0);
   g_oom_callback.store(nullptr);
   Buffer& b = buffer();
   b.events.clear();
@@ -269,9 +297,10 @@ void vs_mark(const VsRawEvent* rec) {
   Buffer& b = buffer();
   std::lock_guard<std::mutex> lock(b.mu);
   if (e.action == kMarkPhase) {
+    mark_wanted_tag(b, e.t_ns);
     phase_said(b, e.step, e.phase);
   } else {
-    mark_wanted_phase(b, e.t_ns);
+    mark_wanted(b, e.t_ns);
   }
   push_record(b, e);
   if (e.action == kMarkStepEnd) b.mark_step = e.step + 1;
@@ -283,7 +312,7 @@ void vs_phases_in_place(bool on) {
   Buffer& b = buffer();
   std::lock_guard<std::mutex> lock(b.mu);
   if (!on) {
-    mark_wanted_phase(b, since_t0_ns());
+    mark_wanted(b, since_t0_ns());
   }
   g_phase_wanted.store(on ? b.phase_marked : kPhasesByMark, std::memory_order_relaxed);
 }
@@ -291,13 +320,17 @@ void vs_phases_in_place(bool on) {
 // The phase slot (`g_phase_wanted`): one byte, 0xff while phases are said by mark.
 uint8_t* vs_phase_slot() { return reinterpret_cast<uint8_t*>(&g_phase_wanted); }
 
+// The tag slot (`g_tag_wanted`): one word, written only while phases are in place.
+uint64_t* vs_tag_slot() { return reinterpret_cast<uint64_t*>(&g_tag_wanted); }
+
 void vs_set_scope(uint32_t scope) { g_scope.store(scope, std::memory_order_relaxed); }
 
 // Where the scope lives, for a host that writes it in place: a Python hook's function
 // call through ctypes costs its thread microseconds inside a step (issue 35), a store none.
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free &&
-                  sizeof(std::atomic<uint8_t>) == 1 && std::atomic<uint8_t>::is_always_lock_free,
-              "the scope and phase slots are plain words");
+                  sizeof(std::atomic<uint8_t>) == 1 && std::atomic<uint8_t>::is_always_lock_free &&
+                  sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
+              "the scope, phase and tag slots are plain words");
 uint32_t* vs_scope_slot() { return reinterpret_cast<uint32_t*>(&g_scope); }
 
 void vs_set_capture_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
