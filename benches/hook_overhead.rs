@@ -1,8 +1,8 @@
 //! What watching a user's job costs it: the step time of one PyTorch script (a transformer
 //! trained with AdamW, tests/py/train_transformer.py; with `--dense`, the issue 35 MLP with
 //! gradient accumulation, tests/py/dense_mlp.py) run plainly and under `vramscope py`,
-//! interleaved in one run so machine noise hits both alike (target: at most 1.05×), and the
-//! bytes per allocator event on the job's socket.
+//! interleaved in one run so machine noise hits both alike (targets: 1.05× dense, 1.02× the
+//! transformer), and the bytes per allocator event on the job's socket.
 //!
 //!   cargo bench --bench hook_overhead -- [rounds] [steps] [d_model] [layers] [ctx]
 //!   cargo bench --bench hook_overhead -- --dense [rounds] [steps] [torch threads]
@@ -154,7 +154,9 @@ fn main() {
         false => println!("transformer d_model {d_model}, {layers} layers, ctx {ctx}, batch 4, AdamW, CPU: {rounds} rounds × {steps} steps, interleaved"),
     }
     println!("  median step plain:            {p:.4} s");
-    println!("  median step under vramscope:  {h:.4} s  ({:.3}×, target ≤ 1.05×)", h / p);
+    // Issue 35's bars: the dense job's many small tensors 1.05×, the transformer's 1.02×.
+    let target = if dense() { 1.05 } else { 1.02 };
+    println!("  median step under vramscope:  {h:.4} s  ({:.3}×, target ≤ {target}×)", h / p);
     // This machine's step time moves by a fifth from process to process: each round's two
     // runs, one after the other, against each other.
     let (lo, hi) = paired.iter().fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));

@@ -79,8 +79,8 @@ class Hooks:
         # The precision knob's value once asked (None: to be asked; False: settled), asked
         # again where a step's end says a knob changed.
         self._cast_checked = None
-        # id of a tensor tagged -> (weakref to it, its data's address then): an accumulated
-        # gradient or AdamW's moments are the same tensor step after step, and are named once.
+        # id of a state tensor tagged -> (weakref to it, its data's address then): AdamW's
+        # moments are the same tensors step after step, and are named once.
         self._tagged = {}
         self._tagged_pruned = 0  # how many were kept when dead ones last went
         # id(optimizer) -> (weakref to it, the ids of its state's values, steps to the next
@@ -349,31 +349,28 @@ class Hooks:
 
     # -- backward, optimizer, zero_grad ----------------------------------------------------
 
-    def _untagged(self, t):
-        """The address of `t`'s storage, to be named, unless this very tensor was named where
-        it is already: a tag and even asking for its storage cost the job's thread (issue
-        35)."""
+    def _tag(self, t, category, name):
+        """Names what `t` holds (`name`, bytes) unless this very tensor was named where it is
+        already: a tag and even asking for its storage cost the job's thread (issue 35)."""
         seen = self._tagged.get(id(t))
         ptr = t.data_ptr()
         if seen is not None and seen[0]() is t and seen[1] == ptr:
-            return None
+            return
         self._tagged[id(t)] = (weakref.ref(t), ptr)
-        return _storage_ptr(t)
-
-    def _tag(self, t, category, name):
-        """Names what `t` holds (`name`, bytes) where it is not named already."""
-        addr = self._untagged(t)
-        if addr is not None:
-            self.core.vsh_tag(addr, category, name)
+        self.core.vsh_tag(_storage_ptr(t), category, name)
 
     def _name_grads(self):
+        """Names every gradient, in one call: most are new each step (`zero_grad` sets them
+        to None), and the core passes over a name an allocation has already, where keeping
+        a table of those named cost the job's thread more (issue 35). By its own address:
+        a gradient that is a view into a bigger block (DDP's buckets) names that block only
+        where it begins it."""
         addrs, names = array("Q"), array("I")
         for ref, _, grad_name in self.params.values():
             p = ref()
             g = p.grad if p is not None else None
-            addr = self._untagged(g) if g is not None else None
-            if addr is not None:
-                addrs.append(addr)
+            if g is not None:
+                addrs.append(g.data_ptr())
                 names.append(grad_name)
         if addrs:
             self.core.vsh_tag_many(GRADIENT, addrs.buffer_info()[0], names.buffer_info()[0], len(addrs))
@@ -484,7 +481,7 @@ class Hooks:
             return
         self._close_cast()
         # Names of tensors that died go (their addresses will hold others), once they are
-        # as many as those kept: a step's new gradients add some every step.
+        # as many as those kept: an optimizer that makes new state adds some every step.
         if len(self._tagged) > 2 * self._tagged_pruned + 16:
             self._tagged = {k: seen for k, seen in self._tagged.items() if seen[0]() is not None}
             self._tagged_pruned = len(self._tagged)
@@ -494,7 +491,7 @@ class Hooks:
         # number, so the sum is the step's mean). Reading a CUDA loss would wait for the
         # GPU: only CPU ones are read.
         losses = [loss] if loss is not None else [self.given_loss] if self.given_loss is not None else self.losses
-        value, read = math.nan, losses and all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.device.type == "cpu") for x in losses)
+        value, read = math.nan, losses and all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.is_cpu) for x in losses)
         if read:
             value = sum(float(x) for x in losses)
         batch, ctx = self.samples, self.ctx
