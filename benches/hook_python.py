@@ -14,8 +14,8 @@ tenant taking the core does not count. Run by
 `cargo bench --bench hook_overhead -- --python [rounds] [steps]`.
 
 Run under `vramscope py --headless` (`--python --real`), it times the real hook instead, in
-one process: nothing followed (the shim's recording off and the hook's Python out between
-rounds: the job as it runs plainly, its allocator passing through a shim that reads a flag),
+one process: nothing followed (the shim's recording off and the hook's Python out for its
+turns: the job as it runs plainly, its allocator passing through a shim that reads a flag),
 the capture alone, and the capture with the hook's Python, with the real core and shim and
 the viewer reading. Process to process, this machine's step time moves by a fifth, and
 within one it moves for seconds at a time: each way runs ten steps in turn. (Not one:
@@ -117,7 +117,7 @@ def wrapped_call():
     return lambda: setattr(module, "__call__", original)
 
 
-_OURS = []  # one `Hooks`, put in and taken out step by step: its model named once
+_OURS = []  # one `Hooks`, put in and taken out turn by turn: its model named once
 
 
 def our_hooks():
@@ -159,6 +159,7 @@ def timed_step(model, opt):
 
 REAL = "--real" in sys.argv
 BLOCK = 10  # steps each way in turn
+OUT = sys.stderr if REAL else sys.stdout  # under vramscope py, stdout carries the step lines
 if REAL:
     WAYS = {"nothing followed": nothing_followed, "the capture alone": lambda: (lambda: None), "with the hook's Python": the_real_hook}
 else:
@@ -233,12 +234,11 @@ def parts(rounds, steps):
         for _ in range(steps):
             step(model, opt)
         per_round.append({k: v / steps / 1e3 for k, v in hooks.spent.items()})
-    out = sys.stderr if REAL else sys.stdout  # under vramscope py, stdout carries the step lines
     core = "the real core and shim" if REAL else "a core that does nothing"
-    print(f"the hook's own work in the {'transformer' if TRANSFORMER else 'dense MLP'}'s step, with {core}, {rounds} rounds of {steps} steps (µs a step, median of rounds)", file=out)
+    print(f"the hook's own work in the {'transformer' if TRANSFORMER else 'dense MLP'}'s step, with {core}, {rounds} rounds of {steps} steps (µs a step, median of rounds)", file=OUT)
     for name in sorted(per_round[0], key=lambda k: -per_round[0][k]):
-        print(f"  {name + ':':<22} {statistics.median(r[name] for r in per_round):7.1f}", file=out)
-    print(f"  {'all:':<22} {statistics.median(sum(r.values()) for r in per_round):7.1f}", file=out)
+        print(f"  {name + ':':<22} {statistics.median(r[name] for r in per_round):7.1f}", file=OUT)
+    print(f"  {'all:':<22} {statistics.median(sum(r.values()) for r in per_round):7.1f}", file=OUT)
 
 
 def main():
@@ -270,11 +270,10 @@ def main():
     plain = statistics.median(times[order[0]])
     what = "transformer (d 512, 4 layers, ctx 256, batch 8)" if TRANSFORMER else "dense MLP"
     clock = "wall clock between synchronizes" if DEVICE.type == "cuda" else "CPU time, one torch thread"
-    out = sys.stderr if REAL else sys.stdout  # under vramscope py, stdout carries the step lines
-    print(f"{what} on {DEVICE}, {len(times[order[0]])} steps each way, interleaved {BLOCK} at a time ({clock}, median)", file=out)
+    print(f"{what} on {DEVICE}, {len(times[order[0]])} steps each way, interleaved {BLOCK} at a time ({clock}, median)", file=OUT)
     for way, t in times.items():
         s = statistics.median(t)
-        print(f"  {way + ':':<24} {s * 1e3:.3f} ms a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)", file=out)
+        print(f"  {way + ':':<24} {s * 1e3:.3f} ms a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)", file=OUT)
 
 
 if __name__ == "__main__":
