@@ -59,7 +59,7 @@ fn screens_end_when_their_terminal_goes() {
     for (name, args, ready) in screens {
         let _ = std::fs::remove_file(dir.path().join("pid"));
         let (s, pid) = start(dir.path(), name, &args, ready);
-        std::process::Command::new("tmux").args(["kill-session", "-t", &s.name]).status().unwrap();
+        s.close();
         assert!(!alive_after(&pid, Duration::from_secs(2)), "{name}: still running 2 s after its terminal went");
         let _ = std::fs::remove_file(dir.path().join("pid"));
         let (_s, pid) = start(dir.path(), name, &args, ready);
@@ -94,7 +94,7 @@ fn live_screens_end_when_their_terminal_goes_and_a_users_job_runs_on() {
         let s = Session::start(name, &format!("sh -c 'echo $$ > {}/pid; exec {env_args} {args}'", dir.path().display()));
         let pid = wait_file(&dir.path().join("pid"), 20).trim().to_string();
         s.wait_for(ready, 120, |sc| sc.contains(ready) && sc.contains("step "));
-        std::process::Command::new("tmux").args(["kill-session", "-t", &s.name]).status().unwrap();
+        s.close();
         assert!(!alive_after(&pid, Duration::from_secs(2)), "{name}: still running 2 s after its terminal went");
         if name == "gone-py" {
             let job = job_running().expect("the user's job runs on after the terminal went");

@@ -9,19 +9,23 @@ pub struct Session {
     pub name: String,
 }
 
-fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux").args(args).output().expect("tmux is installed (scripts/test installs it)");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// tmux on the session's own server. With one shared server, a test whose session was the
+/// last one stopped the server while another test's `new-session` was connecting to it
+/// ("server exited unexpectedly").
+fn tmux(server: &str) -> Command {
+    let mut c = Command::new("tmux");
+    c.args(["-L", server]);
+    c
 }
 
 impl Session {
     /// Starts `cmd` in a detached 200×60 session whose pane stays after the program exits.
-    /// The session name carries the test process's pid, so two test runs on one machine
-    /// never drive each other's sessions.
+    /// The session and its server are named with the test process's pid, so two test runs
+    /// on one machine never drive each other's sessions.
     pub fn start(name: &str, cmd: &str) -> Session {
-        let name = format!("{name}-{}", std::process::id());
-        let _ = Command::new("tmux").args(["kill-session", "-t", &name]).output();
-        let status = Command::new("tmux")
+        let name = format!("vramscope-{name}-{}", std::process::id());
+        let _ = tmux(&name).arg("kill-server").output();
+        let status = tmux(&name)
             .args(["new-session", "-d", "-s", &name, "-x", "200", "-y", "60"])
             .arg(format!("TERM=xterm-256color {cmd}; sleep 30"))
             .status()
@@ -30,17 +34,27 @@ impl Session {
         Session { name }
     }
 
+    fn run(&self, args: &[&str]) -> String {
+        let out = tmux(&self.name).args(args).output().expect("tmux is installed (scripts/test installs it)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn screen(&self) -> String {
-        tmux(&["capture-pane", "-p", "-t", &self.name])
+        self.run(&["capture-pane", "-p", "-t", &self.name])
+    }
+
+    /// The terminal goes, as when an SSH connection drops: the session and its server end.
+    pub fn close(&self) {
+        assert!(tmux(&self.name).args(["kill-session", "-t", &self.name]).status().unwrap().success());
     }
 
     /// The screen with its colours, as SGR escape codes.
     pub fn screen_with_colours(&self) -> String {
-        tmux(&["capture-pane", "-p", "-e", "-t", &self.name])
+        self.run(&["capture-pane", "-p", "-e", "-t", &self.name])
     }
 
     pub fn keys(&self, keys: &str) {
-        tmux(&["send-keys", "-t", &self.name, keys]);
+        self.run(&["send-keys", "-t", &self.name, keys]);
     }
 
     /// The program left the alternate screen and showed the cursor again.
@@ -50,7 +64,7 @@ impl Session {
     }
 
     pub fn display(&self, what: &str) -> String {
-        tmux(&["display-message", "-p", "-t", &self.name, what]).trim().to_string()
+        self.run(&["display-message", "-p", "-t", &self.name, what]).trim().to_string()
     }
 
     /// Waits until the screen satisfies `pred`, or fails showing the last screen.
@@ -71,7 +85,7 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["kill-session", "-t", &self.name]).output();
+        let _ = tmux(&self.name).arg("kill-server").output();
     }
 }
 
