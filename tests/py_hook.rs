@@ -811,6 +811,20 @@ fn what_a_job_keeps_across_steps_is_not_called_an_activation() {
     }
 }
 
+/// A tensor's deepcopy makes its storage through `torch.UntypedStorage`, which asks for
+/// libtorch's default CPU allocator by name: the copy an EMA model keeps once went unseen.
+#[test]
+fn a_deep_copy_the_job_keeps_is_counted_until_it_is_dropped() {
+    let t = tempfile::tempdir().unwrap();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "copies", &["--json"], &[]);
+    assert_eq!(steps.len(), 4, "{stdout}{stderr}");
+    let live: Vec<u64> = steps.iter().map(|s| s["live_bytes"].as_u64().unwrap()).collect();
+    const COPY: u64 = 4 << 20;
+    assert_eq!(live[1], live[0] + COPY, "the copy is live from step 1: {live:?}");
+    assert_eq!(live[2], live[1], "{live:?}");
+    assert_eq!(live[3], live[0], "and goes at step 3: {live:?}");
+}
+
 /// `vramscope_hook.loss(value)`: the step shows what the script read (the hook reads no
 /// CUDA loss itself); a step without it keeps the hook's own reading.
 #[test]

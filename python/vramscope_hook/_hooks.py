@@ -519,6 +519,25 @@ class Hooks:
         if stop == 2 and self.on_unhook is not None:
             self.on_unhook()
 
+    def _storage_new(self, original):
+        """`torch.UntypedStorage(...)` on the CPU with the allocator libtorch hands out now:
+        PyTorch asks for its default CPU allocator by name there, past the shim's, so a
+        tensor's deepcopy (an EMA model, a kept copy of the weights) went unseen."""
+        shim, device_type = self.shim, self.torch.device
+
+        def new(cls, *args, **kwargs):
+            device = kwargs.get("device")
+            if len(args) <= 1 and kwargs.keys() <= {"device"} and (device is None or device_type(device).type == "cpu"):
+                allocator = shim.vs_cpu_allocator()
+                if allocator:  # torch takes an allocator or a device, not both
+                    try:
+                        return original(cls, *args, allocator=allocator)
+                    except TypeError:  # a torch whose storage takes no allocator: as it was
+                        pass
+            return original(cls, *args, **kwargs)
+
+        return new
+
     # -- installing ---------------------------------------------------------------------
 
     def install(self):
@@ -535,6 +554,7 @@ class Hooks:
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None) or torch.cuda.amp.GradScaler
         self._patch(scaler, "scale", self._scaler_scale)
         self._patch(scaler, "update", self._scaler_update)
+        self._patch(torch.UntypedStorage, "__new__", self._storage_new)
 
     def uninstall(self):
         """Takes every hook and patch out again: the job runs as it did before."""

@@ -134,6 +134,9 @@ class _NoShim:
     def vs_set_capture_enabled(self, on):
         return None
 
+    def vs_cpu_allocator(self):
+        return None
+
 
 def load(torch):
     """(shim path, shim, core, note): the shim and the core as ctypes libraries, the shim
@@ -147,6 +150,7 @@ def load(torch):
         shim.vs_scope_slot.restype = ctypes.c_void_p
         shim.vs_phase_slot.restype = ctypes.c_void_p
         shim.vs_tag_slot.restype = ctypes.c_void_p
+        shim.vs_cpu_allocator.restype = ctypes.c_void_p
         shim.vs_set_capture_enabled.argtypes = [ctypes.c_bool]
     except (HookError, OSError) as e:
         shim_path, shim, note = None, _NoShim(), str(e)

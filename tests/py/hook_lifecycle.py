@@ -27,6 +27,8 @@
               second is named while the first's name still waits in the shim's word).
   kept        A model whose first forward makes a 4 MiB buffer it keeps for good (as
               cuBLAS makes its workspace at the first matmul), 3 steps.
+  copies      A 4 MiB tensor deep-copied and kept at step 1 (as an EMA model keeps a copy of
+              the weights), the copy dropped at step 3, 4 steps.
   scopes      A model whose module nests another, whose forward raises once in step 1 (the
               script catches it and runs the step again), 3 steps; each module's
               allocation has a size of its own (see `scopes`).
@@ -196,6 +198,23 @@ def kept():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):
         model(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def copies():
+    import copy
+
+    model = torch.nn.Linear(64, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    weights = torch.randn(1 << 20)  # 4 MiB
+    kept = None
+    for step in range(4):
+        model(torch.randn(16, 64)).pow(2).mean().backward()
+        if step == 1:
+            kept = copy.deepcopy(weights)
+        if step == 3:
+            del kept
         opt.step()
         opt.zero_grad()
 
@@ -434,4 +453,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "reload": reload, "inputs": inputs, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "copies": copies, "reload": reload, "inputs": inputs, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()

@@ -256,6 +256,13 @@ void vs_remove_cpu_allocator() {
   c10::SetCPUAllocator(g_inner, kPriority);
 }
 
+// The CPU allocator libtorch hands out now, for the storage Python makes itself:
+// `torch.UntypedStorage(n)` (a tensor's deepcopy, `TypedStorage`) asks for the default one
+// by name, past the allocator set here, unless handed one.
+uintptr_t vs_cpu_allocator() {
+  return reinterpret_cast<uintptr_t>(c10::GetCPUAllocator());
+}
+
 // Whether the recording CPU allocator is the one libtorch hands out now.
 bool vs_cpu_allocator_installed() {
   return g_cpu_recording.load() && c10::GetCPUAllocator() == &g_recording;
