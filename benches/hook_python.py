@@ -10,7 +10,10 @@ tests/py/dense_mlp.py in one process, its steps run in turn
 
 interleaved ten steps at a time so machine noise hits all alike. With torch on one thread
 every step's work is the main thread's, so steps are timed in its CPU time: another
-tenant taking the core does not count. Run by
+tenant taking the core does not count. Beside each way's median over all its steps, it
+prints the ratio turn by turn: each turn's median against the first way's turn beside it,
+the median of those and their middle half (the machine's speed drifts over seconds, and
+neighbouring turns share the drift). Run by
 `cargo bench --bench hook_overhead -- --python [rounds] [steps]`.
 
 Run under `vramscope py --headless` (`--python --real`), it times the real hook instead, in
@@ -258,12 +261,15 @@ def main():
     for _ in range(5 if TRANSFORMER else 50):  # the transformer's steps are long on a CPU
         step(model, opt)
     times = {way: [] for way in WAYS}
+    turns = {way: [] for way in WAYS}  # each turn's median, for the ratios turn by turn
     order = list(WAYS)
     for n in range(max(1, rounds * steps // BLOCK)):
         for way in order if n % 2 == 0 else order[::-1]:
             remove = WAYS[way]()
             step(model, opt)
-            times[way].extend(timed_step(model, opt) for _ in range(BLOCK))
+            block = [timed_step(model, opt) for _ in range(BLOCK)]
+            times[way].extend(block)
+            turns[way].append(statistics.median(block))
             remove()
     if REAL:
         the_real_hook()  # the job ends as it ran
@@ -273,7 +279,13 @@ def main():
     print(f"{what} on {DEVICE}, {len(times[order[0]])} steps each way, interleaved {BLOCK} at a time ({clock}, median)", file=OUT)
     for way, t in times.items():
         s = statistics.median(t)
-        print(f"  {way + ':':<24} {s * 1e3:.3f} ms a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)", file=OUT)
+        line = f"  {way + ':':<24} {s * 1e3:.3f} ms a step  {s / plain:.3f}×  (+{(s - plain) * 1e6:.0f} µs)"
+        if way != order[0]:
+            # Each turn against the first way's turn beside it: the machine's speed drifts
+            # over seconds, and a pair of neighbouring turns shares it.
+            q = statistics.quantiles((a / b for a, b in zip(turns[way], turns[order[0]])), n=4)
+            line += f"  turn by turn {q[1]:.3f}× (middle half {q[0]:.3f}-{q[2]:.3f})"
+        print(line, file=OUT)
 
 
 if __name__ == "__main__":
