@@ -101,7 +101,7 @@ class Hooks:
         self.samples = 0
         self.ctx = 0
         self.model = None  # id of the module whose forwards count samples
-        self.losses = []  # what each backward of this step was called on (micro-steps)
+        self.losses = []  # each backward's loss this step (micro-steps), read; None where unread
         self.given_loss = None  # the step's loss as the script read it (`vramscope_hook.loss`)
         self.knob_values = None  # set by the package: name -> current value getter
         self.stop_requested = False  # the viewer that started the job asked it to end
@@ -390,9 +390,12 @@ class Hooks:
             if isinstance(tensors, self.torch.Tensor) and tensors.numel() == 1:
                 # A GradScaler's scaled loss stands for the loss it scaled: its value is the
                 # step's loss, and the hook keeps no hold on the scaled tensor. (Not `or`:
-                # a CUDA tensor's truth would wait for the GPU.)
+                # a CUDA tensor's truth would wait for the GPU.) A CPU loss is read here, in
+                # one call (detached and read at the step's end, two); another device's is
+                # never read (None).
                 loss = self._scaled.pop(id(tensors), None)
-                self.losses.append(tensors.detach() if loss is None else loss)
+                loss = tensors if loss is None else loss
+                self.losses.append(loss.item() if loss.is_cpu else None)
             self.backward_depth += 1
             try:
                 return original(tensors, *args, **kwargs)
@@ -489,7 +492,7 @@ class Hooks:
         # The step's loss: the given one, else what its backwards were called on, summed
         # over micro-steps (a script that accumulates gradients divides each by their
         # number, so the sum is the step's mean). Reading a CUDA loss would wait for the
-        # GPU: only CPU ones are read.
+        # GPU: only CPU ones are read (a backward's unread loss is None).
         losses = [loss] if loss is not None else [self.given_loss] if self.given_loss is not None else self.losses
         value, read = math.nan, losses and all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.is_cpu) for x in losses)
         if read:
