@@ -221,7 +221,8 @@ fn attaching_to_torchrun_watches_each_worker_rank() {
         .env_remove("PYTHONPATH")
         .env_remove("VRAMSCOPE_HOOK")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // Where a failed attach finds what the workers said (a rank that died, and why).
+        .stderr(std::fs::File::create(t.path().join("job.err")).unwrap())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
