@@ -390,9 +390,9 @@ class Hooks:
             if isinstance(tensors, self.torch.Tensor) and tensors.numel() == 1:
                 # A GradScaler's scaled loss stands for the loss it scaled: its value is the
                 # step's loss, and the hook keeps no hold on the scaled tensor. (Not `or`:
-                # a CUDA tensor's truth would wait for the GPU.) A CPU loss is read here, in
-                # one call (detached and read at the step's end, two); another device's is
-                # never read (None).
+                # a CUDA tensor's truth would wait for the GPU.) A CPU loss is read here (one
+                # call, and no tensor kept to the step's end); another device's is never
+                # read (None).
                 loss = self._scaled.pop(id(tensors), None)
                 loss = tensors if loss is None else loss
                 self.losses.append(loss.item() if loss.is_cpu else None)
