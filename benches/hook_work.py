@@ -117,6 +117,10 @@ def main():
         sys.exit(f"hook_work: {vramscope} is missing: cargo build --release -p vramscope --bin vramscope")
     out = a.keep or tempfile.mkdtemp(prefix="hook_work.")
     os.makedirs(out, exist_ok=True)
+    # A kept folder used before holds an earlier run's files under the same names.
+    for name in os.listdir(out):
+        if re.fullmatch(r"(plain|hooked)\d+\.\d+\.out", name):
+            os.remove(os.path.join(out, name))
     short, long = a.steps
     with ThreadPoolExecutor(2) as pool:
         paths = {(k, s): pool.submit(run, k, s, out, vramscope) for s in (short, long) for k in ("plain", "hooked")}
