@@ -122,6 +122,8 @@ class Hooks:
         # its keyword arguments (input_ids, ...) when it returns.
         self._uncounted = None
         self._input_word = None  # the tag word's category and name bits for an input
+        self._any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+        self._precisions = {torch.bfloat16: 1, torch.float16: 2}  # vsh_step_end's numbering
 
     # -- phases and scopes -------------------------------------------------------------
 
@@ -198,12 +200,15 @@ class Hooks:
         scopes = self._scopes
         slot = self._scope_slot
         compiling = _compiling(self.torch)
+        modules = sys.modules
 
         def call(module, *args, **kwargs):
             # Dynamo traces module calls inside a compiled region, and this wrapper's writes
             # would break its graph at every module. It reads `compiling()` as a constant:
             # there the wrapper is only the call, and the compiled region is one scope.
-            if compiling():
+            # Asked only once dynamo is loaded (torch.compile loads it): the question is
+            # two Python calls, at every module of every eager step (issue 35).
+            if "torch._dynamo" in modules and compiling():
                 return original(module, *args, **kwargs)
             stack = local.stack
             outermost = not stack and not hooks.backward_depth
@@ -269,7 +274,7 @@ class Hooks:
         if not self._autocast_read and (id(module) == self.model or self.model is None):
             self.autocast = self._autocast_dtype()
             self._autocast_read = id(module) == self.model
-        if id(module) == self.model:
+        if id(module) == self.model and self._cast_checked is not False:
             self._cast_for(module)
 
     def _tag_input(self, addr):
@@ -287,6 +292,10 @@ class Hooks:
     def _autocast_dtype(self):
         """The dtype of the autocast region the model's forward runs in, or None."""
         torch = self.torch
+        # One call where no region is open anywhere (most steps of most jobs), against
+        # one a device type (issue 35); torch before 2.3 has no such call.
+        if self._any_autocast is not None and not self._any_autocast():
+            return None
         for device_type in ("cuda", "cpu"):
             if self._autocast_on(device_type):
                 try:
@@ -380,7 +389,8 @@ class Hooks:
             self.local.stack.clear()
             self._scope_slot[0] = 0
             # Backward never runs in the hook's autocast region (as torch.autocast advises).
-            self._close_cast()
+            if self._cast is not None:
+                self._close_cast()
             self.set_phase(BACKWARD)
             # Later micro-batches accumulate into the gradients the first one made, and the
             # optimizer's start names any new ones: naming after each backward cost the
@@ -393,7 +403,7 @@ class Hooks:
                 # a CUDA tensor's truth would wait for the GPU.) A CPU loss is read here (one
                 # call, and no tensor kept to the step's end); another device's is never
                 # read (None).
-                loss = self._scaled.pop(id(tensors), None)
+                loss = self._scaled.pop(id(tensors), None) if self._scaled else None
                 loss = tensors if loss is None else loss
                 self.losses.append(loss.item() if loss.is_cpu else None)
             self.backward_depth += 1
@@ -494,9 +504,11 @@ class Hooks:
         # number, so the sum is the step's mean). Reading a CUDA loss would wait for the
         # GPU: only CPU ones are read (a backward's unread loss is None).
         losses = [loss] if loss is not None else [self.given_loss] if self.given_loss is not None else self.losses
-        value, read = math.nan, losses and all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.is_cpu) for x in losses)
-        if read:
-            value = sum(float(x) for x in losses)
+        if losses is self.losses:  # each backward's loss, a float or None (unread)
+            read = bool(losses) and None not in losses
+        else:
+            read = all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.is_cpu) for x in losses)
+        value = sum(float(x) for x in losses) if read else math.nan
         batch, ctx = self.samples, self.ctx
         if self.knob_values is not None:
             ctx = int(self.knob_values("ctx", ctx))
@@ -504,8 +516,9 @@ class Hooks:
         # The precision: the forward's autocast dtype, else the parameters' own.
         first = self._first_param() if self._first_param is not None else None
         dtype = self.autocast or (first.dtype if first is not None else None)
-        precision = {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
-        self.read_history()
+        precision = self._precisions.get(dtype, 0)
+        if self.history is not None:
+            self.read_history()
         rc = self.core.vsh_step_end(value, 1 if read else 0, now - (self.step_started or now), ctx, batch, 1 if self.backward_ran else 0, precision)
         stop = rc & 3 if rc > 0 else 0
         if rc > 0 and rc & 4:
