@@ -32,6 +32,10 @@ time of what it wraps, as µs a step; with everything in the cache the same call
 tenth of that (BENCHMARKS.md, issue 35). With `--real` too, the job's own hook is timed so,
 its calls into the real core and shim counted in.
 
+`--threads N` runs torch on N threads and times the wall clock instead of the main
+thread's CPU time: a job on both of this machine's cores, where vramscope's own threads
+take their share of them.
+
 `--transformer [--device cuda]` times tests/py/train_transformer.py's model instead (d 512,
 4 layers, ctx 256, batch 8, AdamW): on a GPU that size is launch-bound, and the hook made
 its step 1.3-1.4× (BENCHMARKS.md, "The first runs on a GPU"). On CUDA a step is timed on the
@@ -155,12 +159,19 @@ def timed_step(model, opt):
         step(model, opt)
         torch.cuda.synchronize(DEVICE)
         return time.perf_counter() - t
+    if THREADS > 1:  # torch's other threads' work is not the main thread's CPU time
+        t = time.perf_counter()
+        step(model, opt)
+        return time.perf_counter() - t
     t = time.thread_time()
     step(model, opt)
     return time.thread_time() - t
 
 
 REAL = "--real" in sys.argv
+# One torch thread by default: no OpenMP stragglers, every step's work the main thread's, timed
+# in its CPU time. `--threads N` times the wall clock instead, as a job on all its cores runs.
+THREADS = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 1
 BLOCK = 10  # steps each way in turn
 OUT = sys.stderr if REAL else sys.stdout  # under vramscope py, stdout carries the step lines
 if REAL:
@@ -245,10 +256,10 @@ def parts(rounds, steps):
 
 
 def main():
-    numbers = [a for a in sys.argv[1:] if a.isdigit()]
+    numbers = [a for i, a in enumerate(sys.argv[1:], 1) if a.isdigit() and sys.argv[i - 1] != "--threads"]
     rounds = int(numbers[0]) if numbers else 12
     steps = int(numbers[1]) if len(numbers) > 1 else 100
-    torch.set_num_threads(1)  # one thread: no OpenMP stragglers, only the main thread's work
+    torch.set_num_threads(THREADS)
     if "--parts" in sys.argv:
         return parts(rounds, steps)
     if REAL:
@@ -275,7 +286,7 @@ def main():
         the_real_hook()  # the job ends as it ran
     plain = statistics.median(times[order[0]])
     what = "transformer (d 512, 4 layers, ctx 256, batch 8)" if TRANSFORMER else "dense MLP"
-    clock = "wall clock between synchronizes" if DEVICE.type == "cuda" else "CPU time, one torch thread"
+    clock = "wall clock between synchronizes" if DEVICE.type == "cuda" else f"wall clock, {THREADS} torch threads" if THREADS > 1 else "CPU time, one torch thread"
     print(f"{what} on {DEVICE}, {len(times[order[0]])} steps each way, interleaved {BLOCK} at a time ({clock}, median)", file=OUT)
     for way, t in times.items():
         s = statistics.median(t)
