@@ -179,7 +179,7 @@ fn both_passes(bytes: &[u8], t: Threads, hooks: &mut Hooks<'_>) -> Result<(Snaps
     // Each pass is shown as it begins, so a caller can time it (`view --summary --profile`).
     let begins = |pass| ReadProgress { pass, done: 0, total: bytes.len(), segments: None, traces: Vec::new() };
     (hooks.observe)(&begins(ReadPass::Check));
-    let scan = prescan(bytes, hooks)?;
+    let scan = prescan(bytes, t.threads, hooks)?;
     (hooks.observe)(&begins(ReadPass::Decode));
     match run(bytes, scan, t, hooks)? {
         Ok((snap, stretches)) => Ok((snap, stretches, false)),

@@ -81,23 +81,35 @@ pub(super) fn memo_get_check(len: u32, idx: u32, at: usize) -> Result<(), ReadEr
 /// The memo slots read back (as bitset words) and the checkpoints.
 type Found = (Vec<u64>, Vec<Checkpoint>);
 
-/// Files at least this large are checked in two halves, one on another thread.
+/// Files at least this large are checked in parts at once, one a thread.
 const PARALLEL_FROM: usize = 8 * TICK;
+/// The fewest bytes a part is given: below that, starting a thread costs more than it saves.
+const PART_BYTES: usize = 2 * TICK;
 
 /// First pass: validate every opcode and its length, and find the memo slots read back.
 ///
-/// A large file is checked in two halves at once, split where a FRAME begins (an
-/// opcode boundary). The second half does not know how many memo slots the first
-/// defines, so it notes the fewest it needs; anything it cannot settle alone (an
-/// error about the memo, an explicit PUT) is settled by checking the whole file in
-/// order, which also finds the first error exactly.
-pub(super) fn prescan(data: &[u8], hooks: &mut Hooks<'_>) -> Result<Scan, ReadError> {
-    let split = (data.len() >= PARALLEL_FROM).then(|| frame_start_after(data, data.len() / 2)).flatten();
-    let halves = match split {
-        Some(mid) => check_halves(data, mid, hooks)?,
-        None => None,
+/// A large file is checked in up to `parts` parts at once (the machine's cores), split
+/// where a FRAME begins (an opcode boundary). A part after the first does not know how
+/// many memo slots those before it define, so it notes the fewest it needs; anything the
+/// parts cannot settle together (an error about the memo, an explicit PUT) is settled by
+/// checking the whole file in order, which also finds the first error exactly.
+pub(super) fn prescan(data: &[u8], parts: usize, hooks: &mut Hooks<'_>) -> Result<Scan, ReadError> {
+    let parts = parts.min(data.len() / PART_BYTES);
+    let mut splits: Vec<usize> = Vec::new();
+    if data.len() >= PARALLEL_FROM {
+        for i in 1..parts {
+            match frame_start_after(data, data.len() / parts * i) {
+                Some(at) if splits.last().is_none_or(|&last| at > last) => splits.push(at),
+                Some(_) => {}
+                None => break,
+            }
+        }
+    }
+    let found = match splits.is_empty() {
+        false => check_parts(data, &splits, hooks)?,
+        true => None,
     };
-    let (words, checkpoints) = match halves {
+    let (words, checkpoints) = match found {
         Some(found) => found,
         None => {
             let c = check::<true>(data, 0, usize::MAX, &mut |pos| hooks.tick(ReadPass::Check, data, (pos, pos), None, Vec::new()))?;
@@ -118,47 +130,67 @@ pub(super) fn walk(data: &[u8]) -> Result<(), ReadError> {
     check::<true>(data, 0, usize::MAX, &mut |_| {}).map(drop)
 }
 
-/// The memo slots read back, from both halves checked at once; `None` when the halves
-/// cannot settle it alone.
-fn check_halves(data: &[u8], mid: usize, hooks: &mut Hooks<'_>) -> Result<Option<Found>, ReadError> {
-    let second_done = std::sync::atomic::AtomicUsize::new(0);
-    let (first, second) = std::thread::scope(|s| {
+/// The memo slots read back, from the parts that begin at 0 and at each of `splits`,
+/// checked at once; `None` when the parts cannot settle it together.
+fn check_parts(data: &[u8], splits: &[usize], hooks: &mut Hooks<'_>) -> Result<Option<Found>, ReadError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let done: Vec<AtomicUsize> = splits.iter().map(|_| AtomicUsize::new(0)).collect();
+    let (first, later) = std::thread::scope(|s| {
         let release = hooks.release;
-        let second = s.spawn(|| {
-            let mut last = mid;
-            check::<false>(data, mid, usize::MAX, &mut |pos| {
-                release(last..pos);
-                last = pos;
-                second_done.store(pos - mid, std::sync::atomic::Ordering::Relaxed);
+        let later: Vec<_> = splits
+            .iter()
+            .zip(splits.iter().skip(1).copied().chain([usize::MAX]))
+            .zip(&done)
+            .map(|((&from, to), done)| {
+                s.spawn(move || {
+                    let mut last = from;
+                    check::<false>(data, from, to, &mut |pos| {
+                        release(last..pos);
+                        last = pos;
+                        done.store(pos - from, Ordering::Relaxed);
+                    })
+                })
             })
-        });
+            .collect();
         let mut tick = |pos: usize| {
-            let done = pos + second_done.load(std::sync::atomic::Ordering::Relaxed);
-            hooks.tick(ReadPass::Check, data, (pos, done), None, Vec::new());
+            let others: usize = done.iter().map(|d| d.load(Ordering::Relaxed)).sum();
+            hooks.tick(ReadPass::Check, data, (pos, pos + others), None, Vec::new());
         };
-        let first = check::<true>(data, 0, mid, &mut tick);
-        (first, second.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+        let first = check::<true>(data, 0, splits[0], &mut tick);
+        (first, later.into_iter().map(|t| t.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect::<Vec<_>>())
     });
     let first = first?;
-    if first.stopped {
-        return Ok(Some((first.words, first.checkpoints))); // the pickle ends before the second half
+    // An opcode that runs past where the next part begins (a frame it does not end in):
+    // the parts did not split the file where reading in order does.
+    let ends_at = |c: &Checked, at: usize| c.stopped || c.end == at;
+    if !ends_at(&first, splits[0]) {
+        return Ok(None);
     }
-    let second = match second {
-        // A PUT, or a memo slot the first half may not define: settled in order.
-        Ok(s) if s.memo_exact && s.needs <= first.puts => s,
-        Ok(_) | Err(ReadError::Malformed { .. }) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let mut words = first.words;
-    if words.len() < second.words.len() {
-        words.resize(second.words.len(), 0);
+    let (mut words, mut checkpoints) = (first.words, first.checkpoints);
+    // What the parts before the one taken next defined and left open.
+    let (mut puts, mut depth, mut stopped) = (first.puts, first.depth, first.stopped);
+    for (i, part) in later.into_iter().enumerate() {
+        if stopped {
+            break; // the pickle ends before this part: what follows is not read
+        }
+        let part = match part {
+            // A PUT, or a memo slot the parts before may not define: settled in order.
+            Ok(p) if p.memo_exact && p.needs <= puts && splits.get(i + 1).is_none_or(|&at| ends_at(&p, at)) => p,
+            Ok(_) | Err(ReadError::Malformed { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        // More memo entries than checking in order allows: that check says so.
+        let Some(total) = puts.checked_add(part.puts) else { return Ok(None) };
+        if words.len() < part.words.len() {
+            words.resize(part.words.len(), 0);
+        }
+        for (w, p) in words.iter_mut().zip(&part.words) {
+            *w |= p;
+        }
+        // The part counted from its own start.
+        checkpoints.extend(part.checkpoints.iter().map(|c| Checkpoint { pos: c.pos, memo: c.memo + puts, depth: c.depth + depth }));
+        (puts, depth, stopped) = (total, depth + part.depth, part.stopped);
     }
-    for (w, s) in words.iter_mut().zip(&second.words) {
-        *w |= s;
-    }
-    // The second half counted from its own start.
-    let mut checkpoints = first.checkpoints;
-    checkpoints.extend(second.checkpoints.iter().map(|c| Checkpoint { pos: c.pos, memo: c.memo + first.puts, depth: c.depth + first.depth }));
     Ok(Some((words, checkpoints)))
 }
 
@@ -196,6 +228,8 @@ struct Checked {
     memo_exact: bool,
     /// The stretch ends at STOP.
     stopped: bool,
+    /// Where checking stopped: at STOP's end, or at the first opcode boundary at or past `to`.
+    end: usize,
 }
 
 /// Validates every opcode from `from` to STOP (or to `to`), noting the memo slots read
@@ -205,7 +239,7 @@ fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn 
     // The position lives in a local, not in a Cursor whose address escapes: kept in a
     // register, not stored and reloaded around every opcode.
     let mut pos = from;
-    let mut c = Checked { words: Vec::new(), puts: 0, depth: 0, checkpoints: Vec::new(), needs: 0, memo_exact: true, stopped: false };
+    let mut c = Checked { words: Vec::new(), puts: 0, depth: 0, checkpoints: Vec::new(), needs: 0, memo_exact: true, stopped: false, end: from };
     let mut next_tick = from + TICK;
     let get = |c: &mut Checked, idx: u32, at: usize| {
         if EXACT {
@@ -298,6 +332,7 @@ fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn 
             _ => {}
         }
     }
+    c.end = pos;
     Ok(c)
 }
 
@@ -336,7 +371,7 @@ mod tests {
         p.extend([op::BINGET, 70, op::BINGET, 0, op::POP, op::STOP]);
         let mut observe = |_: &ReadProgress<'_>| {};
         let hooks = &mut Hooks::new(&|_| {}, &mut observe);
-        let refs = prescan(&p, hooks).unwrap().refs;
+        let refs = prescan(&p, 2, hooks).unwrap().refs;
         assert_eq!(refs.count(), 2);
         assert_eq!(
             (refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)),
@@ -380,32 +415,50 @@ mod tests {
 
     type Outcome = Result<Found, String>;
 
-    fn both(data: &[u8]) -> (Outcome, Outcome) {
+    fn both(data: &[u8], parts: usize) -> (Outcome, Outcome) {
         let mut observe = |_: &ReadProgress<'_>| {};
         let hooks = &mut Hooks::new(&|_| {}, &mut observe);
-        let halves = prescan(data, hooks).map(|s| (s.refs.words, s.checkpoints)).map_err(|e| e.to_string());
+        let split = prescan(data, parts, hooks).map(|s| (s.refs.words, s.checkpoints)).map_err(|e| e.to_string());
         let in_order = check::<true>(data, 0, usize::MAX, &mut |_| {}).map(|c| (c.words, c.checkpoints)).map_err(|e| e.to_string());
-        (halves, in_order)
+        (split, in_order)
     }
 
     #[test]
-    fn a_large_file_checked_in_halves_finds_what_checking_in_order_finds() {
+    fn a_large_file_checked_in_parts_finds_what_checking_in_order_finds() {
         const N: usize = 300_000;
         let data = big(N, &[]);
-        assert!(data.len() >= PARALLEL_FROM && frame_start_after(&data, data.len() / 2).is_some());
-        let (halves, in_order) = both(&data);
-        assert!(halves.as_ref().is_ok_and(|h| h.1.len() > 100), "a checkpoint at each FRAME");
-        assert_eq!(halves, in_order, "the second half's checkpoints count from the file's start");
-        // Errors in the second half, of the memo or not, at the offset checking in
-        // order reports.
-        for bad in [&[op::LONG_BINGET, 44, 1, 0, 0][..], &[0xff], &[op::REDUCE]] {
-            let (halves, in_order) = both(&big(N, &[(N * 3 / 4, bad)]));
-            assert!(halves.is_err(), "{halves:?}");
-            assert_eq!(halves, in_order);
+        assert!(data.len() >= PARALLEL_FROM && data.len() / PART_BYTES >= 3);
+        for parts in [2, 3, 8] {
+            let (split, in_order) = both(&data, parts);
+            assert!(split.as_ref().is_ok_and(|h| h.1.len() > 100), "a checkpoint at each FRAME");
+            assert_eq!(split, in_order, "{parts} parts: each part's checkpoints count from the file's start");
+            // Errors in a later part, of the memo or not, at the offset checking in order
+            // reports.
+            for bad in [&[op::LONG_BINGET, 44, 1, 0, 0][..], &[0xff], &[op::REDUCE]] {
+                for at in [N / 2, N * 3 / 4, N - 10] {
+                    let (split, in_order) = both(&big(N, &[(at, bad)]), parts);
+                    assert!(split.is_err(), "{split:?}");
+                    assert_eq!(split, in_order, "{parts} parts, at {at}");
+                }
+            }
+            // A pickle that ends in an earlier part reads as if the rest were not there.
+            let (split, in_order) = both(&big(N, &[(N / 4, &[op::STOP]), (N * 3 / 4, &[0xff])]), parts);
+            assert!(split.is_ok());
+            assert_eq!(split, in_order);
         }
-        // A pickle that ends in its first half reads as if the rest were not there.
-        let (halves, in_order) = both(&big(N, &[(N / 4, &[op::STOP]), (N * 3 / 4, &[0xff])]));
-        assert!(halves.is_ok());
-        assert_eq!(halves, in_order);
+    }
+
+    /// A frame whose last opcode runs on into the next frame's header: reading in order
+    /// never meets that FRAME, so the parts must not begin there.
+    #[test]
+    fn an_opcode_that_runs_past_its_frame_is_read_as_in_order() {
+        let mut data = big(300_000, &[]);
+        let at = frame_start_after(&data, data.len() / 2).unwrap();
+        data[at - 1] = op::BINGET; // its index is the FRAME opcode's byte
+        for parts in [2, 3, 8] {
+            let (split, in_order) = both(&data, parts);
+            assert!(in_order.is_err(), "the frame's length bytes are no opcodes: {in_order:?}");
+            assert_eq!(split, in_order, "{parts} parts");
+        }
     }
 }
