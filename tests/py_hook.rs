@@ -703,6 +703,19 @@ fn a_diverged_loss_reaches_the_screen_as_nan_and_the_stream_goes_on() {
     assert_eq!((losses[1].as_str(), losses[2].as_str()), (Some("NaN"), Some("inf")), "{losses:?}");
 }
 
+/// A backward torch refuses (a complex loss) that the script catches and goes on from:
+/// the hook had read that loss, and summing it at the step's end raised into the job's
+/// `optimizer.step()`. The step's loss is unread instead, and the job runs on.
+#[test]
+fn a_refused_backward_the_script_catches_leaves_its_step_unread_and_the_job_running() {
+    let t = tempfile::tempdir().unwrap();
+    let (stdout, stderr, steps) = lifecycle_headless(&t, "refused-backward", &["--json"], &[]);
+    let losses: Vec<_> = steps.iter().map(|s| s["loss"].clone()).collect();
+    assert_eq!(losses.len(), 3, "{stdout}{stderr}");
+    assert!(losses[0].as_f64().is_some_and(f64::is_finite) && losses[2].as_f64().is_some_and(f64::is_finite), "{losses:?}");
+    assert!(losses[1].is_null(), "{losses:?}");
+}
+
 /// Each allocation carries the module it was made in, also where a module's forward
 /// raised and the script went on, and outside every module again after the model returns
 /// (tests/py/hook_lifecycle.py's `scopes`: sizes tell the modules apart).

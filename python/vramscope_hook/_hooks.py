@@ -509,11 +509,14 @@ class Hooks:
         # number, so the sum is the step's mean). Reading a CUDA loss would wait for the
         # GPU: only CPU ones are read (a backward's unread loss is None).
         losses = [loss] if loss is not None else [self.given_loss] if self.given_loss is not None else self.losses
-        if losses is self.losses:  # each backward's loss, a float or None (unread)
+        if losses is self.losses:  # each backward's loss as `item()` gave it, or None (unread)
             read = bool(losses) and None not in losses
         else:
             read = all(isinstance(x, (int, float)) or (isinstance(x, torch.Tensor) and x.is_cpu) for x in losses)
-        value = sum(map(float, losses)) if read else math.nan
+        try:
+            value = sum(map(float, losses)) if read else math.nan
+        except TypeError:  # a complex loss (its backward failed): no value, never an error here
+            read, value = False, math.nan
         batch, ctx = self.samples, self.ctx
         if self.knob_values is not None:
             ctx = int(self.knob_values("ctx", ctx))

@@ -275,6 +275,23 @@ def given_loss():
         opt.zero_grad()
 
 
+def refused_backward():
+    # A backward torch refuses (a complex loss), caught by the script, which goes on: the
+    # hook has read that loss already, and must not break the job's step for it.
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for n in range(3):
+        out = model(torch.randn(2, 4))
+        if n == 1:
+            try:
+                (out.sum() * 1j).backward()
+            except RuntimeError:
+                pass
+        out.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def meta():
     # A model on a device that autocast does not know: the hook's checks must not raise
     # into the job, and `p` there says once that it cannot cast.
@@ -453,4 +470,4 @@ def policy():
     print(json.dumps({"cpu": off, "cuda": on, "off_again": dtypes()}))
 
 
-{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "compiled": compiled, "kept": kept, "copies": copies, "reload": reload, "inputs": inputs, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
+{"policy": policy, "kwargs": kwargs, "own-autocast": own_autocast, "history": history, "mlp": mlp, "scopes": scopes, "diverged": diverged, "meta": meta, "given-loss": given_loss, "refused-backward": refused_backward, "compiled": compiled, "kept": kept, "copies": copies, "reload": reload, "inputs": inputs, "cuda-order": cuda_order, "fork": fork, "children": children, "bound": bound, "cublas-oom": cublas_oom}[sys.argv[1]]()
