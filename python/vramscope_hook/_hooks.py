@@ -27,8 +27,8 @@ from itertools import chain
 from ._native import slots
 
 OTHER, FORWARD, BACKWARD, OPTIMIZER, ZERO_GRAD = range(5)
-_VALUES = operator.methodcaller("values")
 PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL, UNKNOWN = range(8)
+_VALUES = operator.methodcaller("values")  # a mapping's values, called from C
 
 # Wrappers whose own name is not part of the job's module names: the attribute that holds
 # the model they wrap. torch.compile's OptimizedModule is one.

@@ -105,10 +105,7 @@ pub(super) fn prescan(data: &[u8], parts: usize, hooks: &mut Hooks<'_>) -> Resul
             }
         }
     }
-    let found = match splits.is_empty() {
-        false => check_parts(data, &splits, hooks)?,
-        true => None,
-    };
+    let found = if splits.is_empty() { None } else { check_parts(data, &splits, hooks)? };
     let (words, checkpoints) = match found {
         Some(found) => found,
         None => {
