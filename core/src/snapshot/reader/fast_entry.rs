@@ -9,7 +9,7 @@ use super::op;
 use super::prescan::memo_ref;
 use super::value::{EntryList, ListData, Memo, Pool, Value};
 use super::vm::{memo_value, MemoView, Vm};
-use crate::snapshot::model::{FrameId, StackId, Text, TraceEntry};
+use crate::snapshot::model::{Action, FrameId, StackId, Text, TraceEntry};
 
 /// A trace entry's `frames` as `FastEntry` reads them: the frame ids collected, a stack
 /// already interned (a list read back by BINGET), or a list another thread read (its
@@ -144,6 +144,21 @@ impl<'a> FastEntry<'_, 'a> {
         }
         self.pos += len;
         Some(key)
+    }
+
+    /// `action`: a string read back that the main pass knows names one (by one load), or
+    /// any string naming one.
+    #[inline]
+    fn action(&mut self) -> Option<Action> {
+        if let Some((idx, len)) = memo_ref(&self.data[self.pos..]) {
+            if idx < self.view.base {
+                if let Some(a) = *self.view.memo_actions.get(self.view.refs.slot(idx)?)? {
+                    self.pos += len;
+                    return Some(a);
+                }
+            }
+        }
+        action_of(self.string()?)
     }
 
     /// A BINGET here of a slot memoized within this entry: the memo slot.
@@ -401,7 +416,7 @@ impl<'a> FastEntry<'_, 'a> {
                 None => self.keys.get(self.string()?),
             };
             match key {
-                Key::Action => action = Some(action_of(self.string()?)?),
+                Key::Action => action = Some(self.action()?),
                 Key::Addr | Key::DeviceFree => addr = Some(self.unsigned()?),
                 Key::Size => size = Some(self.unsigned()?),
                 Key::Stream => stream = self.signed()?,

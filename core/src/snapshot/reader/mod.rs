@@ -362,6 +362,12 @@ mod tests {
                 e.compile_context = (i % 3 == 0).then(|| Text::from(format!("ctx {}", i / 30).as_str()));
                 e.user_metadata = (i % 11 == 0).then(|| Text::from("meta"));
                 trace.push(e);
+                // A new pool every 700 entries, back to (0, 0) at times: runs that begin
+                // and end inside a thread's stretch.
+                if i % 700 == 0 {
+                    let k = (i / 700) as i64;
+                    snap.details.pools.push(crate::snapshot::model::PoolRun { trace: device as u32, from: i as u32, pool: (k % 3, k % 2) });
+                }
             }
             snap.device_traces.push(trace);
         }

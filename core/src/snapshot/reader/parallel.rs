@@ -20,7 +20,7 @@ use super::keys::KeyCache;
 use super::op;
 use super::prescan::{mark_change, Checkpoint};
 use super::run::Ran;
-use super::value::{ListData, Memo, Pool, Value};
+use super::value::{EntryList, ListData, Memo, Value};
 use super::vm::{MemoView, Vm};
 use crate::snapshot::model::{FrameId, StackId, Text, TraceEntry};
 
@@ -97,7 +97,8 @@ struct Stretch<'a> {
     /// Its first entry and the memo's length there; `None` when it found none before the
     /// next stretch's checkpoint.
     start: Option<(usize, u32)>,
-    entries: Vec<(TraceEntry, Pool)>,
+    /// As the trace's list keeps them, so the main pass moves them over in one pass.
+    entries: EntryList,
     /// By entry index, what another thread read.
     elsewhere: Vec<(u32, Elsewhere)>,
     left: Vec<Left>,
@@ -171,8 +172,12 @@ impl<'a> Round<'_, 'a> {
             From::Entry(pos, memo) => Some((pos, memo)),
             From::Checkpoint(c) => self.first_entry(c, until),
         };
-        let mut s = Stretch { start, entries: Vec::new(), elsewhere: Vec::new(), left: Vec::new(), local: Local::default(), end: End::Stuck(0, 0) };
+        let mut s = Stretch { start, entries: EntryList::default(), elsewhere: Vec::new(), left: Vec::new(), local: Local::default(), end: End::Stuck(0, 0) };
         let Some((mut pos, mut memo)) = start else { return s };
+        // Room for the stretch's entries at once (each takes 64 bytes of the file or more;
+        // the last stretch's end is the file's): a list grown by doubling copies what it
+        // holds at each step.
+        s.entries = EntryList::with_capacity(until.min(self.data.len()).saturating_sub(pos).min(8 << 20) / 64);
         let keys = KeyCache::new();
         let mut scratch = FastScratch::default();
         let mut ids = Vec::new();
@@ -192,7 +197,7 @@ impl<'a> Round<'_, 'a> {
                             if elsewhere.any() {
                                 s.elsewhere.push((s.entries.len() as u32, elsewhere));
                             }
-                            s.entries.push((entry, pool));
+                            s.entries.push(entry, pool);
                             s.local.read += 1;
                             (pos, memo) = (end, end_memo);
                         }
@@ -318,22 +323,42 @@ impl<'a> Vm<'a> {
         // next. That one's memo puts and the lookups of what other threads read need the
         // memo as reading in order has it there; the thread's own entries need nothing.
         let (mut puts, mut elsewhere) = (s.local.puts.iter().peekable(), s.elsewhere.iter().peekable());
-        let mut entries = std::collections::VecDeque::from(s.entries);
+        let total = s.entries.len();
+        let EntryList { entries, pools } = s.entries;
+        let mut entries = entries.into_iter();
+        let unknown = std::cell::Cell::new(false); // a stack id the thread never made
+        let with_stack = |mut e: TraceEntry| {
+            match own(e.frames, &stacks) {
+                Some(stack) => e.frames = stack,
+                None => unknown.set(true),
+            }
+            e
+        };
         let mut from = 0;
         for l in s.left.iter().map(Some).chain([None]) {
-            let to = l.map_or(from + entries.len(), |l| l.at as usize);
-            for (i, (entry, _)) in entries.range_mut(..to - from).enumerate() {
-                let Some(stack) = own(entry.frames, &stacks) else { return Ok(Err(Refit)) };
-                entry.frames = stack;
-                if let Some((_, e)) = elsewhere.next_if(|e| e.0 as usize == from + i) {
-                    if self.fill_elsewhere(entry, e).is_none() {
-                        return Ok(Err(Refit));
-                    }
+            let to = l.map_or(total, |l| l.at as usize);
+            // Moved over in one pass, each entry's stack filled in on the way, up to each
+            // entry that needs what another thread read (from the memo as it is there).
+            let mut at = from;
+            while at < to {
+                let next = elsewhere.peek().map_or(to, |e| (e.0 as usize).min(to));
+                if next > at {
+                    let Some(ListData::Entries(list)) = self.list_below_mark(|l| matches!(l, ListData::Entries(_))) else { return Ok(Err(Refit)) };
+                    list.extend_from(entries.by_ref().take(next - at).map(with_stack), &pools, at);
+                    at = next;
+                    continue;
                 }
+                let (Some((i, e)), Some(entry)) = (elsewhere.next(), entries.next()) else { return Ok(Err(Refit)) };
+                let mut entry = with_stack(entry);
+                if *i as usize != at || self.fill_elsewhere(&mut entry, e).is_none() {
+                    return Ok(Err(Refit));
+                }
+                let Some(ListData::Entries(list)) = self.list_below_mark(|l| matches!(l, ListData::Entries(_))) else { return Ok(Err(Refit)) };
+                list.extend_from(std::iter::once(entry), &pools, at);
+                at += 1;
             }
-            let Some(ListData::Entries(list)) = self.list_below_mark(|l| matches!(l, ListData::Entries(_))) else { return Ok(Err(Refit)) };
-            for (entry, pool) in entries.drain(..to - from) {
-                list.push(entry, pool);
+            if unknown.get() {
+                return Ok(Err(Refit));
             }
             from = to;
             for &(_, slot, m) in std::iter::from_fn(|| puts.next_if(|p| (p.0 as usize) < to)) {

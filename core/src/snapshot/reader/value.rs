@@ -40,6 +40,28 @@ impl EntryList {
         self.entries.push(e);
     }
 
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Appends `entries`, which are another list's from its entry `at` on, with their pools
+    /// as that list's `pools` runs give them.
+    pub(super) fn extend_from(&mut self, entries: impl Iterator<Item = TraceEntry>, pools: &[(u32, (i64, i64))], at: usize) {
+        let start = self.entries.len();
+        self.entries.extend(entries);
+        let end = at + (self.entries.len() - start);
+        let k = pools.partition_point(|r| r.0 as usize <= at);
+        let first = if k == 0 { (0, 0) } else { pools[k - 1].1 };
+        let changes = pools[k..].iter().take_while(|r| (r.0 as usize) < end).map(|r| (r.0 as usize, r.1));
+        let mut last = self.pools.last().map_or((0, 0), |r| r.1);
+        for (i, p) in std::iter::once((at, first)).chain(changes) {
+            if p != last && i < end {
+                self.pools.push(((start + i - at) as u32, p));
+                last = p;
+            }
+        }
+    }
+
     fn into_values<'a>(self) -> Vec<Value<'a>> {
         let mut runs = self.pools.into_iter().peekable();
         let mut pool = None;

@@ -6,10 +6,10 @@
 use super::cursor::Cursor;
 use super::error::{malformed, ReadError};
 use super::intern::{FastMap, StackTable, TextTable, NO_FRAME};
-use super::keys::{key_of, Key, KeyCache};
+use super::keys::{action_of, key_of, Key, KeyCache};
 use super::prescan::{memo_get_check, memo_put, memo_ref, Checkpoint, MemoRefs, Scan};
 use super::value::{ListData, Memo, Value};
-use crate::snapshot::model::{Frame, FrameId, StackId};
+use crate::snapshot::model::{Action, Frame, FrameId, StackId};
 
 pub(super) struct Vm<'a> {
     pub(super) cur: Cursor<'a>,
@@ -23,6 +23,9 @@ pub(super) struct Vm<'a> {
     /// The dict key each memo slot's string is (`Key::Other` if none), kept by
     /// `set_memo`: an entry's keys are nearly all read back, and matched with one load.
     pub(super) memo_keys: Vec<Key>,
+    /// The action each memo slot's string names, if any, kept by `set_memo`: an entry's
+    /// action is nearly always read back, and taken with one load, not compared as text.
+    pub(super) memo_actions: Vec<Option<Action>>,
     pub(super) memo_len: u32,
     pub(super) arena: Vec<Value<'a>>,
     /// The memo slot of each arena entry, to store converted frames/stacks there too.
@@ -61,6 +64,7 @@ impl<'a> Vm<'a> {
         let memo = vec![Memo::None; refs.count()];
         let memo_frames = vec![NO_FRAME; refs.count()];
         let memo_keys = vec![Key::Other; refs.count()];
+        let memo_actions = vec![None; refs.count()];
         Vm {
             cur: Cursor { data, pos: 0 },
             stack: Vec::with_capacity(4096),
@@ -69,6 +73,7 @@ impl<'a> Vm<'a> {
             memo,
             memo_frames,
             memo_keys,
+            memo_actions,
             memo_len: 0,
             arena: Vec::new(),
             arena_memo: Vec::new(),
@@ -98,6 +103,7 @@ impl<'a> Vm<'a> {
             refs: &self.refs,
             memo: &self.memo,
             memo_keys: &self.memo_keys,
+            memo_actions: &self.memo_actions,
             memo_frames: &self.memo_frames,
             arena: &self.arena,
             base: self.memo_len,
@@ -150,9 +156,9 @@ impl<'a> Vm<'a> {
             Memo::Frame(f) => f,
             _ => NO_FRAME,
         };
-        self.memo_keys[slot] = match m {
-            Memo::Str(s) => key_of(s),
-            _ => Key::Other,
+        (self.memo_keys[slot], self.memo_actions[slot]) = match m {
+            Memo::Str(s) => (key_of(s), action_of(s)),
+            _ => (Key::Other, None),
         };
     }
 
@@ -288,6 +294,7 @@ pub(super) struct MemoView<'v, 'a> {
     pub(super) refs: &'v MemoRefs,
     pub(super) memo: &'v [Memo<'a>],
     pub(super) memo_keys: &'v [Key],
+    pub(super) memo_actions: &'v [Option<Action>],
     pub(super) memo_frames: &'v [FrameId],
     pub(super) arena: &'v [Value<'a>],
     pub(super) base: u32,
