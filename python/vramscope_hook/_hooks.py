@@ -209,8 +209,10 @@ class Hooks:
             # Dynamo traces module calls inside a compiled region, and this wrapper's writes
             # would break its graph at every module. It reads `compiling()` as a constant:
             # there the wrapper is only the call, and the compiled region is one scope.
-            # Asked only once dynamo is loaded (torch.compile loads it): the question is
-            # two Python calls, at every module of every eager step (issue 35).
+            # Asked only once dynamo is loaded: the question is two Python calls at every
+            # module call (issue 35). torch.compile loads it, and so does making a
+            # torch.optim optimizer (torch 2.13): a job without either (inference, its own
+            # update) does not ask it.
             if "torch._dynamo" in modules and compiling():
                 return original(module, *args, **kwargs)
             stack = local.stack

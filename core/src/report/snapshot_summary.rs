@@ -245,9 +245,15 @@ pub struct ReservedFigures {
 /// The highest reserved bytes on `device`: from the segments, or for a torch.profiler trace
 /// (which has none) the `Total Reserved` it states (0 where it states none).
 pub fn peak_reserved(snap: &Snapshot, tl: &Timeline, device: usize) -> u64 {
+    peak_reserved_of(snap, device, || reserved_figures(snap, tl, device).peak)
+}
+
+/// `peak_reserved`, with the peak of the trace's segment events (a pass over the trace,
+/// where it is needed) from `from_trace`.
+fn peak_reserved_of(snap: &Snapshot, device: usize, from_trace: impl FnOnce() -> u64) -> u64 {
     match &snap.profiled {
         Some(p) => p.peak_reserved(device).unwrap_or(0),
-        None => reserved_figures(snap, tl, device).peak,
+        None => from_trace(),
     }
 }
 
@@ -459,6 +465,7 @@ impl ProfiledSummary {
 pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> SnapshotSummary {
     let (_, totals) = segment_stats(snap.device_segments(device));
     let reserved = reserved_figures(snap, tl, device);
+    let peak_reserved_bytes = peak_reserved_of(snap, device, || reserved.peak);
     let per_device = device_counts(snap);
     let here = per_device.get(device).cloned();
     let profiled = snap.profiled.as_ref();
@@ -475,7 +482,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
         peak_active_event: tl.peak_index,
         peak_active_time_us: event_time(snap, tl, device, tl.peak_index),
         trace_start_time_us: snap.trace(device).first().map(|e| e.time_us),
-        peak_reserved_bytes: peak_reserved(snap, tl, device),
+        peak_reserved_bytes,
         reserved_bytes: totals.reserved,
         allocated_bytes: totals.allocated,
         segments: here.as_ref().map_or(0, |c| c.segments),

@@ -481,8 +481,24 @@ impl Timeline {
         let trace = s.trace(device);
         let mut names = Vec::new();
         let mut b = TimelineBuilder::new(Vec::new());
+        // Each category's index by the address of its text: entries share one copy of
+        // each (the reader's and the frame rules'), so nearly every entry's is found by
+        // comparing a pointer or two, not its text with every name.
+        // (None: at the null address.)
+        let mut by_address: Vec<(*const u8, u16)> = Vec::new();
         for e in trace {
-            let c = category_index(&mut names, e.category.as_deref());
+            let text = e.category.as_deref();
+            let at = text.map_or(std::ptr::null(), str::as_ptr);
+            let c = match by_address.iter().find(|a| a.0 == at) {
+                Some(&(_, c)) => c,
+                None => {
+                    let c = category_index(&mut names, text);
+                    if by_address.len() < 64 {
+                        by_address.push((at, c));
+                    }
+                    c
+                }
+            };
             b.feed(e.action, e.addr, e.size, e.frames, c);
         }
         b.finish_snapshot(s, device, names)
@@ -816,6 +832,23 @@ mod tests {
             layout(&t.stack_at(&v, 1)),
             vec![(2, 0, 1024), (0, 1024, 2048), (1, 2048, 2560)]
         );
+    }
+
+    /// Entries name their category by shared copies of its text, and two copies of one
+    /// text are one category: the index found by a copy's address is the name's.
+    #[test]
+    fn a_snapshot_s_categories_are_their_names_whichever_copy_an_entry_holds() {
+        use crate::snapshot::model::Text;
+        let (weights, copy, grads) = (Text::from("parameter"), Text::from("parameter"), Text::from("gradient"));
+        let entry = |addr, category: Option<&Text>| TraceEntry { category: category.cloned(), ..TraceEntry::new(Alloc, addr, 100) };
+        let snap = Snapshot {
+            device_traces: vec![vec![entry(1, Some(&weights)), entry(2, None), entry(3, Some(&grads)), entry(4, Some(&copy)), entry(5, Some(&weights)), entry(6, None)]],
+            ..Default::default()
+        };
+        let t = Timeline::from_snapshot(&snap, 0);
+        let names: Vec<&str> = t.allocations.iter().map(|a| t.categories[a.category as usize].as_str()).collect();
+        assert_eq!(names, ["parameter", "unknown", "gradient", "parameter", "parameter", "unknown"]);
+        assert_eq!(t.categories, ["parameter", "unknown", "gradient"]);
     }
 
     #[test]
