@@ -113,7 +113,7 @@ impl<'a> FastEntry<'_, 'a> {
     /// was not yet, or is never read back (the pre-scan would have seen it).
     #[inline(always)]
     fn defined(&self, idx: u32) -> Option<Defined<'a>> {
-        let slot = self.view.refs.slot(idx)?;
+        let slot = self.view.slot(idx)?;
         if idx < self.view.base {
             return Some(Defined::Known(self.view.memo[slot]));
         }
@@ -138,7 +138,7 @@ impl<'a> FastEntry<'_, 'a> {
         if idx >= self.view.base {
             return None;
         }
-        let key = *self.view.memo_keys.get(self.view.refs.slot(idx)?)?;
+        let key = *self.view.memo_keys.get(self.view.slot(idx)?)?;
         if key == Key::Other {
             return None;
         }
@@ -152,7 +152,7 @@ impl<'a> FastEntry<'_, 'a> {
     fn action(&mut self) -> Option<Action> {
         if let Some((idx, len)) = memo_ref(&self.data[self.pos..]) {
             if idx < self.view.base {
-                if let Some(a) = *self.view.memo_actions.get(self.view.refs.slot(idx)?)? {
+                if let Some(a) = *self.view.memo_actions.get(self.view.slot(idx)?)? {
                     self.pos += len;
                     return Some(a);
                 }
@@ -265,7 +265,7 @@ impl<'a> FastEntry<'_, 'a> {
             if idx >= self.view.base {
                 return None;
             }
-            let Memo::Shared(h) = self.view.memo[self.view.refs.slot(idx)?] else { return None };
+            let Memo::Shared(h) = self.view.memo[self.view.slot(idx)?] else { return None };
             let Value::Tuple(t) = &self.view.arena[h as usize] else { return None };
             let [Value::Int(a), Value::Int(b)] = t.items.as_slice() else { return None };
             self.pos += len;

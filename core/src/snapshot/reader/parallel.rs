@@ -18,7 +18,7 @@ use super::hooks::{Hooks, ReadPass};
 use super::intern::{FastMap, StackTable, TextTable};
 use super::keys::KeyCache;
 use super::op;
-use super::prescan::{mark_change, Checkpoint};
+use super::prescan::{mark_change, Checkpoint, SlotCache};
 use super::run::Ran;
 use super::value::{EntryList, ListData, Memo, Value};
 use super::vm::{MemoView, Vm};
@@ -179,6 +179,7 @@ impl<'a> Round<'_, 'a> {
         // holds at each step.
         s.entries = EntryList::with_capacity(until.min(self.data.len()).saturating_sub(pos).min(8 << 20) / 64);
         let keys = KeyCache::new();
+        let slots = SlotCache::default();
         let mut scratch = FastScratch::default();
         let mut ids = Vec::new();
         s.end = loop {
@@ -187,7 +188,7 @@ impl<'a> Round<'_, 'a> {
                 Some(&op::EMPTY_DICT) => {
                     scratch.reset();
                     ids.clear();
-                    let view = MemoView { local: Some(&s.local.memo), ..self.view };
+                    let view = MemoView { local: Some(&s.local.memo), slots: &slots, ..self.view };
                     let mut p = FastEntry { view: &view, keys: &keys, data: self.data, pos, entry_memo: memo, memo_len: memo, scratch };
                     let read = p.entry(&mut ids);
                     let (end, end_memo) = (p.pos, p.memo_len);

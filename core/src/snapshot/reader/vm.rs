@@ -7,7 +7,7 @@ use super::cursor::Cursor;
 use super::error::{malformed, ReadError};
 use super::intern::{FastMap, StackTable, TextTable, NO_FRAME};
 use super::keys::{action_of, key_of, Key, KeyCache};
-use super::prescan::{memo_get_check, memo_put, memo_ref, Checkpoint, MemoRefs, Scan};
+use super::prescan::{memo_get_check, memo_put, memo_ref, Checkpoint, MemoRefs, Scan, SlotCache};
 use super::value::{ListData, Memo, Value};
 use crate::snapshot::model::{Action, Frame, FrameId, StackId};
 
@@ -57,6 +57,8 @@ pub(super) struct Vm<'a> {
     pub(super) parallel_from: usize,
     /// Stretches of traces that threads decoded.
     pub(super) stretches: u32,
+    /// The main pass's own cache of memo slots (each thread has its own).
+    pub(super) slot_cache: SlotCache,
 }
 
 impl<'a> Vm<'a> {
@@ -94,6 +96,7 @@ impl<'a> Vm<'a> {
             chunk_bytes: usize::MAX,
             parallel_from: usize::MAX,
             stretches: 0,
+            slot_cache: SlotCache::default(),
         }
     }
 
@@ -108,6 +111,7 @@ impl<'a> Vm<'a> {
             arena: &self.arena,
             base: self.memo_len,
             local: None,
+            slots: &self.slot_cache,
         }
     }
 
@@ -140,8 +144,8 @@ impl<'a> Vm<'a> {
     #[inline(always)]
     pub(super) fn memo_slot(&self, idx: u32) -> Result<usize, ReadError> {
         memo_get_check(self.memo_len, idx, self.at)?;
-        self.refs
-            .slot(idx)
+        self.slot_cache
+            .slot(&self.refs, idx)
             .ok_or_else(|| malformed(self.at, "memo slot was not seen by the pre-scan"))
     }
 
@@ -299,9 +303,17 @@ pub(super) struct MemoView<'v, 'a> {
     pub(super) arena: &'v [Value<'a>],
     pub(super) base: u32,
     pub(super) local: Option<&'v FastMap<usize, Memo<'a>>>,
+    /// The reading thread's own cache of memo slots (`SlotCache`).
+    pub(super) slots: &'v SlotCache,
 }
 
 impl<'a> MemoView<'_, 'a> {
+    /// Memo index `idx`'s slot, if it is read back.
+    #[inline(always)]
+    pub(super) fn slot(&self, idx: u32) -> Option<usize> {
+        self.slots.slot(self.refs, idx)
+    }
+
     /// The frame memo index `idx` holds, from the main pass's memo; anything else
     /// (including an index out of range) is `None`.
     #[inline]
@@ -309,7 +321,7 @@ impl<'a> MemoView<'_, 'a> {
         if idx >= self.base {
             return None;
         }
-        let f = *self.memo_frames.get(self.refs.slot(idx)?)?;
+        let f = *self.memo_frames.get(self.slot(idx)?)?;
         (f != NO_FRAME).then_some(f)
     }
 
