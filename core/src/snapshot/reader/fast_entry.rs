@@ -232,7 +232,16 @@ impl<'a> FastEntry<'_, 'a> {
             op::BININT => Op::Int(i32::from_le_bytes(self.fixed()?) as i64),
             op::LONG1 => {
                 let [n] = self.fixed()?;
-                long_value(self.take(n as usize)?)?
+                // Addresses and times, up to 8 bytes: read as one word where the input has
+                // 8 bytes here, the bytes past the number shifted out.
+                match (n, self.data.get(self.pos..self.pos + 8)) {
+                    (1..=8, Some(word)) => {
+                        let shift = 64 - 8 * n as u32;
+                        self.pos += n as usize;
+                        Op::Int(i64::from_le_bytes(word.try_into().ok()?) << shift >> shift)
+                    }
+                    _ => long_value(self.take(n as usize)?)?,
+                }
             }
             op::NEWTRUE => Op::Bool(true),
             op::NEWFALSE => Op::Bool(false),

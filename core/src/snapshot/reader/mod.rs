@@ -374,6 +374,24 @@ mod tests {
         snap
     }
 
+    /// Every width of integer an entry holds (BININT1 to LONG1 of nine bytes, negative
+    /// ones too) reads back as written, by the fast path as by the generic one.
+    #[test]
+    fn integers_of_every_width_read_back_as_written() {
+        use crate::snapshot::model::{Action, StackInterner, TraceEntry};
+        let mut snap = Snapshot::default();
+        let frames = StackInterner::default().stack(&mut snap, Vec::new());
+        let values = (0..63).flat_map(|b| [1i64 << b, -(1i64 << b), (1i64 << b) - 1, !((1i64 << b) - 1) + 3]).chain([i64::MIN, i64::MAX]);
+        let trace: Vec<TraceEntry> = values
+            .enumerate()
+            .map(|(i, v)| TraceEntry { time_us: v, stream: v.rotate_right(i as u32 % 64), frames, ..TraceEntry::new(Action::Alloc, v.unsigned_abs(), v as u64) })
+            .collect();
+        snap.device_traces.push(trace.clone());
+        let mut bytes = Vec::new();
+        crate::snapshot::writer::write_snapshot(&snap, &mut bytes).unwrap();
+        assert_eq!(read_snapshot(&bytes).unwrap().device_traces[0], trace);
+    }
+
     #[test]
     fn a_trace_read_on_threads_is_the_trace_read_in_order() {
         let mut bytes = Vec::new();
