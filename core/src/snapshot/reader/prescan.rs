@@ -367,9 +367,11 @@ fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn 
 /// A complete BINGET or LONG_BINGET at the start of `bytes`: its memo index and length.
 #[inline]
 pub(super) fn memo_ref(bytes: &[u8]) -> Option<(u32, usize)> {
-    match bytes {
-        [op::BINGET, i, ..] => Some((*i as u32, 2)),
-        [op::LONG_BINGET, a, b, c, d, ..] => Some((u32::from_le_bytes([*a, *b, *c, *d]), 5)),
+    // The index as one 4-byte load: bound byte by byte in a slice pattern, it was put
+    // together from four (26 instructions a LONG_BINGET, a tenth of the pre-scan).
+    match *bytes.first()? {
+        op::BINGET => Some((*bytes.get(1)? as u32, 2)),
+        op::LONG_BINGET => Some((u32::from_le_bytes(bytes.get(1..5)?.try_into().ok()?), 5)),
         _ => None,
     }
 }
@@ -405,6 +407,17 @@ mod tests {
             (refs.slot(0), refs.slot(70), refs.slot(1), refs.slot(5000)),
             (Some(0), Some(1), None, None)
         );
+    }
+
+    #[test]
+    fn a_memo_read_back_is_found_only_when_complete() {
+        assert_eq!(memo_ref(&[op::BINGET, 7, op::STOP]), Some((7, 2)));
+        assert_eq!(memo_ref(&[op::LONG_BINGET, 0x04, 0x03, 0x02, 0x01]), Some((0x0102_0304, 5)));
+        assert_eq!(memo_ref(&[op::LONG_BINGET, 0xff, 0xff, 0xff, 0xff, op::STOP]), Some((u32::MAX, 5)));
+        assert_eq!(memo_ref(&[op::LONG_BINGET, 1, 2, 3]), None);
+        assert_eq!(memo_ref(&[op::BINGET]), None);
+        assert_eq!(memo_ref(&[]), None);
+        assert_eq!(memo_ref(&[op::BINPUT, 1]), None);
     }
 
     /// The slot cache answers as the ranks do, for indices that share its cells and for
