@@ -20,6 +20,14 @@ pub(super) enum FastFrames {
     Elsewhere(u32),
 }
 
+/// An integer field as `FastEntry` reads it (`Op`'s integer and bool forms).
+#[derive(Clone, Copy)]
+enum Num {
+    Int(i64),
+    UInt(u64),
+    Bool(bool),
+}
+
 /// A text field as `FastEntry` reads it: the text, or a string another thread read (its
 /// memo index).
 #[derive(Clone, Copy)]
@@ -222,14 +230,16 @@ impl<'a> FastEntry<'_, 'a> {
         Some(Some(TextAt::Str(self.string()?)))
     }
 
-    /// An integer or bool, as `Op` holds it.
-    pub(super) fn int(&mut self) -> Option<Op<'static>> {
+    /// An integer or bool, as `Op` holds them: returned in registers, where an `Op` went
+    /// through memory at every entry's address, size, stream and time.
+    #[inline]
+    fn int(&mut self) -> Option<Num> {
         let op = self.byte()?;
         self.pos += 1;
         Some(match op {
-            op::BININT1 => Op::Int(self.fixed::<1>()?[0] as i64),
-            op::BININT2 => Op::Int(u16::from_le_bytes(self.fixed()?) as i64),
-            op::BININT => Op::Int(i32::from_le_bytes(self.fixed()?) as i64),
+            op::BININT1 => Num::Int(self.fixed::<1>()?[0] as i64),
+            op::BININT2 => Num::Int(u16::from_le_bytes(self.fixed()?) as i64),
+            op::BININT => Num::Int(i32::from_le_bytes(self.fixed()?) as i64),
             op::LONG1 => {
                 let [n] = self.fixed()?;
                 // Addresses and times, up to 8 bytes: read as one word where the input has
@@ -238,13 +248,17 @@ impl<'a> FastEntry<'_, 'a> {
                     (1..=8, Some(word)) => {
                         let shift = 64 - 8 * n as u32;
                         self.pos += n as usize;
-                        Op::Int(i64::from_le_bytes(word.try_into().ok()?) << shift >> shift)
+                        Num::Int(i64::from_le_bytes(word.try_into().ok()?) << shift >> shift)
                     }
-                    _ => long_value(self.take(n as usize)?)?,
+                    _ => match long_value(self.take(n as usize)?)? {
+                        Op::Int(i) => Num::Int(i),
+                        Op::UInt(u) => Num::UInt(u),
+                        _ => return None,
+                    },
                 }
             }
-            op::NEWTRUE => Op::Bool(true),
-            op::NEWFALSE => Op::Bool(false),
+            op::NEWTRUE => Num::Bool(true),
+            op::NEWFALSE => Num::Bool(false),
             _ => return None,
         })
     }
@@ -252,18 +266,18 @@ impl<'a> FastEntry<'_, 'a> {
     /// As `Vm::u64_field` takes it.
     pub(super) fn unsigned(&mut self) -> Option<u64> {
         match self.int()? {
-            Op::Int(i) => u64::try_from(i).ok(),
-            Op::UInt(u) => Some(u),
-            _ => None,
+            Num::Int(i) => u64::try_from(i).ok(),
+            Num::UInt(u) => Some(u),
+            Num::Bool(_) => None,
         }
     }
 
     /// As `Vm::i64_field` takes it.
     pub(super) fn signed(&mut self) -> Option<i64> {
         match self.int()? {
-            Op::Int(i) => Some(i),
-            Op::Bool(b) => Some(b as i64),
-            _ => None,
+            Num::Int(i) => Some(i),
+            Num::Bool(b) => Some(b as i64),
+            Num::UInt(_) => None,
         }
     }
 
