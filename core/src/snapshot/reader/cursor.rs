@@ -199,15 +199,22 @@ pub(super) fn out_of_range(offset: usize, opname: &str, n: usize) -> ReadError {
     }
 }
 
+/// The little-endian two's complement integer in the first `n` (1 to 8) bytes of `word`,
+/// sign-extended in one step: the bytes past it are shifted out.
+#[inline]
+pub(super) fn sign_extended(word: [u8; 8], n: usize) -> i64 {
+    let shift = 64 - 8 * n as u32;
+    i64::from_le_bytes(word) << shift >> shift
+}
+
 /// Little-endian two's complement integer as i64, or u64 when it only fits unsigned.
 #[inline]
 pub(super) fn long_value(b: &[u8]) -> Option<Op<'static>> {
-    // Up to 8 bytes (addresses, times): sign-extended in one step.
+    // Up to 8 bytes (addresses, times).
     if let n @ 1..=8 = b.len() {
         let mut buf = [0u8; 8];
         buf[..n].copy_from_slice(b);
-        let shift = 64 - 8 * n as u32;
-        return Some(Op::Int(i64::from_le_bytes(buf) << shift >> shift));
+        return Some(Op::Int(sign_extended(buf, n)));
     }
     let negative = b.last().is_some_and(|x| x & 0x80 != 0);
     let (low, high) = b.split_at(b.len().min(8));

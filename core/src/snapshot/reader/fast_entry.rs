@@ -2,7 +2,7 @@
 //! bytes, frames included, whether shared through the memo (as PyTorch writes them) or
 //! written out in each entry (a snapshot rewritten by a script).
 
-use super::cursor::{long_value, Op};
+use super::cursor::{long_value, sign_extended, Op};
 use super::intern::NO_FRAME;
 use super::keys::{action_of, Key, KeyCache};
 use super::op;
@@ -246,9 +246,8 @@ impl<'a> FastEntry<'_, 'a> {
                 // 8 bytes here, the bytes past the number shifted out.
                 match (n, self.data.get(self.pos..self.pos + 8)) {
                     (1..=8, Some(word)) => {
-                        let shift = 64 - 8 * n as u32;
                         self.pos += n as usize;
-                        Num::Int(i64::from_le_bytes(word.try_into().ok()?) << shift >> shift)
+                        Num::Int(sign_extended(word.try_into().ok()?, n as usize))
                     }
                     _ => match long_value(self.take(n as usize)?)? {
                         Op::Int(i) => Num::Int(i),
