@@ -174,9 +174,10 @@ impl<'a> Round<'_, 'a> {
         };
         let mut s = Stretch { start, entries: EntryList::default(), elsewhere: Vec::new(), left: Vec::new(), local: Local::default(), end: End::Stuck(0, 0) };
         let Some((mut pos, mut memo)) = start else { return s };
-        // Room for the stretch's entries at once (each takes 64 bytes of the file or more;
-        // the last stretch's end is the file's): a list grown by doubling copies what it
-        // holds at each step.
+        // Room for the stretch's entries at once, at 64 bytes of the file each (PyTorch's
+        // take 70 or more; the last stretch's end is the file's, hence the cap): a list
+        // grown by doubling copies what it holds at each step, and a smaller one still
+        // grows so.
         s.entries = EntryList::with_capacity(until.min(self.data.len()).saturating_sub(pos).min(8 << 20) / 64);
         let keys = KeyCache::new();
         let slots = SlotCache::default();
