@@ -125,16 +125,25 @@ impl FrameRules {
 /// or no rule matches any allocation. Returns what was matched, when it did.
 pub fn categorize(snap: &mut Snapshot, rules: &FrameRules) -> Option<RuleCoverage> {
     let entries = snap.device_traces.iter().flatten().chain(&snap.host_trace);
-    if entries.clone().any(|e| e.category.is_some()) {
+    // A file that records categories records one in every entry (torch.profiler's): the
+    // first says so before any rule is looked at.
+    if entries.clone().next().is_some_and(|e| e.category.is_some()) {
         return None;
     }
     // Each stack's rule once, by index: a map lookup per entry was most of this pass.
     let mut frames = HashMap::new();
     let by_stack: Vec<Option<usize>> = (0..snap.stacks.len()).map(|s| rules.category_of(snap, s as StackId, &mut frames)).collect();
     let rule_of = |e: &crate::snapshot::model::TraceEntry| by_stack.get(e.frames as usize).copied().flatten();
+    // Whether any entry records a category, and what the rules match, in one pass over
+    // the entries (a pass over 1.5 M of them is some 5 ms, issue 29).
     let mut coverage = RuleCoverage::default();
-    for e in entries.filter(|e| e.action == crate::snapshot::model::Action::Alloc) {
-        *if rule_of(e).is_some() { &mut coverage.matched_bytes } else { &mut coverage.unmatched_bytes } += e.size;
+    for e in entries {
+        if e.category.is_some() {
+            return None;
+        }
+        if e.action == crate::snapshot::model::Action::Alloc {
+            *if rule_of(e).is_some() { &mut coverage.matched_bytes } else { &mut coverage.unmatched_bytes } += e.size;
+        }
     }
     if coverage.matched_bytes == 0 {
         return None;

@@ -8,7 +8,7 @@ use super::frames::shown_frames;
 use super::oom::{oom_reports, OomReport};
 use crate::allocator::config::{round_size, AllocatorConfig};
 use crate::allocator::replay::{reserved_before_trace, reserved_change};
-use crate::snapshot::model::{Action, AnnotationStage, BlockState, RuleCoverage, Segment, Skipped, Snapshot, TraceEntry, TraceForm};
+use crate::snapshot::model::{Action, AnnotationStage, BlockState, RuleCoverage, Segment, Skipped, Snapshot, TraceForm};
 use crate::snapshot::timeline::Timeline;
 
 // Part of what the summary shows, so the viewer finds them here.
@@ -238,18 +238,14 @@ pub struct ReservedFigures {
     pub conflict: Option<FiguresConflict>,
 }
 
-/// `ReservedFigures` in one pass over the trace. Reserved bytes before entry `p` are the
-/// final segments rewound through all segment events, plus those before `p`: the
-/// rewind is only known at the end, so each action keeps active bytes less the events
-/// before it, and the worst is compared once the rewind is known.
 /// The highest reserved bytes on `device`: from the segments, or for a torch.profiler trace
 /// (which has none) the `Total Reserved` it states (0 where it states none).
 pub fn peak_reserved(snap: &Snapshot, tl: &Timeline, device: usize) -> u64 {
     peak_reserved_of(snap, device, || reserved_figures(snap, tl, device).peak)
 }
 
-/// `peak_reserved`, with the peak of the trace's segment events (a pass over the trace,
-/// where it is needed) from `from_trace`.
+/// `peak_reserved`, with the peak of the trace's segment events (worked out only where it
+/// is needed) from `from_trace`.
 fn peak_reserved_of(snap: &Snapshot, device: usize, from_trace: impl FnOnce() -> u64) -> u64 {
     match &snap.profiled {
         Some(p) => p.peak_reserved(device).unwrap_or(0),
@@ -257,39 +253,40 @@ fn peak_reserved_of(snap: &Snapshot, device: usize, from_trace: impl FnOnce() ->
     }
 }
 
+/// `ReservedFigures` of `tl`, the timeline of `device`'s trace, in one pass over its
+/// actions. Reserved bytes before entry `p` are the final segments rewound through all
+/// segment events, plus those before `p`: the rewind is only known at the end, so each
+/// action keeps active bytes less the events before it, and the worst is compared once
+/// the rewind is known. Only the timeline's segment events are read from the trace.
 pub fn reserved_figures(snap: &Snapshot, tl: &Timeline, device: usize) -> ReservedFigures {
     let last: u64 = snap.device_segments(device).map(|s| s.total_size).sum();
     let trace = snap.trace(device);
+    // The change of each segment event, by its position: the rest change nothing.
+    let changes = tl.segment_positions.iter().filter_map(|&p| Some((p, reserved_change(trace.get(p)?))));
+    let mut changes = changes.peekable();
     let (mut before, mut highest, mut any_event) = (0i128, 0i128, false);
-    let (mut next, mut worst): (usize, Option<(i128, usize)>) = (0, None);
+    let mut worst: Option<(i128, usize)> = None;
     for (i, &pos) in tl.event_positions.iter().enumerate() {
-        while next <= pos && next < trace.len() {
-            let d = reserved_change(&trace[next]);
+        for (_, d) in std::iter::from_fn(|| changes.next_if(|c| c.0 <= pos)) {
             (before, highest, any_event) = (before + d, highest.max(before + d), any_event || d != 0);
-            next += 1;
         }
         let over = tl.totals_at(i) as i128 - before;
         if worst.is_none_or(|w| over > w.0) {
             worst = Some((over, i));
         }
     }
-    for e in &trace[next.min(trace.len())..] {
-        let d = reserved_change(e);
+    for (_, d) in changes {
         (before, highest, any_event) = (before + d, highest.max(before + d), any_event || d != 0);
     }
     let start = last as i128 - before;
     let known = any_event || snap.device_segments(device).next().is_some();
     let conflict = worst.filter(|&(over, _)| known && over > start).map(|(_, i)| {
-        let reserved = start + reserved_change_before(trace, tl.event_positions[i]);
+        let at = tl.event_positions[i];
+        let before_it: i128 = tl.segment_positions.iter().take_while(|&&p| p <= at).filter_map(|&p| trace.get(p)).map(reserved_change).sum();
+        let reserved = start + before_it;
         FiguresConflict { action: i, active_bytes: tl.totals_at(i), reserved_bytes: reserved.max(0) as u64 }
     });
     ReservedFigures { peak: (start + highest).max(0) as u64, last, conflict }
-}
-
-/// The change in reserved bytes from the trace's segment events before entry `pos`
-/// (and at it).
-fn reserved_change_before(trace: &[TraceEntry], pos: usize) -> i128 {
-    trace.iter().take(pos.saturating_add(1)).map(reserved_change).sum()
 }
 
 /// Segments, blocks and trace entries of one device.
@@ -603,4 +600,67 @@ pub fn write_text(out: &mut impl std::io::Write, name: &str, s: &SnapshotSummary
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::model::{Block, SegmentType, TraceEntry};
+    use Action::{Alloc, FreeCompleted, FreeRequested, SegmentAlloc, SegmentFree};
+
+    const MB: u64 = 1 << 20;
+
+    /// A trace that reserves 4 MB, gives it back (`empty_cache`), and ends on 1 MB holding
+    /// half a megabyte; `extra` goes in before the end.
+    fn emptied_cache(extra: &[TraceEntry]) -> Snapshot {
+        let mut trace = vec![
+            TraceEntry::new(SegmentAlloc, 0x10_0000, 4 * MB),
+            TraceEntry::new(Alloc, 0x10_0000, 3 * MB),
+            TraceEntry::new(FreeRequested, 0x10_0000, 3 * MB),
+            TraceEntry::new(FreeCompleted, 0x10_0000, 3 * MB),
+            TraceEntry::new(SegmentFree, 0x10_0000, 4 * MB),
+        ];
+        trace.extend_from_slice(extra);
+        trace.push(TraceEntry::new(SegmentAlloc, 0x80_0000, MB));
+        trace.push(TraceEntry::new(Alloc, 0x80_0000, MB / 2));
+        let block = |address, size, state| Block { address, size, requested_size: size, state, frames: 0 };
+        Snapshot {
+            segments: vec![Segment {
+                device: 0,
+                address: 0x80_0000,
+                total_size: MB,
+                allocated_size: MB / 2,
+                active_size: MB / 2,
+                requested_size: MB / 2,
+                stream: 0,
+                segment_type: SegmentType::Large,
+                segment_pool_id: (0, 0),
+                is_expandable: false,
+                frames: 0,
+                blocks: vec![block(0x80_0000, MB / 2, BlockState::ActiveAllocated), block(0x88_0000, MB / 2, BlockState::Inactive)],
+            }],
+            device_traces: vec![trace],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reserved_memory_peaks_where_the_trace_s_segments_did_not_where_they_end() {
+        let snap = emptied_cache(&[]);
+        let tl = Timeline::from_snapshot(&snap, 0);
+        let r = reserved_figures(&snap, &tl, 0);
+        assert_eq!((r.peak, r.last), (4 * MB, MB));
+        assert_eq!(r.conflict, None);
+        assert_eq!(summarize(&snap, &tl, 0, 3).peak_reserved_bytes, 4 * MB);
+    }
+
+    #[test]
+    fn active_memory_above_what_was_reserved_then_is_a_conflict_at_its_action() {
+        // 2 MB allocated while nothing is reserved (between the two segments).
+        let snap = emptied_cache(&[TraceEntry::new(Alloc, 0x40_0000, 2 * MB), TraceEntry::new(FreeCompleted, 0x40_0000, 2 * MB)]);
+        let tl = Timeline::from_snapshot(&snap, 0);
+        let r = reserved_figures(&snap, &tl, 0);
+        assert_eq!(r.peak, 4 * MB);
+        assert_eq!(r.conflict, Some(FiguresConflict { action: 2, active_bytes: 2 * MB, reserved_bytes: 0 }));
+    }
 }
