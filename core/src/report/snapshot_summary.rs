@@ -113,20 +113,7 @@ pub fn allocation_info(snap: &Snapshot, tl: &Timeline, device: usize, id: u32, a
 
 /// Allocation ids, largest first (ties: earlier first).
 pub fn largest_ids(tl: &Timeline) -> Vec<u32> {
-    largest_first(tl, usize::MAX)
-}
-
-/// The `top` largest allocation ids, largest first: a selection, then a sort of those
-/// only.
-pub fn largest_first(tl: &Timeline, top: usize) -> Vec<u32> {
-    let mut ids: Vec<u32> = (0..tl.allocations.len() as u32).collect();
-    let order = |a: &u32, b: &u32| tl.allocations[*b as usize].size.cmp(&tl.allocations[*a as usize].size).then(a.cmp(b));
-    if top < ids.len() {
-        ids.select_nth_unstable_by(top, order);
-        ids.truncate(top);
-    }
-    ids.sort_unstable_by(order);
-    ids
+    tl.largest(usize::MAX)
 }
 
 /// One segment's occupancy.
@@ -492,7 +479,7 @@ pub fn summarize(snap: &Snapshot, tl: &Timeline, device: usize, top: usize) -> S
         fragmentation: totals.fragmentation,
         inactive_bytes: totals.inactive,
         largest_free_block: totals.largest_free_block,
-        largest: largest_first(tl, top).into_iter().map(|id| allocation_info(snap, tl, device, id, false)).collect(),
+        largest: tl.largest(top).into_iter().map(|id| allocation_info(snap, tl, device, id, false)).collect(),
         breakdown: breakdown_at_peak(snap, tl, has_categories(tl)),
         annotations: annotation_marks(snap, tl, device),
         profiled: profiled.map(|p| ProfiledSummary {

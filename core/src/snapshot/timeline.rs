@@ -17,6 +17,8 @@
 //! bytes of such frees seen so far, and a total is that value plus all of them (a free
 //! at `j` then counts exactly at the actions up to `j`). Nothing recorded is rewritten.
 
+use std::cmp::Reverse;
+
 use rustc_hash::FxHashMap;
 
 use super::model::{Action, Snapshot, StackId, TraceEntry};
@@ -625,21 +627,31 @@ impl Timeline {
             .collect()
     }
 
+    /// The `top` largest allocations (ties: earlier first) as (size reversed, id) keys, in
+    /// no particular order. Selected over keys made in one pass, not over ids that look
+    /// their size up at every comparison: of 500,000 allocations, the 10 largest took 6 ms
+    /// that way and 2 ms so, all of them in order 36 ms and 15-19 ms (issue 29).
+    fn largest_keys(&self, top: usize) -> Vec<(Reverse<u64>, u32)> {
+        let mut keys: Vec<(Reverse<u64>, u32)> = self.allocations.iter().zip(0..).map(|(a, id)| (Reverse(a.size), id)).collect();
+        if top < keys.len() {
+            keys.select_nth_unstable(top);
+            keys.truncate(top);
+        }
+        keys
+    }
+
+    /// The ids of the `top` largest allocations, largest first (ties: earlier first).
+    pub fn largest(&self, top: usize) -> Vec<u32> {
+        let mut keys = self.largest_keys(top);
+        keys.sort_unstable();
+        keys.into_iter().map(|(_, id)| id).collect()
+    }
+
     /// Which allocations are drawn one by one: the `max_entries` largest (ties: earlier
     /// first), the rest are summarized. memory_viz's default is 15,000.
     pub fn detail(&self, max_entries: usize) -> DetailView {
         let n = self.allocations.len();
-        let mut ids: Vec<u32> = (0..n as u32).collect();
-        let by_size = |a: &u32, b: &u32| {
-            self.allocations[*b as usize]
-                .size
-                .cmp(&self.allocations[*a as usize].size)
-                .then(a.cmp(b))
-        };
-        if max_entries < n {
-            ids.select_nth_unstable_by(max_entries, by_size);
-            ids.truncate(max_entries);
-        }
+        let mut ids: Vec<u32> = self.largest_keys(max_entries).into_iter().map(|(_, id)| id).collect();
         let mut drawn_flag = vec![false; n];
         for &i in &ids {
             drawn_flag[i as usize] = true;
@@ -992,5 +1004,16 @@ mod tests {
             assert_eq!(c.bands.iter().map(|b| b.alloc).collect::<Vec<_>>(), want);
             assert_eq!(c.summarized.1, brute[i]);
         }
+    }
+
+    #[test]
+    fn the_largest_come_first_and_of_equal_sizes_the_earlier() {
+        let sizes = [30, 70, 30, 100, 70, 5, 100];
+        let t = build(&sizes.iter().enumerate().map(|(i, &s)| (Alloc, i as u64 + 1, s)).collect::<Vec<_>>());
+        assert_eq!(t.largest(usize::MAX), vec![3, 6, 1, 4, 0, 2, 5]);
+        assert_eq!(t.largest(3), vec![3, 6, 1]);
+        assert_eq!(t.largest(0), Vec::<u32>::new());
+        // Drawn one by one: the same three, in stacking order.
+        assert_eq!(t.detail(3).drawn, vec![1, 3, 6]);
     }
 }
