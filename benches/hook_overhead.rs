@@ -17,7 +17,7 @@
 //! `--python --parts`, the hook's own time in each function it puts into torch, a step
 //! (with `--real` too: the job's own hook, its calls into the real core counted in).
 //!
-//!   cargo bench --bench hook_overhead -- --python [--real] [--parts] [--threads N] [rounds] [steps]
+//!   cargo bench --bench hook_overhead -- --python [--real] [--parts] [--gc] [--threads N] [rounds] [steps]
 //!
 //! `--python` runs torch on one thread and times each step in that thread's CPU time;
 //! `--threads N` runs it on N and times the wall clock, as a job using all its cores runs.

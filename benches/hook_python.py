@@ -32,6 +32,8 @@ time of what it wraps, as µs a step; with everything in the cache the same call
 tenth of that (BENCHMARKS.md, issue 35). With `--real` too, the job's own hook is timed so,
 its calls into the real core and shim counted in.
 
+`--gc` also prints Python's collector: its runs and time inside each way's timed steps.
+
 `--threads N` runs torch on N threads and times the wall clock instead of the main
 thread's CPU time: a job on both of this machine's cores, where vramscope's own threads
 take their share of them.
@@ -42,6 +44,7 @@ its step 1.3-1.4× (BENCHMARKS.md, "The first runs on a GPU"). On CUDA a step is
 wall clock between synchronizes, as the GPU's work is not the thread's."""
 
 import ctypes
+import gc
 import os
 import statistics
 import sys
@@ -274,11 +277,16 @@ def main():
     times = {way: [] for way in WAYS}
     turns = {way: [] for way in WAYS}  # each turn's median, for the ratios turn by turn
     order = list(WAYS)
+    collector = Collector(WAYS) if "--gc" in sys.argv else None
     for n in range(max(1, rounds * steps // BLOCK)):
         for way in order if n % 2 == 0 else order[::-1]:
             remove = WAYS[way]()
             step(model, opt)
+            if collector:
+                collector.way = way
             block = [timed_step(model, opt) for _ in range(BLOCK)]
+            if collector:
+                collector.way = None
             times[way].extend(block)
             turns[way].append(statistics.median(block))
             remove()
@@ -297,6 +305,33 @@ def main():
             q = statistics.quantiles((a / b for a, b in zip(turns[way], turns[order[0]])), n=4)
             line += f"  turn by turn {q[1]:.3f}× (middle half {q[0]:.3f}-{q[2]:.3f})"
         print(line, file=OUT)
+    if collector:
+        collector.report(len(times[order[0]]))
+
+
+class Collector:
+    """Python's collector inside each way's timed steps: whether the hook's objects make it
+    run more (`--gc`)."""
+
+    def __init__(self, ways):
+        self.way = None
+        self.spent = {way: [0.0, 0, 0, 0] for way in ways}  # seconds, runs of generation 0, 1, 2
+        self.began = 0.0
+        gc.callbacks.append(self.saw)
+
+    def saw(self, phase, info):
+        if self.way is None:
+            return
+        if phase == "start":
+            self.began = time.perf_counter()
+            return
+        spent = self.spent[self.way]
+        spent[0] += time.perf_counter() - self.began
+        spent[1 + min(info["generation"], 2)] += 1
+
+    def report(self, steps):
+        for way, (seconds, *runs) in self.spent.items():
+            print(f"  collector, {way + ':':<24} {seconds / steps * 1e6:.1f} µs a step; runs of generation 0, 1, 2: {', '.join(str(r) for r in runs)}", file=OUT)
 
 
 if __name__ == "__main__":
