@@ -44,6 +44,15 @@ impl EntryList {
         self.entries.len()
     }
 
+    /// Room for `n` more entries, reserved where it can be (a bound from the file's size
+    /// may be more than the machine lends): as much as there is.
+    pub(super) fn room(&mut self, n: usize) -> &mut [std::mem::MaybeUninit<TraceEntry>] {
+        let _ = self.entries.try_reserve(n);
+        let spare = self.entries.spare_capacity_mut();
+        let n = n.min(spare.len());
+        &mut spare[..n]
+    }
+
     /// Appends `entries`, which are another list's from its entry `at` on, with their pools
     /// as that list's `pools` runs give them.
     pub(super) fn extend_from(&mut self, entries: impl Iterator<Item = TraceEntry>, pools: &[(u32, (i64, i64))], at: usize) {
