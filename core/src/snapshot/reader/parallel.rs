@@ -270,7 +270,7 @@ impl<'a> Vm<'a> {
             }
             // Where this round's entries will lie in the trace's list, a part for each thread
             // to fault in once its stretch is read (the list does not move meanwhile).
-            let pages = self.list_room(ends.last().map_or(pos, |&e| e.min(self.cur.data.len())) - pos);
+            let pages = self.list_room(ends.last().map_or(pos, |&e| e.min(self.cur.data.len())).saturating_sub(pos));
             let part = |k: usize| {
                 let n = pages.len() / froms.len();
                 pages.start + k * n..pages.start + (k + 1) * n
@@ -491,7 +491,7 @@ fn own(id: u32, map: &[u32]) -> Option<u32> {
 fn fault_in(addresses: std::ops::Range<usize>) {
     #[cfg(target_os = "linux")]
     {
-        let page = 4096;
+        let page = super::mapped::page_size();
         let (start, end) = (addresses.start.div_ceil(page) * page, addresses.end / page * page);
         if end > start {
             // SAFETY: the range lies in the room a Vec of the main pass holds and no one
@@ -505,11 +505,12 @@ fn fault_in(addresses: std::ops::Range<usize>) {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
+    use super::super::mapped::page_size;
     use super::*;
 
     /// Which of the pages of `len` bytes at `addr` (page-aligned) are resident.
     fn resident(addr: usize, len: usize) -> Vec<bool> {
-        let mut v = vec![0u8; len.div_ceil(4096)];
+        let mut v = vec![0u8; len.div_ceil(page_size())];
         // SAFETY: a range of this process's own mapping; `v` has a byte per page.
         let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };
         assert_eq!(rc, 0, "mincore");
@@ -519,10 +520,11 @@ mod tests {
     #[test]
     fn a_round_s_room_in_the_list_is_faulted_in_and_the_rest_left_alone() {
         // Whether this kernel populates (Linux 5.14 on); older ones fault pages as used.
-        let probe = vec![0u8; 1 << 16];
-        let aligned = (probe.as_ptr() as usize).div_ceil(4096) * 4096;
+        let page = page_size();
+        let probe = vec![0u8; 2 * page];
+        let aligned = (probe.as_ptr() as usize).div_ceil(page) * page;
         // SAFETY: a page inside `probe`, which lives until the end of the test.
-        if unsafe { libc::madvise(aligned as *mut libc::c_void, 4096, libc::MADV_POPULATE_WRITE) } != 0 {
+        if unsafe { libc::madvise(aligned as *mut libc::c_void, page, libc::MADV_POPULATE_WRITE) } != 0 {
             eprintln!("skipped: this kernel has no MADV_POPULATE_WRITE (Linux 5.14)");
             return;
         }
@@ -530,13 +532,13 @@ mod tests {
         // 64 MiB of room: its own fresh mapping, none of it touched yet.
         let room = list.room(1 << 20);
         assert_eq!(room.len(), 1 << 20);
-        let start = (room.as_ptr() as usize).div_ceil(4096) * 4096;
+        let start = (room.as_ptr() as usize).div_ceil(page) * page;
         let half = 16 << 20;
         fault_in(start..start + half);
         let pages = resident(start, 2 * half);
-        assert!(pages[..half / 4096].iter().all(|&r| r), "the part asked for is resident");
+        assert!(pages[..half / page].iter().all(|&r| r), "the part asked for is resident");
         // Past the huge page that may hold its end (transparent huge pages `always`).
-        assert!(pages[(half + (2 << 20)) / 4096..].iter().all(|&r| !r), "the rest is not");
+        assert!(pages[(half + (2 << 20)) / page..].iter().all(|&r| !r), "the rest is not");
     }
 
     #[test]
