@@ -1,6 +1,7 @@
 //! PyTorch memory snapshots: the model, a safe fast reader, a memory_viz-compatible writer,
 //! and memory_viz's Active Memory Timeline computation.
 
+mod max_pyramid;
 pub mod model;
 pub mod open;
 pub mod reader;
