@@ -72,11 +72,7 @@ pub fn reserved_before_trace(s: &Snapshot, device: usize) -> u64 {
 
 /// How a trace entry changes reserved bytes.
 pub fn reserved_change(e: &TraceEntry) -> i128 {
-    match e.action {
-        Action::SegmentAlloc | Action::SegmentMap => e.size as i128,
-        Action::SegmentFree | Action::SegmentUnmap => -(e.size as i128),
-        _ => 0,
-    }
+    e.action.reserved_sign() as i128 * e.size as i128
 }
 
 /// The device's memory the allocator could have had: at the trace's first `oom`, what

@@ -63,6 +63,16 @@ impl Action {
         }
     }
 
+    /// How the action changes reserved memory, as a sign on its size: a segment allocated
+    /// or mapped adds, one freed or unmapped takes away, anything else leaves it.
+    pub fn reserved_sign(self) -> i8 {
+        match self {
+            Action::SegmentAlloc | Action::SegmentMap => 1,
+            Action::SegmentFree | Action::SegmentUnmap => -1,
+            _ => 0,
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Action> {
         Action::ALL.into_iter().find(|a| a.as_str() == s)
     }

@@ -67,8 +67,9 @@ pub struct Timeline {
     pub categories: Vec<String>,
     /// Position of each action in the fed stream (the trace entry index for snapshots).
     pub event_positions: Vec<usize>,
-    /// Position of each segment event (segment alloc, free, map, unmap) in the fed stream:
-    /// reserved memory over the trace is found from these few, not a pass over every entry.
+    /// Position of each event that changes reserved memory (`Action::reserved_sign`) in the
+    /// fed stream: reserved memory over the trace is found from these few, not a pass over
+    /// every entry.
     pub segment_positions: Vec<usize>,
     steps: Vec<Step>,
     /// Stacked total during each action, less `base`, less `early`, plus the bytes of
@@ -163,7 +164,7 @@ impl TimelineBuilder {
                 let at = pending.filter(|p| p.0 == addr).map_or(pos, |p| p.1);
                 self.free(addr, size, stack, category, at);
             }
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => self.tl.segment_positions.push(pos),
+            _ if action.reserved_sign() != 0 => self.tl.segment_positions.push(pos),
             _ => {}
         }
     }
