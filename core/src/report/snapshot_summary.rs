@@ -252,14 +252,15 @@ pub fn reserved_figures(snap: &Snapshot, tl: &Timeline, device: usize) -> Reserv
     let changes = tl.segment_positions.iter().filter_map(|&p| Some((p, reserved_change(trace.get(p)?))));
     let mut changes = changes.peekable();
     let (mut before, mut highest, mut any_event) = (0i128, 0i128, false);
-    let mut worst: Option<(i128, usize)> = None;
+    // (active less the segment events so far, action, those events' sum then)
+    let mut worst: Option<(i128, usize, i128)> = None;
     for (i, &pos) in tl.event_positions.iter().enumerate() {
         for (_, d) in std::iter::from_fn(|| changes.next_if(|c| c.0 <= pos)) {
             (before, highest, any_event) = (before + d, highest.max(before + d), any_event || d != 0);
         }
         let over = tl.totals_at(i) as i128 - before;
         if worst.is_none_or(|w| over > w.0) {
-            worst = Some((over, i));
+            worst = Some((over, i, before));
         }
     }
     for (_, d) in changes {
@@ -267,11 +268,8 @@ pub fn reserved_figures(snap: &Snapshot, tl: &Timeline, device: usize) -> Reserv
     }
     let start = last as i128 - before;
     let known = any_event || snap.device_segments(device).next().is_some();
-    let conflict = worst.filter(|&(over, _)| known && over > start).map(|(_, i)| {
-        let at = tl.event_positions[i];
-        let before_it: i128 = tl.segment_positions.iter().take_while(|&&p| p <= at).filter_map(|&p| trace.get(p)).map(reserved_change).sum();
-        let reserved = start + before_it;
-        FiguresConflict { action: i, active_bytes: tl.totals_at(i), reserved_bytes: reserved.max(0) as u64 }
+    let conflict = worst.filter(|&(over, _, _)| known && over > start).map(|(_, i, before_it)| {
+        FiguresConflict { action: i, active_bytes: tl.totals_at(i), reserved_bytes: (start + before_it).max(0) as u64 }
     });
     ReservedFigures { peak: (start + highest).max(0) as u64, last, conflict }
 }
