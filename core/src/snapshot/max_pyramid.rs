@@ -19,6 +19,11 @@ impl MaxPyramid {
         self.levels[0][i]
     }
 
+    /// The stacked totals' list, for faulting in ahead of its writer.
+    pub(crate) fn span(&self) -> super::pages::Span {
+        self.levels.first().map_or(super::pages::Span { room: 0..0, filled: 0 }, super::pages::Span::of)
+    }
+
     pub(crate) fn reserve(&mut self, n: usize) {
         if self.levels.is_empty() {
             self.levels.push(Vec::new());

@@ -4,6 +4,7 @@
 mod max_pyramid;
 pub mod model;
 pub mod open;
+mod pages;
 pub mod reader;
 pub mod timeline;
 pub mod writer;

@@ -22,6 +22,7 @@ use std::cmp::Reverse;
 use rustc_hash::FxHashMap;
 
 use super::max_pyramid::MaxPyramid;
+use super::pages::{self, Span};
 use super::model::{Action, Snapshot, StackId, TraceEntry};
 
 /// One band of the timeline.
@@ -46,6 +47,10 @@ impl TimelineAlloc {
         (self.alive_at_start || self.start <= i) && self.end.is_none_or(|e| i <= e)
     }
 }
+
+/// `from_snapshot` tells the thread faulting in its lists' pages how far they are filled
+/// every this many entries: fewer bytes than that thread keeps faulted in ahead.
+const REPORT_EVERY: usize = 8192;
 
 /// Per-category totals are checkpointed every this many actions.
 const CHECKPOINT: usize = 256;
@@ -142,6 +147,12 @@ impl TimelineBuilder {
         tl.steps.reserve(actions);
         tl.event_positions.reserve(actions);
         tl.totals.reserve(actions);
+    }
+
+    /// The lists `reserve` made room in, as they stand.
+    fn spans(&self) -> [Span; 5] {
+        let tl = &self.tl;
+        [Span::of(&tl.allocations), Span::of(&tl.stack_keys), Span::of(&tl.steps), Span::of(&tl.event_positions), tl.totals.span()]
     }
 
     pub fn timeline(&self) -> &Timeline {
@@ -424,21 +435,27 @@ impl Timeline {
         // comparing a pointer or two, not its text with every name.
         // (None: at the null address.)
         let mut by_address: Vec<(*const u8, u16)> = Vec::new();
-        for e in trace {
-            let text = e.category.as_deref();
-            let at = text.map_or(std::ptr::null(), str::as_ptr);
-            let c = match by_address.iter().find(|a| a.0 == at) {
-                Some(&(_, c)) => c,
-                None => {
-                    let c = category_index(&mut names, text);
-                    if by_address.len() < 64 {
-                        by_address.push((at, c));
-                    }
-                    c
+        // The lists' fresh pages faulted in on another core while this one fills them.
+        pages::ahead(&b.spans(), 4 << 20, |progress| {
+            for part in trace.chunks(REPORT_EVERY) {
+                for e in part {
+                    let text = e.category.as_deref();
+                    let at = text.map_or(std::ptr::null(), str::as_ptr);
+                    let c = match by_address.iter().find(|a| a.0 == at) {
+                        Some(&(_, c)) => c,
+                        None => {
+                            let c = category_index(&mut names, text);
+                            if by_address.len() < 64 {
+                                by_address.push((at, c));
+                            }
+                            c
+                        }
+                    };
+                    b.feed(e.action, e.addr, e.size, e.frames, c);
                 }
-            };
-            b.feed(e.action, e.addr, e.size, e.frames, c);
-        }
+                progress.report(&b.spans());
+            }
+        });
         b.finish_snapshot(s, device, names)
     }
 
@@ -534,15 +551,33 @@ impl Timeline {
     }
 
     /// The `top` largest allocations (ties: earlier first) as (size reversed, id) keys, in
-    /// no particular order. Selected over keys made in one pass, not over ids that look
-    /// their size up at every comparison: of 500,000 allocations, the 10 largest took 6 ms
-    /// that way and 2 ms so, all of them in order 36 ms and 15-19 ms (issue 29).
+    /// no particular order. Keys, not ids that look their size up at every comparison: of
+    /// 500,000 allocations, the 10 largest took 6 ms that way and 2 ms so (issue 29). Chosen
+    /// in a buffer of twice `top`, cut back to the `top` least whenever it fills: the keys
+    /// of all of them at once were 8 MB and 2,000 page faults of the summary.
     fn largest_keys(&self, top: usize) -> Vec<(Reverse<u64>, u32)> {
-        let mut keys: Vec<(Reverse<u64>, u32)> = self.allocations.iter().zip(0..).map(|(a, id)| (Reverse(a.size), id)).collect();
-        if top < keys.len() {
-            keys.select_nth_unstable(top);
-            keys.truncate(top);
+        let room = top.saturating_mul(2).max(1024).min(self.allocations.len());
+        let mut keys = Vec::with_capacity(room);
+        let cut = |keys: &mut Vec<(Reverse<u64>, u32)>| {
+            if keys.len() > top {
+                keys.select_nth_unstable(top);
+                keys.truncate(top);
+            }
+        };
+        // Once `top` are kept, a key above the greatest of them is not among the least.
+        let mut bound = None;
+        for (a, id) in self.allocations.iter().zip(0..) {
+            let key = (Reverse(a.size), id);
+            if bound.is_some_and(|b| key > b) {
+                continue;
+            }
+            keys.push(key);
+            if keys.len() == room {
+                cut(&mut keys);
+                bound = keys.iter().max().copied();
+            }
         }
+        cut(&mut keys);
         keys
     }
 
@@ -921,5 +956,13 @@ mod tests {
         assert_eq!(t.largest(0), Vec::<u32>::new());
         // Drawn one by one: the same three, in stacking order.
         assert_eq!(t.detail(3).drawn, vec![1, 3, 6]);
+        // More than the buffer they are chosen in, with many of each size.
+        let sizes: Vec<u64> = (0..5000u64).map(|i| i * 7919 % 613).collect();
+        let t = build(&sizes.iter().zip(1..).map(|(&s, a)| (Alloc, a, s)).collect::<Vec<_>>());
+        let mut all: Vec<u32> = (0..5000).collect();
+        all.sort_by_key(|&i| (Reverse(sizes[i as usize]), i));
+        for top in [1, 10, 1023, 1024, 1025, 2047, 4999, 5000, 6000] {
+            assert_eq!(t.largest(top), all[..top.min(5000)], "the {top} largest");
+        }
     }
 }

@@ -220,11 +220,6 @@ mod mapped {
     use std::io;
     use std::os::fd::AsRawFd;
 
-    pub fn page_size() -> usize {
-        // SAFETY: sysconf has no preconditions.
-        usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
-    }
-
     /// A read-only private mapping of a whole regular file.
     pub struct Mapped {
         ptr: *mut libc::c_void,
@@ -265,7 +260,7 @@ mod mapped {
             }
             // SAFETY: advice on the range just mapped.
             unsafe { libc::madvise(ptr, len, libc::MADV_SEQUENTIAL) };
-            Ok(Some(Mapped { ptr, len, page: page_size() }))
+            Ok(Some(Mapped { ptr, len, page: crate::snapshot::pages::size() }))
         }
 
         pub fn bytes(&self) -> &[u8] {

@@ -269,7 +269,9 @@ impl<'a> Vm<'a> {
                 ends.push(usize::MAX); // the last stretch reads to the list's end
             }
             // Where this round's entries will lie in the trace's list, a part for each thread
-            // to fault in once its stretch is read (the list does not move meanwhile).
+            // to fault in once its stretch is read (the list does not move meanwhile): the
+            // main pass, moving the entries over alone, faulted in each fresh page of it, most
+            // of the command's faults on a large file (issue 29).
             let pages = self.list_room(ends.last().map_or(pos, |&e| e.min(self.cur.data.len())).saturating_sub(pos));
             let part = |k: usize| {
                 let n = pages.len() / froms.len();
@@ -289,13 +291,13 @@ impl<'a> Vm<'a> {
                             let pages = part(k);
                             scope.spawn(move || {
                                 let s = round.stretch(from, end);
-                                fault_in(pages);
+                                crate::snapshot::pages::fault_in(pages);
                                 s
                             })
                         })
                         .collect();
                     let first = round.stretch(froms[0], ends[0]);
-                    fault_in(part(froms.len() - 1));
+                    crate::snapshot::pages::fault_in(part(froms.len() - 1));
                     std::iter::once(first).chain(others.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))).collect::<Vec<_>>()
                 })
             };
@@ -482,64 +484,9 @@ fn own(id: u32, map: &[u32]) -> Option<u32> {
     }
 }
 
-/// Faults in the pages of `addresses` for writing, without touching their bytes. The main
-/// pass fills the trace's list alone while the threads wait, and it faulted in each of the
-/// list's fresh pages there: most of the command's 43,000 faults on a 1.5 M-entry file
-/// (issue 29). Done by each thread as its stretch ends, that work runs beside the others'.
-/// Only a hint: where the kernel lacks `MADV_POPULATE_WRITE` (Linux 5.14) the main pass
-/// faults the pages as before.
-fn fault_in(addresses: std::ops::Range<usize>) {
-    #[cfg(target_os = "linux")]
-    {
-        let page = super::mapped::page_size();
-        let (start, end) = (addresses.start.div_ceil(page) * page, addresses.end / page * page);
-        if end > start {
-            // SAFETY: the range lies in the room a Vec of the main pass holds and no one
-            // touches during the round; populating reads and writes no byte of it.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = addresses;
-}
-
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 mod tests {
-    use super::super::mapped::page_size;
     use super::*;
-
-    /// Which of the pages of `len` bytes at `addr` (page-aligned) are resident.
-    fn resident(addr: usize, len: usize) -> Vec<bool> {
-        let mut v = vec![0u8; len.div_ceil(page_size())];
-        // SAFETY: a range of this process's own mapping; `v` has a byte per page.
-        let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };
-        assert_eq!(rc, 0, "mincore");
-        v.iter().map(|b| b & 1 == 1).collect()
-    }
-
-    #[test]
-    fn a_round_s_room_in_the_list_is_faulted_in_and_the_rest_left_alone() {
-        // Whether this kernel populates (Linux 5.14 on); older ones fault pages as used.
-        let page = page_size();
-        let probe = vec![0u8; 2 * page];
-        let aligned = (probe.as_ptr() as usize).div_ceil(page) * page;
-        // SAFETY: a page inside `probe`, which lives until the end of the test.
-        if unsafe { libc::madvise(aligned as *mut libc::c_void, page, libc::MADV_POPULATE_WRITE) } != 0 {
-            eprintln!("skipped: this kernel has no MADV_POPULATE_WRITE (Linux 5.14)");
-            return;
-        }
-        let mut list = EntryList::default();
-        // 64 MiB of room: its own fresh mapping, none of it touched yet.
-        let room = list.room(1 << 20);
-        assert_eq!(room.len(), 1 << 20);
-        let start = (room.as_ptr() as usize).div_ceil(page) * page;
-        let half = 16 << 20;
-        fault_in(start..start + half);
-        let pages = resident(start, 2 * half);
-        assert!(pages[..half / page].iter().all(|&r| r), "the part asked for is resident");
-        // Past the huge page that may hold its end (transparent huge pages `always`).
-        assert!(pages[(half + (2 << 20)) / page..].iter().all(|&r| !r), "the rest is not");
-    }
 
     #[test]
     fn room_beyond_what_the_machine_lends_is_what_there_is() {
