@@ -124,35 +124,40 @@ impl FrameRules {
 /// Names every trace entry's category by the rules, unless the snapshot records categories
 /// or no rule matches any allocation. Returns what was matched, when it did.
 pub fn categorize(snap: &mut Snapshot, rules: &FrameRules) -> Option<RuleCoverage> {
-    let entries = snap.device_traces.iter().flatten().chain(&snap.host_trace);
     // A file that records categories records one in every entry (torch.profiler's): the
     // first says so before any rule is looked at.
-    if entries.clone().next().is_some_and(|e| e.category.is_some()) {
+    if snap.device_traces.iter().flatten().chain(&snap.host_trace).next().is_some_and(|e| e.category.is_some()) {
         return None;
     }
     // Each stack's rule once, by index: a map lookup per entry was most of this pass.
     let mut frames = HashMap::new();
     let by_stack: Vec<Option<usize>> = (0..snap.stacks.len()).map(|s| rules.category_of(snap, s as StackId, &mut frames)).collect();
     let rule_of = |e: &crate::snapshot::model::TraceEntry| by_stack.get(e.frames as usize).copied().flatten();
-    // Whether any entry records a category, and what the rules match, in one pass over
-    // the entries (a pass over 1.5 M of them is some 5 ms, issue 29).
-    let mut coverage = RuleCoverage::default();
-    for e in entries {
-        if e.category.is_some() {
-            return None;
-        }
-        if e.action == crate::snapshot::model::Action::Alloc {
-            *if rule_of(e).is_some() { &mut coverage.matched_bytes } else { &mut coverage.unmatched_bytes } += e.size;
-        }
-    }
-    if coverage.matched_bytes == 0 {
-        return None;
-    }
     // One shared copy of each name: a string per entry was most of this pass (issue 29).
     let names: Vec<Text> = rules.rules.iter().map(|r| Text::from(r.category.as_str())).collect();
     let unmatched = Text::from(UNMATCHED);
+    // Named in the pass that finds what the rules match, and taken back where that says
+    // not to: an entry that records a category (no other did), or no allocation matched.
+    // A second pass over 1.5 M entries was some 5 ms (issue 29).
+    let mut coverage = RuleCoverage::default();
+    let mut named = 0;
     for e in snap.device_traces.iter_mut().flatten().chain(&mut snap.host_trace) {
-        e.category = Some(rule_of(e).map_or_else(|| unmatched.clone(), |i| names[i].clone()));
+        if e.category.is_some() {
+            break;
+        }
+        let rule = rule_of(e);
+        if e.action == crate::snapshot::model::Action::Alloc {
+            *if rule.is_some() { &mut coverage.matched_bytes } else { &mut coverage.unmatched_bytes } += e.size;
+        }
+        e.category = Some(rule.map_or_else(|| unmatched.clone(), |i| names[i].clone()));
+        named += 1;
+    }
+    let all = snap.device_traces.iter().map(Vec::len).sum::<usize>() + snap.host_trace.len();
+    if named < all || coverage.matched_bytes == 0 {
+        for e in snap.device_traces.iter_mut().flatten().chain(&mut snap.host_trace).take(named) {
+            e.category = None;
+        }
+        return None;
     }
     snap.frame_rules = Some(coverage.clone());
     Some(coverage)
@@ -202,6 +207,14 @@ mod tests {
         let mut unknown = snapshot(&[(&[("data.py", "collate")], 8)]);
         assert_eq!(categorize(&mut unknown, &FrameRules::default()), None);
         assert_eq!(unknown.device_traces[0][0].category, None, "the breakdown stays by top frame");
+        // A category recorded past the first entry: the rules name none, even where they
+        // match.
+        let mut later = snapshot(&[(&[("model.py", "scaled_dot_product_attention")], 8), (&[("model.py", "attention")], 4)]);
+        later.device_traces[0][1].category = Some("activation".into());
+        assert_eq!(categorize(&mut later, &FrameRules::default()), None);
+        let got: Vec<Option<&str>> = later.device_traces[0].iter().map(|e| e.category.as_deref()).collect();
+        assert_eq!(got, [None, Some("activation")]);
+        assert_eq!(later.frame_rules, None);
     }
 
     #[test]
