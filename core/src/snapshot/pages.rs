@@ -25,8 +25,8 @@ pub(crate) fn fault_in(addresses: Range<usize>) {
         let page = size();
         let (start, end) = (addresses.start.div_ceil(page) * page, addresses.end / page * page);
         if end > start {
-            // SAFETY: populating reads and writes no byte of the range, and a range that
-            // is not mapped (a list that moved meanwhile) only makes the call fail.
+            // SAFETY: populating reads and writes no byte of the range, whatever holds it
+            // now; a range no longer mapped (a list that moved) only makes the call fail.
             unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
         }
     }
@@ -89,11 +89,20 @@ pub(crate) fn ahead<R>(spans: &[Span], least: usize, work: impl FnOnce(&Progress
     let figures = Figures { filled: spans.iter().map(|s| AtomicUsize::new(s.filled)).collect(), done: AtomicBool::new(false) };
     std::thread::scope(|scope| {
         let helper = scope.spawn(|| follow(spans, &figures));
-        let out = work(&Progress { figures: Some(&figures), helper: Some(helper.thread().clone()) });
-        figures.done.store(true, Ordering::Release);
-        helper.thread().unpark();
-        out
+        let progress = Progress { figures: Some(&figures), helper: Some(helper.thread().clone()) };
+        work(&progress)
+        // `progress` dropped here, also where `work` panics: the helper ends before the
+        // scope waits for it.
     })
+}
+
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        if let (Some(figures), Some(helper)) = (self.figures, &self.helper) {
+            figures.done.store(true, Ordering::Release);
+            helper.unpark();
+        }
+    }
 }
 
 /// The helper's loop: each list's pages faulted in up to `AHEAD` past its written end,
@@ -111,7 +120,6 @@ fn follow(spans: &[Span], figures: &Figures) {
             }
         }
         std::thread::park(); // until the next report
-
     }
 }
 
@@ -191,5 +199,24 @@ mod tests {
             v.len()
         });
         assert_eq!(out, (8 << 20) / 4);
+    }
+
+    #[test]
+    fn a_writer_that_panics_ends_the_helper_and_the_panic_reaches_the_caller() {
+        // Where the helper outlived a panicking writer, the scope would wait for it forever.
+        let (sent, got) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (v, _) = fresh();
+            let spans = [Span::of(&v)];
+            let caught = std::panic::catch_unwind(|| {
+                ahead(&spans, 0, |progress| {
+                    progress.report(&spans);
+                    panic!("the writer fails");
+                })
+            });
+            let _ = sent.send(caught.is_err());
+        });
+        let caught = got.recv_timeout(std::time::Duration::from_secs(30)).expect("the call returned");
+        assert!(caught, "the writer's panic reached the caller");
     }
 }
