@@ -77,9 +77,7 @@ pub fn check(raw: &[RawRecord], stream: &[MemEvent], figures: &Figures) -> Outco
         match e.action {
             Action::Alloc => out.alloc(i, e.addr, e.size),
             Action::FreeRequested if !out.free(i, e.addr) => out.ops.push((i, Op::StrayFree { addr: e.addr })),
-            Action::SegmentAlloc | Action::SegmentMap => reserved += e.size as i128,
-            Action::SegmentFree | Action::SegmentUnmap => reserved -= e.size as i128,
-            _ => {}
+            a => reserved += a.reserved_sign() as i128 * e.size as i128,
         }
     }
     for (k, pair) in shim.ops.iter().zip(out.ops.iter()).enumerate() {
