@@ -3,7 +3,7 @@
 //! from annotations named like vramscope's own ("forward (step 3)"); anything else is Other.
 
 use crate::event::{Action, Batch, Category, MemEvent, Phase, PhaseMark};
-use crate::snapshot::model::{AnnotationStage, Snapshot};
+use crate::snapshot::model::{AnnotationStage, ByText, Snapshot};
 use crate::snapshot::timeline::Timeline;
 use crate::stream::Incoming;
 use crate::stream::Report;
@@ -69,8 +69,8 @@ impl Clock {
 /// once for every device.
 #[derive(Default)]
 struct Scopes {
-    ids: std::collections::HashMap<String, u32>,
-    by_stack: std::collections::HashMap<crate::snapshot::model::StackId, u32>,
+    ids: rustc_hash::FxHashMap<String, u32>,
+    by_stack: rustc_hash::FxHashMap<crate::snapshot::model::StackId, u32>,
 }
 
 impl Scopes {
@@ -129,6 +129,7 @@ fn device_items(snap: &Snapshot, d: usize, clock: Clock, scopes: &mut Scopes) ->
     let mut out = Vec::new();
     let mut batch = Batch { events: Vec::with_capacity(BATCH_EVENTS), ..Batch::default() };
     let mut sent = 0u64;
+    let mut categories = ByText::default();
     let event = |t_ns, addr, size, stream, action, phase, step, scope, category| MemEvent { t_ns, addr, size, stream, step, scope, action, phase, device, category };
     for (addr, size, category, stack) in initial {
         let scope = scopes.of(snap, stack, &mut batch.scopes);
@@ -140,7 +141,7 @@ fn device_items(snap: &Snapshot, d: usize, clock: Clock, scopes: &mut Scopes) ->
             (phase, step) = (p, s);
             batch.marks.push(PhaseMark { seq: sent + batch.events.len() as u64, t_ns, step, phase });
         }
-        let category = e.category.as_deref().and_then(Category::parse).unwrap_or(Category::Unknown);
+        let category = categories.get(e.category.as_deref(), |text| text.and_then(Category::parse).unwrap_or(Category::Unknown));
         let scope = if e.action == Action::Alloc { scopes.of(snap, e.frames, &mut batch.scopes) } else { 0 };
         let mut push = |action| batch.events.push(event(t_ns, e.addr, e.size, e.stream, action, phase, step, scope, category));
         match FreeRole::of(e.action, frees[i]) {

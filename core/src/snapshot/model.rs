@@ -183,6 +183,36 @@ impl std::fmt::Debug for Text {
     }
 }
 
+/// What a function of an entry's text gives, found by the text's address: entries share
+/// one copy of each text (`Text`), so nearly every entry's is found by comparing a pointer
+/// or two, not its text with every name (issue 29). Holds the first 64 texts seen; past
+/// them (a file with more distinct texts) each is worked out again. `None` is at the null
+/// address.
+pub struct ByText<T> {
+    seen: Vec<(*const u8, T)>,
+}
+
+impl<T> Default for ByText<T> {
+    fn default() -> Self {
+        ByText { seen: Vec::new() }
+    }
+}
+
+impl<T: Copy> ByText<T> {
+    #[inline]
+    pub fn get(&mut self, text: Option<&str>, work_out: impl FnOnce(Option<&str>) -> T) -> T {
+        let at = text.map_or(std::ptr::null(), str::as_ptr);
+        if let Some(&(_, v)) = self.seen.iter().find(|s| s.0 == at) {
+            return v;
+        }
+        let v = work_out(text);
+        if self.seen.len() < 64 {
+            self.seen.push((at, v));
+        }
+        v
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TraceEntry {
     pub action: Action,
@@ -569,5 +599,20 @@ mod tests {
         assert_eq!(std::mem::size_of::<Option<Text>>(), 8);
         let t = Text::from("N/A");
         assert_eq!((&*t, format!("{t:?}")), ("N/A", "\"N/A\"".to_string()), "reads and prints as the text it holds");
+    }
+
+    #[test]
+    fn a_text_s_value_is_worked_out_once_for_each_copy() {
+        let (a, b) = (Text::from("activation"), Text::from("gradient"));
+        let mut by = ByText::default();
+        let mut asked = Vec::new();
+        for t in [Some(&a), Some(&b), None, Some(&a), None, Some(&b)] {
+            let v = by.get(t.map(|t| &**t), |text| {
+                asked.push(text.map(str::to_owned));
+                text.map_or(0, str::len)
+            });
+            assert_eq!(v, t.map_or(0, |t| t.len()));
+        }
+        assert_eq!(asked, [Some("activation".to_string()), Some("gradient".to_string()), None]);
     }
 }

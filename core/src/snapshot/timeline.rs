@@ -23,7 +23,7 @@ use rustc_hash::FxHashMap;
 
 use super::max_pyramid::MaxPyramid;
 use super::pages::{self, Span};
-use super::model::{Action, Snapshot, StackId, TraceEntry};
+use super::model::{Action, ByText, Snapshot, StackId, TraceEntry};
 
 /// One band of the timeline.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -430,27 +430,12 @@ impl Timeline {
         let mut names = Vec::new();
         let mut b = TimelineBuilder::new(Vec::new());
         b.reserve(trace.len());
-        // Each category's index by the address of its text: entries share one copy of
-        // each (the reader's and the frame rules'), so nearly every entry's is found by
-        // comparing a pointer or two, not its text with every name.
-        // (None: at the null address.)
-        let mut by_address: Vec<(*const u8, u16)> = Vec::new();
+        let mut by_text = ByText::default();
         // The lists' fresh pages faulted in on another core while this one fills them.
         pages::ahead(&b.spans(), 4 << 20, |progress| {
             for part in trace.chunks(REPORT_EVERY) {
                 for e in part {
-                    let text = e.category.as_deref();
-                    let at = text.map_or(std::ptr::null(), str::as_ptr);
-                    let c = match by_address.iter().find(|a| a.0 == at) {
-                        Some(&(_, c)) => c,
-                        None => {
-                            let c = category_index(&mut names, text);
-                            if by_address.len() < 64 {
-                                by_address.push((at, c));
-                            }
-                            c
-                        }
-                    };
+                    let c = by_text.get(e.category.as_deref(), |text| category_index(&mut names, text));
                     b.feed(e.action, e.addr, e.size, e.frames, c);
                 }
                 progress.report(&b.spans());
