@@ -263,3 +263,23 @@ fn an_attach_learns_the_cuda_memory_the_job_already_holds_from_pytorchs_snapshot
     job.kill().unwrap();
     let _ = job.wait();
 }
+
+/// The attach's search of the job's objects (for its models and optimizers) never lets the
+/// job's other threads run while it holds them. One building a tuple from a generator would
+/// find a second reference at the tuple's resize and die of a SystemError: CI saw a job die
+/// so on attach. The search as it was, in Python, fails this at its first try.
+#[test]
+fn the_attach_s_search_of_the_job_s_objects_leaves_a_tuple_being_built_alone() {
+    let out = Command::new(python())
+        .arg(repo_root().join("tests/py/instances_race.py"))
+        .arg("core")
+        .env("VRAMSCOPE_HOOK_CORE", common::built("libvramscope_hook.so"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["errors"], serde_json::json!([]), "{v}");
+    assert!(v["searches"].as_u64() > Some(10) && v["built"].as_u64() > Some(0), "both threads ran: {v}");
+    // Three markers, one of them of the subclass.
+    assert_eq!(v["found"], serde_json::json!([3, 1]), "{v}");
+}

@@ -69,6 +69,111 @@ pub extern "C" fn vsh_attach_spawn(script: *const c_char) -> c_int {
     r.unwrap_or(-5)
 }
 
+type Obj = *mut std::ffi::c_void;
+
+/// The CPython functions `instances_of` calls: C all of them, so none runs Python code.
+struct Api {
+    call: unsafe extern "C" fn(Obj, Obj) -> Obj,
+    list_new: unsafe extern "C" fn(isize) -> Obj,
+    list_size: unsafe extern "C" fn(Obj) -> isize,
+    list_item: unsafe extern "C" fn(Obj, isize) -> Obj,
+    list_append: unsafe extern "C" fn(Obj, Obj) -> c_int,
+    list_set: unsafe extern "C" fn(Obj, isize, Obj) -> c_int,
+    tuple_size: unsafe extern "C" fn(Obj) -> isize,
+    tuple_item: unsafe extern "C" fn(Obj, isize) -> Obj,
+    type_of: unsafe extern "C" fn(Obj) -> Obj,
+    is_subtype: unsafe extern "C" fn(Obj, Obj) -> c_int,
+    decref: unsafe extern "C" fn(Obj),
+}
+
+impl Api {
+    fn find() -> Option<Api> {
+        Some(Api {
+            call: python_fn(c"PyObject_CallObject")?,
+            list_new: python_fn(c"PyList_New")?,
+            list_size: python_fn(c"PyList_Size")?,
+            list_item: python_fn(c"PyList_GetItem")?,
+            list_append: python_fn(c"PyList_Append")?,
+            list_set: python_fn(c"PyList_SetItem")?,
+            tuple_size: python_fn(c"PyTuple_Size")?,
+            tuple_item: python_fn(c"PyTuple_GetItem")?,
+            type_of: python_fn(c"PyObject_Type")?,
+            is_subtype: python_fn(c"PyType_IsSubtype")?,
+            decref: python_fn(c"Py_DecRef")?,
+        })
+    }
+}
+
+/// For each class of the tuple `classes`, a list of the objects `get_objects()` (the
+/// collector's `gc.get_objects`) gives whose type is that class or a subclass of it; NULL,
+/// with Python's error set, where a call fails. Called with the GIL held (through
+/// `ctypes.PyDLL`).
+///
+/// Why in C: the list `gc.get_objects()` makes holds a reference to objects another thread
+/// of the job is halfway through building, such as the tuple `tuple(generator)` resizes
+/// once it has its items, which needs to be the only reference then. Filtered in Python,
+/// the interpreter may hand the GIL to that thread while the list lives, and the job dies
+/// of a SystemError in `_PyTuple_Resize` (seen in CI's attach test). Here nothing runs
+/// Python code from the call until the list is gone: the type checks read the types'
+/// MROs, never `__class__`, and every list the result needs is made before the call (a
+/// new container could start a collection, and its finalizers are Python code).
+#[no_mangle]
+pub extern "C" fn vsh_instances_of(get_objects: Obj, classes: Obj) -> Obj {
+    std::panic::catch_unwind(|| {
+        let api = Api::find()?;
+        // SAFETY: CPython's API, called with the GIL held (the caller's `PyDLL`) on the
+        // objects the caller passed; borrowed references are used while their owner lives,
+        // and each new one is released once.
+        unsafe {
+            let n = (api.tuple_size)(classes);
+            if n < 0 {
+                return None;
+            }
+            let out = (api.list_new)(n);
+            if out.is_null() {
+                return None;
+            }
+            let mut found = Vec::with_capacity(n as usize);
+            for k in 0..n {
+                let list = (api.list_new)(0);
+                if list.is_null() {
+                    (api.decref)(out);
+                    return None;
+                }
+                found.push(list);
+                (api.list_set)(out, k, list); // `out` owns the list from here
+
+            }
+            let all = (api.call)(get_objects, std::ptr::null_mut());
+            if all.is_null() {
+                (api.decref)(out);
+                return None;
+            }
+            let mut failed = false;
+            for i in 0..(api.list_size)(all).max(0) {
+                let item = (api.list_item)(all, i);
+                let ty = (api.type_of)(item);
+                for (k, list) in found.iter().enumerate() {
+                    let class = (api.tuple_item)(classes, k as isize);
+                    if !class.is_null() && (api.is_subtype)(ty, class) != 0 {
+                        failed |= (api.list_append)(*list, item) != 0;
+                    }
+                }
+                (api.decref)(ty);
+            }
+            (api.decref)(all);
+            if failed {
+                (api.decref)(out);
+                return None;
+            }
+            Some(out)
+        }
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(std::ptr::null_mut())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,10 +3,10 @@ of its own that holds the GIL (see hook/src/attach.rs). Installs the hook as `vr
 would have, with the settings vramscope passed, and says how it went in a status file that
 vramscope waits for: `ok JOB` or `error WHY`, one line."""
 
+import ctypes
 import gc
 import os
 import sys
-import warnings
 import weakref
 
 from ._hooks import GRADIENT, OPTIMIZER_STATE, PARAMETER, _storage_ptr
@@ -49,6 +49,24 @@ def attach(config):
             pass
 
 
+def instances_of(classes):
+    """For each class, the objects the collector tracks of that class or a subclass. Found
+    in the core, in one call that holds the GIL throughout: the list `gc.get_objects()`
+    makes refers to what other threads of the job are halfway through building, and were
+    the job's thread to run on while it lives, it could die of it (`SystemError` in
+    `_PyTuple_Resize`, seen in CI). No collection runs meanwhile either."""
+    find = ctypes.PyDLL(os.environ["VRAMSCOPE_HOOK_CORE"]).vsh_instances_of
+    find.restype = ctypes.py_object
+    find.argtypes = [ctypes.py_object, ctypes.py_object]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return find(gc.get_objects, tuple(classes))
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _learn_what_is_there(hooks, core):
     """What the job held before the hook came, so totals and categories are right from the
     first step seen: on CUDA every segment and block in use, from PyTorch's snapshot; on CPU
@@ -59,13 +77,7 @@ def _learn_what_is_there(hooks, core):
 
     # Whatever step is under way now began before the hook: it is not reported.
     hooks.began = False
-    with warnings.catch_warnings():
-        # isinstance on every object wakes deprecated module attributes' warnings.
-        warnings.simplefilter("ignore")
-        objects = gc.get_objects()
-        modules = [o for o in objects if isinstance(o, torch.nn.Module)]
-        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
-        del objects
+    modules, optimizers = instances_of((torch.nn.Module, torch.optim.Optimizer))
     inside = {id(c) for m in modules for c in m.children()}
     roots = [m for m in modules if id(m) not in inside and next(m.parameters(), None) is not None]
     seeded = set()
