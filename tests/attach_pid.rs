@@ -18,6 +18,8 @@ fn plain_job(args: &[&str], dir: &Path) -> Child {
         .current_dir(dir)
         .env_remove("PYTHONPATH")
         .env_remove("VRAMSCOPE_HOOK")
+        // A job that dies of a signal says where (a crash in the attach would be silent).
+        .env("PYTHONFAULTHANDLER", "1")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join("job.err")).unwrap())
         .spawn()
@@ -52,6 +54,10 @@ fn attach_json(pid: u32, steps: u64, dir: &Path) -> Vec<serde_json::Value> {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
+    if !out.status.success() {
+        // Time for a launcher to report how its workers ended.
+        std::thread::sleep(Duration::from_secs(3));
+    }
     // The job's own stderr (plain_job writes it there) says why a hook that started left.
     let job_said = std::fs::read_to_string(dir.join("job.err")).unwrap_or_default();
     assert!(out.status.success(), "{text}{}\nthe job said: {job_said}", String::from_utf8_lossy(&out.stderr));
@@ -96,6 +102,32 @@ fn a_plain_python_job_streams_whole_steps_and_runs_on_as_before_once_vramscope_l
     }).collect();
     let gap = rows.windows(2).filter(|w| w[1].0 > attached_at && w[0].0 < left_at).map(|w| w[1].0 - w[0].0).fold(0.0, f64::max);
     assert!(gap < 1.0, "the job stood still {gap:.2} s");
+}
+
+/// What the job held before is learned from its tensors on the job's own thread, at its
+/// next forward, optimizer step or step end. Read from the attach's thread, a gradient could
+/// be set by the job's backward (which runs without the GIL) in the middle of the read: a
+/// job died of a segfault so. Every use of the parameters off the job's thread is noted.
+#[test]
+fn the_job_s_tensors_are_read_on_its_own_thread_and_what_it_held_is_still_learned() {
+    let _serial = one_at_a_time();
+    let t = tempfile::tempdir().unwrap();
+    let (out, watch) = (t.path().join("figures.json"), t.path().join("watch.json"));
+    let mut job = plain_job(&["--steps", "600", "--out", out.to_str().unwrap(), "--watch", watch.to_str().unwrap()], t.path());
+    wait_for_torch(job.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let steps = attach_json(job.id(), 2, t.path());
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    let figures: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let params = figures["parameter_bytes"].as_u64().unwrap();
+    for s in &steps {
+        let seen = s["category_bytes"]["parameter"].as_u64().unwrap();
+        assert!(seen.abs_diff(params) * 50 <= params, "parameter bytes {seen}, the job's own count {params}");
+        assert_eq!(s["category_bytes"]["optimizer_state"].as_u64(), Some(2 * seen), "AdamW's two moments: {s}");
+    }
+    assert!(job.wait().unwrap().success(), "the job ran to its end");
+    let elsewhere: Vec<String> = serde_json::from_str(&std::fs::read_to_string(&watch).unwrap()).unwrap();
+    assert!(elsewhere.is_empty(), "the parameters were used off the job's thread: {elsewhere:?}");
 }
 
 /// Waits until no vramscope session serves from inside process `pid` (the hook left).
@@ -220,6 +252,7 @@ fn attaching_to_torchrun_watches_each_worker_rank() {
         .current_dir(t.path())
         .env_remove("PYTHONPATH")
         .env_remove("VRAMSCOPE_HOOK")
+        .env("PYTHONFAULTHANDLER", "1")
         .stdout(Stdio::null())
         // Where a failed attach finds what the workers said (a rank that died, and why).
         .stderr(std::fs::File::create(t.path().join("job.err")).unwrap())

@@ -69,17 +69,13 @@ def instances_of(classes):
 
 def _learn_what_is_there(hooks, core):
     """What the job held before the hook came, so totals and categories are right from the
-    first step seen: on CUDA every segment and block in use, from PyTorch's snapshot; on CPU
-    and CUDA the parameters, gradients and optimizer state of the models and optimizers the
-    job holds, found from the objects themselves (a CPU tensor made before has no recorded
-    free, so its end is seen when its tensor dies). Says on screen what was learned."""
+    first step seen: on CUDA every segment and block in use, from PyTorch's snapshot, read
+    here; the parameters, gradients and optimizer state of the models and optimizers the job
+    holds, found from the objects themselves on the job's own thread (`_learn_tensors`)."""
     import torch
 
     # Whatever step is under way now began before the hook: it is not reported.
     hooks.began = False
-    modules, optimizers = instances_of((torch.nn.Module, torch.optim.Optimizer))
-    inside = {id(c) for m in modules for c in m.children()}
-    roots = [m for m in modules if id(m) not in inside and next(m.parameters(), None) is not None]
     seeded = set()
     cuda_blocks = 0
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -89,14 +85,32 @@ def _learn_what_is_there(hooks, core):
             cuda_blocks += action == 0
         if hooks.history is not None:
             hooks.history.first = False  # learned here already: its first read must not repeat it
+    # Not from this thread: while it runs Python, the job's thread may be in backward or an
+    # optimizer's kernels, which drop the GIL and set the gradients this would read (a job
+    # died of a segfault in such a read, seen in tests). At the job's next forward,
+    # optimizer step or step end, its thread is in the hook's code and nothing of it runs.
+    hooks.on_job_thread = lambda: _learn_tensors(hooks, core, seeded, cuda_blocks)
+
+
+def _learn_tensors(hooks, core, seeded, cuda_blocks):
+    """The tensors of the job's models and optimizers, on the job's thread: a CPU tensor
+    allocated before the hook came has no recorded allocation, so it is seeded, and its free
+    is seen when its tensor dies; one allocated since is on record and only named. Says on
+    screen what was learned."""
+    torch = hooks.torch
+    modules, optimizers = instances_of((torch.nn.Module, torch.optim.Optimizer))
+    inside = {id(c) for m in modules for c in m.children()}
+    roots = [m for m in modules if id(m) not in inside and next(m.parameters(), None) is not None]
     learned = {PARAMETER: 0, GRADIENT: 0, OPTIMIZER_STATE: 0}
+    recorded = hooks.shim.vs_storage_recorded
 
     def seed(t, category, name):
         ptr = _storage_ptr(t)
         if ptr == 0:
             return
-        nbytes = t.untyped_storage().nbytes()
-        if t.device.type == "cpu" and ptr not in seeded:
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        if t.device.type == "cpu" and ptr not in seeded and not recorded(storage._cdata):
             seeded.add(ptr)
             core.vsh_seed(0, ptr, nbytes, CPU)
             weakref.finalize(t, core.vsh_seed, 2, ptr, 0, CPU)

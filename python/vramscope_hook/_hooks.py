@@ -114,6 +114,9 @@ class Hooks:
         self.on_unhook = None  # set by the package: takes the hook out of the job
         # Whether the step in progress began under the hook (not so when it came mid-step).
         self.began = True
+        # What an attach leaves for the job's own thread, run at its next forward, optimizer
+        # step or step end (`_catch_up`).
+        self.on_job_thread = None
         # Precision by key for a script that does not choose it (`precision_knob`): the
         # autocast region the hook holds open from the model's forward to backward.
         self.precision_knob = None  # set by the package: () -> "fp32", "bf16", or None: the script's
@@ -254,7 +257,18 @@ class Hooks:
             self.ctx = shape[1]
         return True
 
+    def _catch_up(self):
+        """Runs what the attach left for the job's thread, once. A failure is said on the
+        screen, never raised into the job."""
+        work, self.on_job_thread = self.on_job_thread, None
+        try:
+            work()
+        except Exception as e:
+            self.note(f"attached, but what the job held before could not be learned: {type(e).__name__}: {e}")
+
     def _outermost(self, module, args):
+        if self.on_job_thread is not None:
+            self._catch_up()
         torch = self.torch
         self.set_phase(FORWARD)
         # The model's forwards count samples (each micro-batch of gradient accumulation); a
@@ -422,6 +436,8 @@ class Hooks:
         return backward
 
     def _opt_pre(self, optimizer, args, kwargs):
+        if self.on_job_thread is not None:
+            self._catch_up()
         self.local.stack.clear()
         self._scope_slot[0] = 0
         self._optimizer_seen = True
@@ -486,6 +502,8 @@ class Hooks:
     def end_step(self, loss=None):
         """Closes a step: the core reports it and applies viewers' controls (waiting here
         while paused)."""
+        if self.on_job_thread is not None:
+            self._catch_up()
         torch = self.torch
         now = time.perf_counter()
         if not self.began:

@@ -137,6 +137,9 @@ class _NoShim:
     def vs_cpu_allocator(self):
         return None
 
+    def vs_storage_recorded(self, storage_impl):
+        return False
+
 
 def load(torch):
     """(shim path, shim, core, note): the shim and the core as ctypes libraries, the shim
@@ -152,6 +155,8 @@ def load(torch):
         shim.vs_tag_slot.restype = ctypes.c_void_p
         shim.vs_cpu_allocator.restype = ctypes.c_void_p
         shim.vs_set_capture_enabled.argtypes = [ctypes.c_bool]
+        shim.vs_storage_recorded.argtypes = [ctypes.c_void_p]
+        shim.vs_storage_recorded.restype = ctypes.c_bool
     except (HookError, OSError) as e:
         shim_path, shim, note = None, _NoShim(), str(e)
     core = ctypes.CDLL(str(core_path()))

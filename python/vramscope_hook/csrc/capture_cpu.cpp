@@ -263,6 +263,15 @@ uintptr_t vs_cpu_allocator() {
   return reinterpret_cast<uintptr_t>(c10::GetCPUAllocator());
 }
 
+// Whether the memory of the storage at `storage_impl` (a StorageImpl*, Python's
+// `UntypedStorage._cdata`) came through the recording allocator, so its allocation is on
+// record already: an attach learns only what was made before it (its seeds would count the
+// rest twice).
+bool vs_storage_recorded(uintptr_t storage_impl) {
+  auto* s = reinterpret_cast<c10::StorageImpl*>(storage_impl);
+  return s != nullptr && s->data_ptr().get_deleter() == &vs_cpu_delete;
+}
+
 // Whether the recording CPU allocator is the one libtorch hands out now.
 bool vs_cpu_allocator_installed() {
   return g_cpu_recording.load() && c10::GetCPUAllocator() == &g_recording;
