@@ -80,12 +80,13 @@ pub fn generated(name: &str, generator: &str, arg: &str) -> PathBuf {
     path
 }
 
-/// CPU seconds of this thread: on a machine shared with other work, less disturbed
-/// than wall time.
+/// CPU seconds of this process, all its threads' (a read's decoders and the timeline's
+/// helper do part of the work): on a machine shared with other work, less disturbed than
+/// wall time.
 pub fn cpu_seconds() -> f64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 

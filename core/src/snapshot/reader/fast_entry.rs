@@ -66,9 +66,37 @@ pub(super) struct FastScratch<'a> {
     /// Strings memoized within the entry and read back later: (memo slot, text).
     puts: Vec<(usize, &'a str)>,
     new_frames: Vec<NewFrame<'a>>,
+    /// The keys read back so far (`KeysSeen`).
+    keys_seen: Option<Box<KeysSeen>>,
+}
+
+/// The entries of a trace read their keys back from the same few memo indices: the keys
+/// met last, by a hash of their index (64 of them), so the next entry's key is one
+/// comparison, not a slot's lookup (issue 29: a seventh of the read's instructions on
+/// PyTorch's snapshots). A key's index is always below the memo's length, where only a
+/// PUT can give it another value: whoever runs a PUT forgets them (`forget_keys`).
+pub(super) struct KeysSeen([(u32, Key); 64]);
+
+impl Default for KeysSeen {
+    fn default() -> Self {
+        // An index of u32::MAX is never read back.
+        KeysSeen([(u32::MAX, Key::Other); 64])
+    }
 }
 
 impl FastScratch<'_> {
+    /// Buffers that remember the keys met (`KeysSeen`).
+    pub(super) fn remembering_keys() -> Self {
+        FastScratch { keys_seen: Some(Box::default()), ..FastScratch::default() }
+    }
+
+    /// After a PUT: an index may hold another text now.
+    pub(super) fn forget_keys(&mut self) {
+        if let Some(k) = &mut self.keys_seen {
+            **k = KeysSeen::default();
+        }
+    }
+
     /// Ready for the next entry.
     pub(super) fn reset(&mut self) {
         self.puts.clear();
@@ -140,15 +168,25 @@ impl<'a> FastEntry<'_, 'a> {
 
     /// A dict key read back here (BINGET of a string memoized before the entry) that
     /// the reader knows.
-    #[inline]
+    #[inline(always)]
     fn known_key(&mut self) -> Option<Key> {
         let (idx, len) = memo_ref(&self.data[self.pos..])?;
+        let seen = self.scratch.keys_seen.as_mut().map(|k| &mut k.0[(idx.wrapping_mul(0x9e37_79b1) >> 26) as usize]);
+        if let Some(&(i, key)) = seen.as_deref() {
+            if i == idx {
+                self.pos += len;
+                return Some(key);
+            }
+        }
         if idx >= self.view.base {
             return None;
         }
         let key = *self.view.memo_keys.get(self.view.slot(idx)?)?;
         if key == Key::Other {
             return None;
+        }
+        if let Some(seen) = seen {
+            *seen = (idx, key);
         }
         self.pos += len;
         Some(key)

@@ -447,4 +447,54 @@ mod tests {
             assert!(snap == in_order, "{name}: read on threads, not the snapshot read in order");
         }
     }
+
+    /// A key read back from a memo index a PUT gave another key since: read as the key it
+    /// names now (the fast path remembers the keys it met by index, and forgets at a PUT).
+    #[test]
+    fn a_key_s_memo_index_given_another_key_by_a_put_reads_as_the_new_key() {
+        let s = |p: &mut Vec<u8>, t: &str| {
+            p.extend([op::SHORT_BINUNICODE, t.len() as u8]);
+            p.extend(t.as_bytes());
+        };
+        let int = |p: &mut Vec<u8>, v: i32| {
+            p.push(op::BININT);
+            p.extend(v.to_le_bytes());
+        };
+        let mut p = vec![op::PROTO, 4, op::EMPTY_DICT, op::MARK];
+        s(&mut p, "segments");
+        p.push(op::EMPTY_LIST);
+        s(&mut p, "device_traces");
+        p.extend([op::EMPTY_LIST, op::MARK, op::EMPTY_LIST, op::MARK]);
+        // Memo: 0 "action", 1 "alloc", 2 "addr", 3 "size".
+        p.extend([op::EMPTY_DICT, op::MARK]);
+        for t in ["action", "alloc"] {
+            s(&mut p, t);
+            p.push(op::MEMOIZE);
+        }
+        s(&mut p, "addr");
+        p.push(op::MEMOIZE);
+        int(&mut p, 0x1000);
+        s(&mut p, "size");
+        p.push(op::MEMOIZE);
+        int(&mut p, 64);
+        p.push(op::SETITEMS);
+        let entry = |p: &mut Vec<u8>, first: i32, second: i32| {
+            p.extend([op::EMPTY_DICT, op::MARK, op::BINGET, 0, op::BINGET, 1, op::BINGET, 2]);
+            int(p, first);
+            p.extend([op::BINGET, 3]);
+            int(p, second);
+            p.push(op::SETITEMS);
+        };
+        entry(&mut p, 0x2000, 128);
+        // Indices 2 and 3 swap their keys.
+        s(&mut p, "size");
+        p.extend([op::BINPUT, 2, op::POP]);
+        s(&mut p, "addr");
+        p.extend([op::BINPUT, 3, op::POP]);
+        entry(&mut p, 256, 0x3000);
+        p.extend([op::APPENDS, op::APPENDS, op::SETITEMS, op::STOP]);
+        let snap = read_snapshot(&p).unwrap();
+        let got: Vec<(u64, u64)> = snap.device_traces[0].iter().map(|e| (e.addr, e.size)).collect();
+        assert_eq!(got, [(0x1000, 64), (0x2000, 128), (0x3000, 256)]);
+    }
 }

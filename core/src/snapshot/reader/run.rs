@@ -30,7 +30,7 @@ impl<'a> Vm<'a> {
         // One test per opcode for both: a tick, or the place to stop.
         let mut next_check = next_tick.min(stop);
         // The fast path's buffers, reused from one trace entry to the next.
-        let mut fast = FastScratch::default();
+        let mut fast = FastScratch::remembering_keys();
         loop {
             if self.cur.pos >= next_check {
                 if self.cur.pos >= stop {
@@ -197,7 +197,10 @@ impl<'a> Vm<'a> {
                     let idx = self.memo_len;
                     self.put(idx)?;
                 }
-                Op::Put(idx) => self.put(idx)?,
+                Op::Put(idx) => {
+                    fast.forget_keys();
+                    self.put(idx)?
+                }
                 Op::Get(idx) => {
                     let v = self.memo_value(self.memo_slot(idx)?);
                     self.stack.push(v);
