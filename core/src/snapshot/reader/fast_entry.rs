@@ -270,7 +270,7 @@ impl<'a> FastEntry<'_, 'a> {
 
     /// An integer or bool, as `Op` holds them: returned in registers, where an `Op` went
     /// through memory at every entry's address, size, stream and time.
-    #[inline]
+    #[inline(always)]
     fn int(&mut self) -> Option<Num> {
         let op = self.byte()?;
         self.pos += 1;
@@ -301,6 +301,7 @@ impl<'a> FastEntry<'_, 'a> {
     }
 
     /// As `Vm::u64_field` takes it.
+    #[inline(always)]
     pub(super) fn unsigned(&mut self) -> Option<u64> {
         match self.int()? {
             Num::Int(i) => u64::try_from(i).ok(),
@@ -310,6 +311,7 @@ impl<'a> FastEntry<'_, 'a> {
     }
 
     /// As `Vm::i64_field` takes it.
+    #[inline(always)]
     pub(super) fn signed(&mut self) -> Option<i64> {
         match self.int()? {
             Num::Int(i) => Some(i),
