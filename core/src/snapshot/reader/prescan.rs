@@ -112,6 +112,10 @@ pub(super) fn memo_get_check(len: u32, idx: u32, at: usize) -> Result<(), ReadEr
 /// The memo slots read back (as bitset words) and the checkpoints.
 type Found = (Vec<u64>, Vec<Checkpoint>);
 
+/// The bytes the pre-scan reads an opcode from at once: more than the longest number it
+/// skips that way (a LONG1 of 8 bytes).
+const WINDOW: usize = 16;
+
 /// Files at least this large are checked in parts at once, one a thread.
 const PARALLEL_FROM: usize = 8 * TICK;
 /// The fewest bytes a part is given: below that, starting a thread costs more than it saves.
@@ -284,60 +288,55 @@ fn check<const EXACT: bool>(data: &[u8], from: usize, to: usize, tick: &mut dyn 
             next_tick = pos + TICK;
         }
         // The opcodes that make up nearly all of a snapshot, skipped without decoding
-        // when complete; anything else (or a truncated one) takes the full decoder.
-        if let Some((idx, n)) = memo_ref(&data[pos..]) {
-            get(&mut c, idx, pos)?;
+        // where the file has `WINDOW` bytes more: read from one fixed array, one bounds
+        // check an opcode, up to the next tick with no other test. Anything else (a long
+        // string, the file's last bytes) takes the full decoder.
+        let fast_end = next_tick.min(to).min((data.len() + 1).saturating_sub(WINDOW));
+        let mut other = false;
+        while pos < fast_end {
+            let w: &[u8; WINDOW] = data[pos..pos + WINDOW].try_into().expect("a window's length");
+            let n = match w[0] {
+                op::BINGET => {
+                    get(&mut c, w[1] as u32, pos)?;
+                    2
+                }
+                op::LONG_BINGET => {
+                    get(&mut c, u32::from_le_bytes([w[1], w[2], w[3], w[4]]), pos)?;
+                    5
+                }
+                op::MEMOIZE => {
+                    let idx = c.puts;
+                    memo_put(&mut c.puts, idx, pos)?;
+                    1
+                }
+                op::MARK => {
+                    c.depth += 1;
+                    1
+                }
+                op::SETITEMS | op::APPENDS => {
+                    c.depth -= 1;
+                    1
+                }
+                op::EMPTY_DICT | op::EMPTY_LIST | op::NONE | op::NEWTRUE | op::NEWFALSE => 1,
+                op::BININT1 => 2,
+                op::BININT2 => 3,
+                op::BININT => 5,
+                // Addresses and times: never more than 8 bytes in a snapshot (the full
+                // decoder checks larger ones).
+                op::LONG1 if w[1] <= 8 => 2 + w[1] as usize,
+                // A frame's file name is longer than the window: its own test.
+                op::SHORT_BINUNICODE if data.len() - pos >= 2 + w[1] as usize => 2 + w[1] as usize,
+                _ => 0,
+            };
+            if n == 0 {
+                other = true;
+                break;
+            }
             pos += n;
-            continue;
         }
-        match &data[pos..] {
-            [op::MEMOIZE, ..] => {
-                let idx = c.puts;
-                memo_put(&mut c.puts, idx, pos)?;
-                pos += 1;
-                continue;
-            }
-            [op::MARK, ..] => {
-                c.depth += 1;
-                pos += 1;
-                continue;
-            }
-            [op::SETITEMS | op::APPENDS, ..] => {
-                c.depth -= 1;
-                pos += 1;
-                continue;
-            }
-            [op::EMPTY_DICT
-            | op::EMPTY_LIST
-            | op::NONE
-            | op::NEWTRUE
-            | op::NEWFALSE, ..] => {
-                pos += 1;
-                continue;
-            }
-            [op::BININT1, _, ..] => {
-                pos += 2;
-                continue;
-            }
-            [op::BININT2, _, _, ..] => {
-                pos += 3;
-                continue;
-            }
-            [op::BININT, _, _, _, _, ..] => {
-                pos += 5;
-                continue;
-            }
-            // Addresses and times: never more than 8 bytes in a snapshot (the full
-            // decoder checks larger ones).
-            [op::LONG1, n @ 0..=8, rest @ ..] if rest.len() >= *n as usize => {
-                pos += 2 + *n as usize;
-                continue;
-            }
-            [op::SHORT_BINUNICODE, n, rest @ ..] if rest.len() >= *n as usize => {
-                pos += 2 + *n as usize;
-                continue;
-            }
-            _ => {}
+        // Stopped at a tick or at `to`, or the window still in the file: the loop's tests.
+        if !other && (pos >= next_tick || pos >= to || pos + WINDOW <= data.len()) {
+            continue;
         }
         let mut cur = Cursor { data, pos };
         let (at, o) = cur.next()?;
