@@ -66,34 +66,44 @@ pub(super) struct FastScratch<'a> {
     /// Strings memoized within the entry and read back later: (memo slot, text).
     puts: Vec<(usize, &'a str)>,
     new_frames: Vec<NewFrame<'a>>,
-    /// The keys read back so far (`KeysSeen`).
-    keys_seen: Option<Box<KeysSeen>>,
+    /// The keys and texts read back so far (`Seen`).
+    seen: Option<Box<Seen<'a>>>,
 }
 
-/// The entries of a trace read their keys back from the same few memo indices: the keys
-/// met last, by a hash of their index (64 of them), so the next entry's key is one
-/// comparison, not a slot's lookup (issue 29: a seventh of the read's instructions on
-/// PyTorch's snapshots). A key's index is always below the memo's length, where only a
-/// PUT can give it another value: whoever runs a PUT forgets them (`forget_keys`).
-pub(super) struct KeysSeen([(u32, Key); 64]);
+/// The entries of a trace read their keys and their repeated texts (`compile_context`,
+/// `user_metadata`) back from the same few memo indices: those met last, by a hash of
+/// their index, so the next entry's is one comparison, not a slot's lookup (issue 29: a
+/// seventh of the read's instructions on PyTorch's snapshots went to keys alone). Only
+/// indices below the memo's length where the entry began, where only a PUT can give one
+/// another value: whoever runs a PUT forgets them (`forget`).
+pub(super) struct Seen<'a> {
+    keys: [(u32, Key); 64],
+    texts: [(u32, &'a str); 16],
+}
 
-impl Default for KeysSeen {
+impl Default for Seen<'_> {
     fn default() -> Self {
         // An index of u32::MAX is never read back.
-        KeysSeen([(u32::MAX, Key::Other); 64])
+        Seen { keys: [(u32::MAX, Key::Other); 64], texts: [(u32::MAX, ""); 16] }
     }
+}
+
+/// The place of memo index `idx` in a table of `2^bits`.
+#[inline(always)]
+fn seen_at(idx: u32, bits: u32) -> usize {
+    (idx.wrapping_mul(0x9e37_79b1) >> (32 - bits)) as usize
 }
 
 impl FastScratch<'_> {
-    /// Buffers that remember the keys met (`KeysSeen`).
-    pub(super) fn remembering_keys() -> Self {
-        FastScratch { keys_seen: Some(Box::default()), ..FastScratch::default() }
+    /// Buffers that remember the keys and texts met (`Seen`).
+    pub(super) fn remembering() -> Self {
+        FastScratch { seen: Some(Box::default()), ..FastScratch::default() }
     }
 
     /// After a PUT: an index may hold another text now.
-    pub(super) fn forget_keys(&mut self) {
-        if let Some(k) = &mut self.keys_seen {
-            **k = KeysSeen::default();
+    pub(super) fn forget(&mut self) {
+        if let Some(k) = &mut self.seen {
+            **k = Seen::default();
         }
     }
 
@@ -171,7 +181,7 @@ impl<'a> FastEntry<'_, 'a> {
     #[inline(always)]
     fn known_key(&mut self) -> Option<Key> {
         let (idx, len) = memo_ref(&self.data[self.pos..])?;
-        let seen = self.scratch.keys_seen.as_mut().map(|k| &mut k.0[(idx.wrapping_mul(0x9e37_79b1) >> 26) as usize]);
+        let seen = self.scratch.seen.as_mut().map(|k| &mut k.keys[seen_at(idx, 6)]);
         if let Some(&(i, key)) = seen.as_deref() {
             if i == idx {
                 self.pos += len;
@@ -244,10 +254,21 @@ impl<'a> FastEntry<'_, 'a> {
     }
 
     /// The string memo index `idx` holds, read back here.
-    #[inline]
-    fn memo_text(&self, idx: u32) -> Option<TextAt<'a>> {
+    #[inline(always)]
+    fn memo_text(&mut self, idx: u32) -> Option<TextAt<'a>> {
+        let seen = self.scratch.seen.as_mut().map(|k| &mut k.texts[seen_at(idx, 4)]);
+        if let Some(&(i, s)) = seen.as_deref() {
+            if i == idx {
+                return Some(TextAt::Str(s));
+            }
+        }
         Some(match self.defined(idx)? {
-            Defined::Known(Memo::Str(s)) => TextAt::Str(s),
+            Defined::Known(Memo::Str(s)) => {
+                if let Some(seen) = self.scratch.seen.as_mut().filter(|_| idx < self.view.base) {
+                    seen.texts[seen_at(idx, 4)] = (idx, s);
+                }
+                TextAt::Str(s)
+            }
             Defined::Own(slot) => TextAt::Str(self.scratch.puts.iter().find(|p| p.0 == slot)?.1),
             Defined::Elsewhere => TextAt::Elsewhere(idx),
             Defined::Known(_) => return None,

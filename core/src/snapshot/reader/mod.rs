@@ -448,10 +448,11 @@ mod tests {
         }
     }
 
-    /// A key read back from a memo index a PUT gave another key since: read as the key it
-    /// names now (the fast path remembers the keys it met by index, and forgets at a PUT).
+    /// A key or a text read back from a memo index a PUT gave another value since: read as
+    /// what it holds now (the fast path remembers those it met by index, and forgets at a
+    /// PUT).
     #[test]
-    fn a_key_s_memo_index_given_another_key_by_a_put_reads_as_the_new_key() {
+    fn a_memo_index_given_another_key_or_text_by_a_put_reads_as_the_new_one() {
         let s = |p: &mut Vec<u8>, t: &str| {
             p.extend([op::SHORT_BINUNICODE, t.len() as u8]);
             p.extend(t.as_bytes());
@@ -465,7 +466,7 @@ mod tests {
         p.push(op::EMPTY_LIST);
         s(&mut p, "device_traces");
         p.extend([op::EMPTY_LIST, op::MARK, op::EMPTY_LIST, op::MARK]);
-        // Memo: 0 "action", 1 "alloc", 2 "addr", 3 "size".
+        // Memo: 0 "action", 1 "alloc", 2 "addr", 3 "size", 4 "compile_context", 5 "N/A".
         p.extend([op::EMPTY_DICT, op::MARK]);
         for t in ["action", "alloc"] {
             s(&mut p, t);
@@ -477,24 +478,30 @@ mod tests {
         s(&mut p, "size");
         p.push(op::MEMOIZE);
         int(&mut p, 64);
+        for t in ["compile_context", "N/A"] {
+            s(&mut p, t);
+            p.push(op::MEMOIZE);
+        }
         p.push(op::SETITEMS);
         let entry = |p: &mut Vec<u8>, first: i32, second: i32| {
             p.extend([op::EMPTY_DICT, op::MARK, op::BINGET, 0, op::BINGET, 1, op::BINGET, 2]);
             int(p, first);
             p.extend([op::BINGET, 3]);
             int(p, second);
-            p.push(op::SETITEMS);
+            p.extend([op::BINGET, 4, op::BINGET, 5, op::SETITEMS]);
         };
         entry(&mut p, 0x2000, 128);
-        // Indices 2 and 3 swap their keys.
+        // Indices 2 and 3 swap their keys, and 5 holds another text.
         s(&mut p, "size");
         p.extend([op::BINPUT, 2, op::POP]);
         s(&mut p, "addr");
         p.extend([op::BINPUT, 3, op::POP]);
+        s(&mut p, "X");
+        p.extend([op::BINPUT, 5, op::POP]);
         entry(&mut p, 256, 0x3000);
         p.extend([op::APPENDS, op::APPENDS, op::SETITEMS, op::STOP]);
         let snap = read_snapshot(&p).unwrap();
-        let got: Vec<(u64, u64)> = snap.device_traces[0].iter().map(|e| (e.addr, e.size)).collect();
-        assert_eq!(got, [(0x1000, 64), (0x2000, 128), (0x3000, 256)]);
+        let got: Vec<(u64, u64, &str)> = snap.device_traces[0].iter().map(|e| (e.addr, e.size, e.compile_context.as_deref().unwrap_or("none"))).collect();
+        assert_eq!(got, [(0x1000, 64, "N/A"), (0x2000, 128, "N/A"), (0x3000, 256, "X")]);
     }
 }

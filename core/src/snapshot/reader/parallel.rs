@@ -181,7 +181,7 @@ impl<'a> Round<'_, 'a> {
         s.entries = EntryList::with_capacity(until.min(self.data.len()).saturating_sub(pos).min(8 << 20) / 64);
         let keys = KeyCache::new();
         let slots = SlotCache::default();
-        let mut scratch = FastScratch::remembering_keys();
+        let mut scratch = FastScratch::remembering();
         let mut ids = Vec::new();
         s.end = loop {
             match self.data.get(pos) {

@@ -30,7 +30,7 @@ impl<'a> Vm<'a> {
         // One test per opcode for both: a tick, or the place to stop.
         let mut next_check = next_tick.min(stop);
         // The fast path's buffers, reused from one trace entry to the next.
-        let mut fast = FastScratch::remembering_keys();
+        let mut fast = FastScratch::remembering();
         loop {
             if self.cur.pos >= next_check {
                 if self.cur.pos >= stop {
@@ -198,7 +198,7 @@ impl<'a> Vm<'a> {
                     self.put(idx)?;
                 }
                 Op::Put(idx) => {
-                    fast.forget_keys();
+                    fast.forget();
                     self.put(idx)?
                 }
                 Op::Get(idx) => {
