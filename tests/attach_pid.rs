@@ -64,6 +64,18 @@ fn attach_json(pid: u32, steps: u64, dir: &Path) -> Vec<serde_json::Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// Each step counts the job's parameters and AdamW's two moments, made before vramscope
+/// came and learned from the job's own objects (`plain_job --out` wrote its own count).
+fn assert_learned_what_it_held(steps: &[serde_json::Value], figures: &Path) {
+    let figures: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(figures).unwrap()).unwrap();
+    let params = figures["parameter_bytes"].as_u64().unwrap();
+    for s in steps {
+        let seen = s["category_bytes"]["parameter"].as_u64().unwrap();
+        assert!(seen.abs_diff(params) * 50 <= params, "parameter bytes {seen}, the job's own count {params}");
+        assert_eq!(s["category_bytes"]["optimizer_state"].as_u64(), Some(2 * seen), "AdamW's two moments: {s}");
+    }
+}
+
 #[test]
 fn a_plain_python_job_streams_whole_steps_and_runs_on_as_before_once_vramscope_leaves() {
     let _serial = one_at_a_time();
@@ -75,17 +87,12 @@ fn a_plain_python_job_streams_whole_steps_and_runs_on_as_before_once_vramscope_l
     let attached_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     let steps = attach_json(job.id(), 3, t.path());
     assert_eq!(steps.len(), 3, "{steps:?}");
-    let figures: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    let params = figures["parameter_bytes"].as_u64().unwrap();
     for s in &steps {
         for phase in ["forward", "backward", "optimizer"] {
             assert!(s["phase_peak_bytes"][phase].as_u64().is_some_and(|b| b > 0), "{phase} in {s}");
         }
-        // Made before vramscope came, learned from the job's own objects.
-        let seen = s["category_bytes"]["parameter"].as_u64().unwrap();
-        assert!(seen.abs_diff(params) * 50 <= params, "parameter bytes {seen}, the job's own count {params}");
-        assert_eq!(s["category_bytes"]["optimizer_state"].as_u64(), Some(2 * seen), "AdamW's two moments: {s}");
     }
+    assert_learned_what_it_held(&steps, &out);
     // The hook leaves the job once its viewer is gone, and a second attach works.
     wait_until_unhooked(job.id());
     let left_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
@@ -118,13 +125,7 @@ fn the_job_s_tensors_are_read_on_its_own_thread_and_what_it_held_is_still_learne
     std::thread::sleep(Duration::from_secs(1));
     let steps = attach_json(job.id(), 2, t.path());
     assert_eq!(steps.len(), 2, "{steps:?}");
-    let figures: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    let params = figures["parameter_bytes"].as_u64().unwrap();
-    for s in &steps {
-        let seen = s["category_bytes"]["parameter"].as_u64().unwrap();
-        assert!(seen.abs_diff(params) * 50 <= params, "parameter bytes {seen}, the job's own count {params}");
-        assert_eq!(s["category_bytes"]["optimizer_state"].as_u64(), Some(2 * seen), "AdamW's two moments: {s}");
-    }
+    assert_learned_what_it_held(&steps, &out);
     assert!(job.wait().unwrap().success(), "the job ran to its end");
     let elsewhere: Vec<String> = serde_json::from_str(&std::fs::read_to_string(&watch).unwrap()).unwrap();
     assert!(elsewhere.is_empty(), "the parameters were used off the job's thread: {elsewhere:?}");
